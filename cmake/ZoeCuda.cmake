@@ -1,0 +1,25 @@
+# CUDA is optional. ZOE_CUDA=AUTO enables it when nvcc exists; ON requires it.
+# Default architectures 80;90 (never "native": it fails on machines without a GPU).
+# Only the CUDA runtime is linked, never the driver library libcuda.so.1, which
+# machines without a GPU do not have.
+set(ZOE_HAVE_CUDA OFF)
+if(NOT ZOE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    set(ZOE_HAVE_CUDA ON)
+  elseif(ZOE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ZOE_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+message(STATUS "zoe: CUDA ${ZOE_HAVE_CUDA}")

@@ -1,0 +1,186 @@
+// zoe::Engine: the ZeRO engine a C++ trainer drives. The trainer registers its
+// parameters (grouped into modules, the unit of all-gather), brackets each module's
+// forward and backward with begin/end calls, and calls step() once per global batch.
+// The engine decides where every byte of model state lives and moves it just in time.
+//
+// One Engine per data-parallel rank. All ranks must make the same calls in the same
+// order (like collectives). An Engine is not thread-safe: one thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zoe/config.hpp"
+#include "zoe/dtype.hpp"
+#include "zoe/error.hpp"
+
+namespace zoe {
+
+class Device;        // opaque: memory, streams, copies (host or CUDA backend)
+class Communicator;  // opaque: collectives (host/Gloo or NCCL backend)
+
+/// The host device: device memory is host memory, streams are in-order executors.
+std::shared_ptr<Device> make_host_device();
+/// The CUDA device `ordinal` if a GPU is usable, else the host device (logged).
+std::shared_ptr<Device> best_available_device(int ordinal = 0);
+
+/// One rank's device and communicator.
+struct RankContext {
+  int rank = 0;
+  int world_size = 1;
+  std::shared_ptr<Device> device;
+  std::shared_ptr<Communicator> comm;
+};
+
+/// `world_size` ranks as threads of this process, each with its own host device and a
+/// communicator of one in-process group. Element i is rank i. `timeout_s` bounds every
+/// collective. Throws Error if world_size < 1.
+std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300.0);
+
+/// This process's rank from the launcher's environment (torchrun: RANK/WORLD_SIZE/
+/// LOCAL_RANK/MASTER_ADDR/MASTER_PORT; mpirun: OMPI_COMM_WORLD_*; srun: SLURM_*), on the
+/// best available device. Throws Error listing what was found when variables are missing.
+RankContext rank_from_environment(double timeout_s = 300.0);
+
+/// Calls fn(ctx) on one thread per rank and joins them; rethrows the first exception.
+void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(RankContext&)>& fn);
+
+/// Handle of a registered parameter (index in registration order).
+struct ParamId {
+  std::uint32_t index = 0;
+};
+/// Handle of a registered module (index in registration order).
+struct ModuleId {
+  std::uint32_t index = 0;
+};
+
+/// A dense row-major tensor in device memory (host memory on the host device).
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel() const;
+  template <class T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+/// A module's parameters (full, gathered) in the order given to add_module; during
+/// backward also its gradient buffers, same shapes and order, dtype = compute dtype,
+/// zero-filled at begin_backward: the trainer ADDS its gradients into them.
+/// Valid until the matching end_forward / end_backward.
+struct ModuleTensors {
+  std::vector<TensorView> params;
+  std::vector<TensorView> grads;  // empty during forward
+};
+
+/// Result of one optimizer step.
+struct StepResult {
+  std::int64_t step = 0;        // optimizer steps taken so far (skipped ones not counted)
+  bool skipped = false;         // an inf/NaN gradient on any rank: nothing was updated
+  double grad_norm = 0.0;       // global L2 norm of the unscaled, averaged gradient
+  double clip_coef = 1.0;       // factor applied (<= 1) by gradient clipping
+  double loss_scale = 1.0;      // fp16 loss scale used for this step (1 otherwise)
+};
+
+/// Bytes a rank holds, per tier, split into model states (compute params, gradients,
+/// master weights, exp_avg, exp_avg_sq) and buffers (gather buffers, staging, buckets).
+struct MemoryReport {
+  std::int64_t device_model_states = 0, device_buffers = 0, device_peak = 0;
+  std::int64_t host_model_states = 0, host_buffers = 0, host_pinned_peak = 0;
+  std::int64_t nvme_model_states = 0;
+};
+
+/// Collective traffic of the last step (all micro-batches), as nccl-tests counts bus bytes:
+/// all-gather and reduce-scatter send (Nd-1)/Nd of their full size, all-reduce 2(Nd-1)/Nd.
+struct TrafficReport {
+  std::int64_t bytes_sent = 0;
+  std::int64_t elements_sent = 0;
+  std::int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0;
+};
+
+class Engine {
+ public:
+  /// Validates `config` (ConfigError), then binds to the rank's device and communicator.
+  Engine(const Config& config, RankContext rank);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Registers a parameter of `shape` (elements, row-major). `initial` holds its full
+  /// fp32 value (numel elements), identical on every rank; only this rank's shard is kept.
+  /// Throws UsageError after the first forward, or if initial.size() != numel.
+  ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape,
+                        std::span<const float> initial);
+  /// Groups parameters into a module, the unit of all-gather and of gradient reduction.
+  /// A parameter may appear in several modules (tied weights); its gradients add up.
+  ModuleId add_module(const std::string& name, const std::vector<ParamId>& params);
+
+  /// Gathers the module's parameters (stage 3) and returns full views. Prefetches the next
+  /// modules of the order recorded in the previous step.
+  ModuleTensors begin_forward(ModuleId module);
+  void end_forward(ModuleId module);
+  /// Gathers again (stage 3) and returns params + zeroed gradient buffers.
+  ModuleTensors begin_backward(ModuleId module);
+  /// Queues the gradient reduction of the module (bucketed, overlapping the rest of backward).
+  void end_backward(ModuleId module);
+
+  /// Applies the optimizer to the gradients accumulated over the
+  /// `gradient_accumulation_steps` micro-batches since the last step (their mean over
+  /// micro-batches and ranks). Throws UsageError if a different number of backward passes ran.
+  StepResult step();
+
+  /// Waits for all queued work (the asynchronous optimizer step included).
+  void synchronize();
+
+  /// The full fp32 master value of a parameter (gathered from all ranks; a collective:
+  /// every rank must call it). numel elements.
+  std::vector<float> gather_parameter(ParamId param);
+
+  MemoryReport memory_report() const;
+  TrafficReport last_step_traffic() const;
+  const Config& config() const;
+  int rank() const;
+  int world_size() const;
+
+  /// Saves this rank's model states to `dir` (atomically: written to a temp dir and renamed,
+  /// so a failure leaves the last good checkpoint intact). A collective.
+  void save_checkpoint(const std::string& dir);
+  /// Loads what save_checkpoint wrote (same world size and stage). Throws Error on mismatch.
+  void load_checkpoint(const std::string& dir);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// RAII: begin_forward in the constructor, end_forward in the destructor.
+class ForwardScope {
+ public:
+  ForwardScope(Engine& e, ModuleId m) : e_(e), m_(m), t_(e.begin_forward(m)) {}
+  ~ForwardScope() { e_.end_forward(m_); }
+  const ModuleTensors& tensors() const { return t_; }
+
+ private:
+  Engine& e_;
+  ModuleId m_;
+  ModuleTensors t_;
+};
+
+/// RAII: begin_backward in the constructor, end_backward in the destructor.
+class BackwardScope {
+ public:
+  BackwardScope(Engine& e, ModuleId m) : e_(e), m_(m), t_(e.begin_backward(m)) {}
+  ~BackwardScope() noexcept(false) { e_.end_backward(m_); }
+  const ModuleTensors& tensors() const { return t_; }
+
+ private:
+  Engine& e_;
+  ModuleId m_;
+  ModuleTensors t_;
+};
+
+}  // namespace zoe

@@ -1,0 +1,110 @@
+// zoe's error types. Every runtime failure in zoe is reported by throwing one of
+// these (never assert() or exit()); each carries the source file:line that raised
+// it and, where relevant, the OS errno or the CUDA / NCCL status code.
+//
+// Thread-safety: the types are plain values; throwing and copying are thread-safe.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace zoe {
+
+/// Base of every zoe exception. what() reads "<message> [at file:line]".
+class Error : public std::runtime_error {
+ public:
+  Error(const std::string& message, const char* file, int line);
+  /// The message without the location suffix.
+  const std::string& message() const noexcept { return message_; }
+  const char* file() const noexcept { return file_; }
+  int line() const noexcept { return line_; }
+
+ private:
+  std::string message_;
+  const char* file_;
+  int line_;
+};
+
+/// A configuration key has an unknown name, a wrong type or an out-of-range value.
+/// `key()` is the JSON path (e.g. "zero_optimization.stage").
+class ConfigError : public Error {
+ public:
+  ConfigError(const std::string& key, const std::string& message, const char* file, int line);
+  const std::string& key() const noexcept { return key_; }
+
+ private:
+  std::string key_;
+};
+
+/// An OS call failed. `error_code()` is the errno value (e.g. EIO = 5).
+class SystemError : public Error {
+ public:
+  SystemError(const std::string& message, int error_code, const char* file, int line);
+  int error_code() const noexcept { return error_code_; }
+
+ private:
+  int error_code_;
+};
+
+/// A file read or write failed: names the file, byte offset, byte length and errno.
+class IoError : public SystemError {
+ public:
+  IoError(const std::string& path, long long offset, long long length, int error_code,
+          const std::string& what, const char* file, int line);
+  const std::string& path() const noexcept { return path_; }
+  long long offset() const noexcept { return offset_; }
+  long long length() const noexcept { return length_; }
+
+ private:
+  std::string path_;
+  long long offset_;
+  long long length_;
+};
+
+/// Data read back does not match what was written (checksum mismatch).
+class CorruptionError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A memory budget (device, pinned host pool) would be exceeded.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A CUDA runtime call failed; `code()` is the cudaError_t value.
+class CudaError : public Error {
+ public:
+  CudaError(const std::string& message, int code, const char* file, int line);
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// A collective failed (NCCL status, Gloo error) or timed out.
+class CommError : public Error {
+ public:
+  CommError(const std::string& message, int code, const char* file, int line);
+  /// NCCL's ncclResult_t, or 0 for host-backend errors.
+  int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// A collective did not complete within the configured timeout (a rank never arrived).
+class TimeoutError : public CommError {
+ public:
+  TimeoutError(const std::string& message, const char* file, int line)
+      : CommError(message, 0, file, line) {}
+};
+
+/// The caller used the API out of order (e.g. end_forward without begin_forward).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace zoe

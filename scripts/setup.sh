@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs every Debian package zoe needs to build, test, bench and run the GPT trainer.
+# Idempotent: packages already present are skipped, so a second run only checks.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  liburing-dev libtbb-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  fio python3 python3-numpy
+)
+# Only for regenerating the AdamW golden values (tests/data); CI does not need it.
+if [[ "${ZOE_SETUP_TORCH:-0}" == 1 ]]; then packages+=(python3-torch); fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# npm fetches the trainer's data packages; a Node.js that ships its own npm is fine.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+
+if ((${#missing[@]})); then
+  sudo=""; [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all packages present"

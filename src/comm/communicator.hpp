@@ -1,0 +1,72 @@
+// The Communicator interface: collectives over the data-parallel group, queued on a
+// device stream (NCCL semantics). Backends: HostCommunicator (Gloo, ranks as threads or
+// processes) and NcclCommunicator. All ranks must issue the same collectives in the same
+// order. Buffers are device memory of the communicator's device. `count` is elements.
+//
+// Byte counters follow nccl-tests' bus-bandwidth accounting per rank, with S = bytes of
+// the full (all ranks') buffer and N = world size: all_gather and reduce_scatter add
+// S*(N-1)/N, all_reduce adds 2*S*(N-1)/N, broadcast adds S. Counters are updated when
+// the call is issued.
+// Thread-safety: one thread issues collectives; stats() may be read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "src/device/device.hpp"
+#include "zoe/dtype.hpp"
+
+namespace zoe {
+
+enum class ReduceOp { sum, avg };
+
+struct CommStats {
+  std::int64_t all_gather_bytes = 0;
+  std::int64_t reduce_scatter_bytes = 0;
+  std::int64_t all_reduce_bytes = 0;
+  std::int64_t broadcast_bytes = 0;
+  std::int64_t calls = 0;
+  std::int64_t total() const {
+    return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
+  }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual Device& device() = 0;
+
+  /// recv[r*count .. (r+1)*count) = rank r's send[0..count). recv holds world*count.
+  virtual void all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) = 0;
+  /// recv[0..count) = reduction over ranks of send[rank*count .. (rank+1)*count).
+  /// send holds world*count. bf16/fp16 are reduced in fp32 and rounded once.
+  virtual void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                              Stream& stream) = 0;
+  /// recv[i] = reduction over ranks of send[i]; send == recv allowed.
+  virtual void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+                          Stream& stream) = 0;
+  /// fp64 sum all-reduce for small scalars (norms, overflow flags); in place.
+  virtual void all_reduce_f64(double* data, std::size_t count, Stream& stream) = 0;
+  /// buf on every rank = buf on `root`.
+  virtual void broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) = 0;
+  /// Completes on every rank once all ranks have issued it.
+  virtual void barrier(Stream& stream) = 0;
+
+  CommStats stats() const;
+  void reset_stats();
+
+ protected:
+  /// Backends call these when a collective is issued.
+  void count_all_gather(std::size_t full_bytes);
+  void count_reduce_scatter(std::size_t full_bytes);
+  void count_all_reduce(std::size_t bytes);
+  void count_broadcast(std::size_t bytes);
+
+ private:
+  std::atomic<std::int64_t> ag_{0}, rs_{0}, ar_{0}, bc_{0}, calls_{0};
+};
+
+}  // namespace zoe

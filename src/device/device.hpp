@@ -1,0 +1,98 @@
+// The Device interface: memory with byte accounting, streams, events, async copies
+// and the few elementwise ops the engine needs. Backends: HostDevice (host memory,
+// each stream an in-order executor thread) and CudaDevice (CUDA runtime only).
+//
+// Semantics follow CUDA: work queued on one stream runs in order; work on different
+// streams may overlap; an Event records a point in a stream's queue. All "device
+// pointers" are addresses valid for this backend (host addresses on HostDevice; on
+// CUDA, device or pinned host addresses under UVA).
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "zoe/dtype.hpp"
+
+namespace zoe {
+
+enum class DeviceKind { host, cuda };
+
+/// An in-order queue of device work. Created by Device::create_stream().
+class Stream {
+ public:
+  virtual ~Stream() = default;
+};
+
+/// A point in a stream's queue; complete once all work queued before it has run.
+class Event {
+ public:
+  virtual ~Event() = default;
+};
+
+struct DeviceMemoryStats {
+  std::int64_t current_bytes = 0;  // bytes allocated now via allocate()
+  std::int64_t peak_bytes = 0;     // high-water mark since construction / reset_peak()
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  /// e.g. "host" or "cuda:0 (NVIDIA H200)".
+  virtual std::string name() const = 0;
+
+  // ---- memory (bytes) ----
+  /// Allocates `bytes` of device memory, 256-byte aligned, uninitialised. Throws OutOfMemoryError.
+  virtual void* allocate(std::size_t bytes) = 0;
+  /// Frees memory from allocate(); nullptr is ignored. Caller ensures no queued work uses it.
+  virtual void deallocate(void* ptr) = 0;
+  virtual DeviceMemoryStats memory_stats() const = 0;
+  virtual void reset_peak() = 0;
+  /// Page-locks host memory for fast async copies (cudaHostRegister; no-op on host).
+  /// Returns false if the backend refused (caller falls back to pageable memory).
+  virtual bool register_host_memory(void* ptr, std::size_t bytes) = 0;
+  virtual void unregister_host_memory(void* ptr) = 0;
+
+  // ---- streams and events ----
+  /// The stream the trainer's compute runs on.
+  virtual Stream& compute_stream() = 0;
+  virtual std::unique_ptr<Stream> create_stream() = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+  /// Records `event` at the current end of `stream`'s queue (re-recording moves it).
+  virtual void record(Event& event, Stream& stream) = 0;
+  /// Work queued on `stream` after this call waits for `event`.
+  virtual void wait(Stream& stream, Event& event) = 0;
+  /// Blocks the calling thread until `event` completes (an unrecorded event is complete).
+  virtual void synchronize(Event& event) = 0;
+  /// True if `event` has completed.
+  virtual bool query(Event& event) = 0;
+  /// Blocks until everything queued on `stream` has run. Rethrows the first exception a
+  /// host-backend task raised on that stream.
+  virtual void synchronize(Stream& stream) = 0;
+  /// Queues a host callback on `stream` (cudaLaunchHostFunc). It must not call the device.
+  virtual void host_func(Stream& stream, std::function<void()> fn) = 0;
+
+  // ---- copies and elementwise ops, all async on `stream`; n in elements ----
+  /// Copies `bytes` between any two addresses of this device or pinned/pageable host memory.
+  virtual void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  /// dst[i] = value (converted to dtype, round to nearest even).
+  virtual void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) = 0;
+  /// dst[i] = convert(src[i]) (round to nearest even; NaN stays NaN). src != dst.
+  virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
+                    Stream& stream) = 0;
+  /// x[i] *= factor (computed in fp32, rounded to dtype).
+  virtual void scale(void* x, DType dtype, std::size_t n, float factor, Stream& stream) = 0;
+  /// acc[i] += float(src[i]): gradient accumulation into fp32.
+  virtual void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n, Stream& stream) = 0;
+  /// *out = sum of float(x[i])^2 accumulated in fp64 in a fixed order (deterministic for
+  /// any thread count). `out` is device memory.
+  virtual void sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) = 0;
+  /// *out = 1 if every x[i] is finite, else 0. `out` is device memory.
+  virtual void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) = 0;
+};
+
+}  // namespace zoe
