@@ -13,7 +13,8 @@
 
 namespace zoe {
 
-/// Where a model state lives when offloaded.
+/// Where a model state lives when offloaded: none = stays on the device, cpu = pinned host
+/// memory, nvme = files under nvme_path (io_uring, O_DIRECT).
 enum class OffloadDevice { none, cpu, nvme };
 
 /// fp16{...}: dynamic loss scaling (Micikevicius et al. 2018, "Mixed Precision Training", §3.2).
@@ -29,22 +30,36 @@ struct Fp16Config {
   int hysteresis = 2;
   /// The scale never goes below this.
   double min_loss_scale = 1.0;
+
+  bool operator==(const Fp16Config&) const = default;
 };
 
+/// bf16{enabled}: compute parameters and gradients in bfloat16 (no loss scaling needed).
 struct Bf16Config {
   bool enabled = false;
+
+  bool operator==(const Bf16Config&) const = default;
 };
 
 enum class OptimizerType { adam, adamw };
 
-/// optimizer{type, params{...}}: Adam (Kingma & Ba 2015, Alg. 1) or AdamW (Loshchilov &
-/// Hutter 2019, Alg. 2, decoupled weight decay), as torch.optim.Adam / AdamW.
+/// optimizer{type, params{...}}: Adam (Kingma & Ba 2015, Alg. 1; weight decay added to the
+/// gradient, L2) or AdamW (Loshchilov & Hutter 2019, Alg. 2, decoupled weight decay), as
+/// torch.optim.Adam / AdamW. As in DeepSpeed, JSON type "Adam" means AdamW unless
+/// params.adam_w_mode is false (DeepSpeed's ADAM_W_MODE_DEFAULT is true); defaults are
+/// DeepSpeed's FusedAdam / DeepSpeedCPUAdam defaults (weight_decay 0).
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::adamw;
+  /// Learning rate (>= 0).
   double lr = 1e-3;
+  /// Decay rates of exp_avg and exp_avg_sq, each in [0, 1).
   std::array<double, 2> betas{0.9, 0.999};
+  /// Added to sqrt(exp_avg_sq) (>= 0).
   double eps = 1e-8;
-  double weight_decay = 0.01;
+  /// Decoupled (AdamW) or L2 (Adam) weight decay (>= 0).
+  double weight_decay = 0.0;
+
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 /// zero_optimization.offload_optimizer: where master weights, exp_avg, exp_avg_sq and the
@@ -59,6 +74,8 @@ struct OffloadOptimizerConfig {
   /// Fraction (0..1] of sub-groups whose optimizer step runs on the host; the rest stay on
   /// the device optimizer.
   double ratio = 1.0;
+
+  bool operator==(const OffloadOptimizerConfig&) const = default;
 };
 
 /// zero_optimization.offload_param (stage 3 only): where parameter shards live.
@@ -67,10 +84,12 @@ struct OffloadParamConfig {
   std::string nvme_path = "/tmp/zoe_nvme";
   bool pin_memory = true;
   int buffer_count = 5;
-  /// Bytes per pinned staging buffer (elements in DeepSpeed; zoe stores elements too).
+  /// Elements (not bytes, as in DeepSpeed) per pinned staging buffer of the NVMe tier.
   std::int64_t buffer_size = 100'000'000;
-  /// Elements of parameter shards cached in host memory at most.
+  /// Elements of parameter shards cached in host memory at most (NVMe tier).
   std::int64_t max_in_cpu = 1'000'000'000;
+
+  bool operator==(const OffloadParamConfig&) const = default;
 };
 
 struct ZeroConfig {
@@ -94,6 +113,8 @@ struct ZeroConfig {
   std::int64_t stage3_max_reuse_distance = 1'000'000'000;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
+
+  bool operator==(const ZeroConfig&) const = default;
 };
 
 /// aio{...}: the io_uring engine (names kept from DeepSpeed's libaio section).
@@ -106,6 +127,8 @@ struct AioConfig {
   int intra_op_parallelism = 1;
   bool single_submit = false;
   bool overlap_events = true;
+
+  bool operator==(const AioConfig&) const = default;
 };
 
 /// zoe's own keys (JSON section "zoe").
@@ -122,10 +145,15 @@ struct ZoeConfig {
   bool overlap_step = true;
   /// ZeRO-Offload's one-step-delayed parameter update (changes the math; off by default).
   bool delayed_update = false;
+
+  bool operator==(const ZoeConfig&) const = default;
 };
 
 /// The whole configuration. Validated by validate() (and by Engine's constructor).
 struct Config {
+  /// Global batch = micro batch * accumulation steps * world size; 0 = not given. Only
+  /// checked (check_batch_size), never used to derive the other two.
+  int train_batch_size = 0;
   int train_micro_batch_size_per_gpu = 1;
   int gradient_accumulation_steps = 1;
   /// Max global L2 norm of the gradients; 0 = no clipping.
@@ -142,14 +170,24 @@ struct Config {
     return fp16.enabled ? DType::f16 : bf16.enabled ? DType::bf16 : DType::f32;
   }
 
+  bool operator==(const Config&) const = default;
+
   /// Throws ConfigError naming the first invalid key and its value (e.g. stage 5,
-  /// both fp16 and bf16 enabled, betas outside [0,1), negative sizes).
+  /// both fp16 and bf16 enabled, betas outside [0,1), negative sizes, offload_param
+  /// without stage 3, offload_optimizer.ratio outside (0, 1]).
   void validate() const;
 
-  /// Parse DeepSpeed-style JSON text. Unknown keys, wrong types and bad values throw
-  /// ConfigError with the JSON path, the value and a "did you mean" for near misses.
+  /// Throws ConfigError("train_batch_size") if it is given (> 0) and differs from
+  /// train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size, as DeepSpeed.
+  void check_batch_size(int world_size) const;
+
+  /// Parse DeepSpeed-style JSON text, then validate(). Unknown keys, DeepSpeed keys zoe does
+  /// not implement, wrong types and bad values throw ConfigError with the JSON path, the value
+  /// and a "did you mean" for near misses. Absent keys keep their defaults; "auto" (where
+  /// DeepSpeed allows it) also means the default. Thread-safe (no shared state).
   static Config from_json(const std::string& json_text);
-  /// Read and parse a JSON file. Throws SystemError if it cannot be read, else as from_json.
+  /// Read and parse a JSON file. Throws SystemError if it cannot be read, else as from_json
+  /// (the message then also names the file).
   static Config from_json_file(const std::string& path);
   /// Serialise to DeepSpeed-style JSON (round-trips through from_json).
   std::string to_json() const;

@@ -1,0 +1,261 @@
+// Config <-> DeepSpeed-style JSON. The reading order below is the schema: every key zoe
+// knows is named here exactly once, with the type it must have and whether "auto" is allowed.
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include "src/common/check.hpp"
+#include "src/config/json_reader.hpp"
+#include "zoe/config.hpp"
+
+namespace zoe {
+namespace {
+using config_detail::Auto;
+using config_detail::Json;
+using config_detail::JsonReader;
+using Section = JsonReader::Section;
+
+constexpr std::string_view kNoScheduler =
+    "zoe has no learning-rate scheduler; the trainer sets optimizer.params.lr itself";
+constexpr std::string_view kNoMonitor = "zoe logs through spdlog (ZOE_LOG_LEVEL); remove the key";
+
+void read_fp16(Section s, Fp16Config& c) {
+  s.boolean("enabled", c.enabled, Auto::yes);
+  s.number("loss_scale", c.loss_scale);
+  s.integer("initial_scale_power", c.initial_scale_power);
+  s.integer("loss_scale_window", c.loss_scale_window);
+  s.integer("hysteresis", c.hysteresis);
+  s.number("min_loss_scale", c.min_loss_scale);
+  s.fixed("consecutive_hysteresis", false, "zoe's hysteresis counts all overflows since the last scale change");
+  s.fixed("auto_cast", false, "the trainer computes in the dtype of the gathered parameters");
+  s.unsupported("fp16_master_weights_and_grads", "master weights are always fp32");
+}
+
+void read_optimizer(Section s, OptimizerConfig& c) {
+  // DeepSpeed: type "Adam" runs AdamW unless params.adam_w_mode is false.
+  enum class Name { adam, adamw } name = c.type == OptimizerType::adam ? Name::adam : Name::adamw;
+  const bool typed = s.has("type");
+  s.choice("type", name, {{"Adam", Name::adam}, {"AdamW", Name::adamw}});
+  Section p = s.section("params");
+  p.number("lr", c.lr, Auto::yes);
+  p.number_pair("betas", c.betas, Auto::yes);
+  p.number("eps", c.eps, Auto::yes);
+  p.number("weight_decay", c.weight_decay, Auto::yes);
+  bool adam_w_mode = true;
+  p.boolean("adam_w_mode", adam_w_mode);
+  p.fixed("bias_correction", true, "zoe's Adam always corrects the moment bias");
+  p.fixed("amsgrad", false, "AMSGrad is not implemented");
+  p.unsupported("torch_adam", "zoe always uses its own CPU/GPU Adam");
+  if (typed || p.has("adam_w_mode"))
+    c.type = (name == Name::adamw || adam_w_mode) ? OptimizerType::adamw : OptimizerType::adam;
+}
+
+void read_offload(Section s, OffloadDevice& device, std::string& nvme_path, bool& pin_memory, int& buffer_count) {
+  s.choice("device", device, {{"none", OffloadDevice::none}, {"cpu", OffloadDevice::cpu}, {"nvme", OffloadDevice::nvme}});
+  s.string("nvme_path", nvme_path);
+  s.boolean("pin_memory", pin_memory);
+  s.integer("buffer_count", buffer_count);
+}
+
+void read_zero(Section s, ZeroConfig& c) {
+  s.integer("stage", c.stage);
+  s.boolean("overlap_comm", c.overlap_comm);
+  s.boolean("contiguous_gradients", c.contiguous_gradients);
+  s.integer("reduce_bucket_size", c.reduce_bucket_size, Auto::yes);
+  s.integer("allgather_bucket_size", c.allgather_bucket_size);
+  s.integer("sub_group_size", c.sub_group_size);
+  s.integer("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size, Auto::yes);
+  s.integer("stage3_param_persistence_threshold", c.stage3_param_persistence_threshold, Auto::yes);
+  s.integer("stage3_max_live_parameters", c.stage3_max_live_parameters);
+  s.integer("stage3_max_reuse_distance", c.stage3_max_reuse_distance);
+
+  Section oo = s.section("offload_optimizer");
+  auto& o = c.offload_optimizer;
+  read_offload(oo, o.device, o.nvme_path, o.pin_memory, o.buffer_count);
+  oo.number("ratio", o.ratio);
+  oo.unsupported("fast_init", "zoe always initialises NVMe optimizer files the same way");
+  oo.unsupported("pipeline_read", "zoe always overlaps sub-group reads with the step");
+  oo.unsupported("pipeline_write", "zoe always overlaps sub-group writes with the step");
+  oo.unsupported("pipeline", "zoe always pipelines sub-group swaps");
+
+  Section op = s.section("offload_param");
+  auto& p = c.offload_param;
+  read_offload(op, p.device, p.nvme_path, p.pin_memory, p.buffer_count);
+  op.integer("buffer_size", p.buffer_size);
+  op.integer("max_in_cpu", p.max_in_cpu);
+
+  s.fixed("reduce_scatter", true, "zoe always reduces gradients with reduce-scatter at stages 1-3");
+  s.fixed("allgather_partitions", true, "zoe always all-gathers updated partitions");
+  s.unsupported("cpu_offload", "deprecated in DeepSpeed; use offload_optimizer.device \"cpu\"");
+  s.unsupported("cpu_offload_params", "deprecated in DeepSpeed; use offload_param.device \"cpu\"");
+  s.unsupported("cpu_offload_use_pin_memory", "deprecated in DeepSpeed; use offload_*.pin_memory");
+  s.unsupported("stage3_gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
+  s.unsupported("stage3_gather_fp16_weights_on_model_save", "zoe saves sharded checkpoints only");
+  s.unsupported("gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
+  s.unsupported("load_from_fp32_weights", "zoe checkpoints always restore the fp32 master weights");
+  s.unsupported("elastic_checkpoint", "checkpoints load at the world size that saved them");
+  s.unsupported("round_robin_gradients", "not implemented");
+  s.unsupported("ignore_unused_parameters", "every registered parameter takes part in every step");
+  s.unsupported("legacy_stage1", "not implemented");
+  s.unsupported("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning is not implemented");
+  s.unsupported("zero_quantized_weights", "ZeRO++ quantization is not implemented");
+  s.unsupported("zero_quantized_gradients", "ZeRO++ quantization is not implemented");
+  s.unsupported("mics_shard_size", "MiCS is not implemented");
+  s.unsupported("mics_hierarchical_params_gather", "MiCS is not implemented");
+  s.unsupported("memory_efficient_linear", "zoe does not wrap the trainer's layers");
+  s.unsupported("stage3_model_persistence_threshold", "not implemented");
+}
+
+void read_aio(Section s, AioConfig& c) {
+  s.integer("block_size", c.block_size);
+  s.integer("queue_depth", c.queue_depth);
+  s.integer("intra_op_parallelism", c.intra_op_parallelism);
+  s.boolean("single_submit", c.single_submit);
+  s.boolean("overlap_events", c.overlap_events);
+  s.unsupported("thread_count", "renamed intra_op_parallelism in DeepSpeed");
+  s.unsupported("use_gds", "GPUDirect Storage is not implemented");
+}
+
+void read_zoe(Section s, ZoeConfig& c) {
+  s.number("comm_timeout_s", c.comm_timeout_s);
+  s.integer("optimizer_threads", c.optimizer_threads);
+  s.boolean("require_direct_io", c.require_direct_io);
+  s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
+  s.boolean("overlap_step", c.overlap_step);
+  s.boolean("delayed_update", c.delayed_update);
+}
+
+void read_root(Section s, Config& c) {
+  s.integer("train_batch_size", c.train_batch_size, Auto::yes);
+  s.integer("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, Auto::yes);
+  s.integer("gradient_accumulation_steps", c.gradient_accumulation_steps, Auto::yes);
+  s.number("gradient_clipping", c.gradient_clipping, Auto::yes);
+  read_fp16(s.section("fp16"), c.fp16);
+  s.section("bf16").boolean("enabled", c.bf16.enabled, Auto::yes);
+  read_optimizer(s.section("optimizer"), c.optimizer);
+  read_zero(s.section("zero_optimization"), c.zero_optimization);
+  read_aio(s.section("aio"), c.aio);
+  read_zoe(s.section("zoe"), c.zoe);
+
+  s.unsupported("bfloat16", "renamed bf16 in DeepSpeed; use \"bf16\": {\"enabled\": true}");
+  s.unsupported("scheduler", kNoScheduler);
+  s.unsupported("amp", "use fp16 or bf16");
+  s.unsupported("steps_per_print", kNoMonitor);
+  s.unsupported("wall_clock_breakdown", kNoMonitor);
+  s.unsupported("dump_state", kNoMonitor);
+  s.unsupported("memory_breakdown", "use Engine::memory_report()");
+  s.unsupported("tensorboard", kNoMonitor);
+  s.unsupported("wandb", kNoMonitor);
+  s.unsupported("csv_monitor", kNoMonitor);
+  s.unsupported("comms_logger", "use Engine::last_step_traffic()");
+  s.unsupported("flops_profiler", "not implemented");
+  s.unsupported("activation_checkpointing", "activations belong to the trainer");
+  s.unsupported("sparse_attention", "not implemented");
+  s.unsupported("sparse_gradients", "not implemented");
+  s.unsupported("pipeline", "pipeline parallelism is not implemented");
+  s.unsupported("data_efficiency", "data loading belongs to the trainer");
+  s.unsupported("curriculum_learning", "data loading belongs to the trainer");
+  s.unsupported("compression_training", "not implemented");
+  s.unsupported("elasticity", "not implemented");
+  s.unsupported("autotuning", "use zoe-estimate");
+  s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
+  s.unsupported("prescale_gradients", "zoe averages gradients in the reduction");
+  s.unsupported("gradient_predivide_factor", "zoe averages gradients in the reduction");
+  s.unsupported("communication_data_type", "gradients are reduced in the compute dtype");
+  s.unsupported("data_types", "gradients are reduced in the compute dtype");
+  s.unsupported("zero_allow_untested_optimizer", "only Adam and AdamW exist");
+  s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
+  s.unsupported("disable_allgather", "not implemented");
+  s.unsupported("optimizer_legacy_fusion", "not implemented");
+}
+}  // namespace
+
+Config Config::from_json(const std::string& json_text) {
+  Json doc;
+  try {
+    doc = Json::parse(json_text);
+  } catch (const Json::parse_error& e) {
+    ZOE_THROW_CONFIG("", "not valid JSON: ", e.what());
+  }
+  Config c;
+  JsonReader reader(doc);
+  read_root(reader.root(), c);
+  reader.reject_unknown_keys();
+  c.validate();
+  return c;
+}
+
+Config Config::from_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZOE_THROW_ERRNO(errno, "cannot open config file '", path, "'");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) ZOE_THROW_ERRNO(errno, "cannot read config file '", path, "'");
+  try {
+    return from_json(text.str());
+  } catch (const ConfigError& e) {
+    throw ConfigError(e.key(), e.message() + " (in '" + path + "')", e.file(), e.line());
+  }
+}
+
+std::string Config::to_json() const {
+  using OJson = nlohmann::ordered_json;
+  auto device = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none"; };
+  const auto& z = zero_optimization;
+  OJson j;
+  if (train_batch_size != 0) j["train_batch_size"] = train_batch_size;
+  j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
+  j["gradient_accumulation_steps"] = gradient_accumulation_steps;
+  j["gradient_clipping"] = gradient_clipping;
+  j["fp16"] = {{"enabled", fp16.enabled},
+               {"loss_scale", fp16.loss_scale},
+               {"initial_scale_power", fp16.initial_scale_power},
+               {"loss_scale_window", fp16.loss_scale_window},
+               {"hysteresis", fp16.hysteresis},
+               {"min_loss_scale", fp16.min_loss_scale}};
+  j["bf16"] = {{"enabled", bf16.enabled}};
+  OJson params = {{"lr", optimizer.lr},
+                  {"betas", {optimizer.betas[0], optimizer.betas[1]}},
+                  {"eps", optimizer.eps},
+                  {"weight_decay", optimizer.weight_decay}};
+  if (optimizer.type == OptimizerType::adam) params["adam_w_mode"] = false;
+  j["optimizer"] = {{"type", optimizer.type == OptimizerType::adam ? "Adam" : "AdamW"}, {"params", params}};
+  j["zero_optimization"] = {
+      {"stage", z.stage},
+      {"overlap_comm", z.overlap_comm},
+      {"contiguous_gradients", z.contiguous_gradients},
+      {"reduce_bucket_size", z.reduce_bucket_size},
+      {"allgather_bucket_size", z.allgather_bucket_size},
+      {"sub_group_size", z.sub_group_size},
+      {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
+      {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
+      {"stage3_max_live_parameters", z.stage3_max_live_parameters},
+      {"stage3_max_reuse_distance", z.stage3_max_reuse_distance},
+      {"offload_optimizer",
+       {{"device", device(z.offload_optimizer.device)},
+        {"nvme_path", z.offload_optimizer.nvme_path},
+        {"pin_memory", z.offload_optimizer.pin_memory},
+        {"buffer_count", z.offload_optimizer.buffer_count},
+        {"ratio", z.offload_optimizer.ratio}}},
+      {"offload_param",
+       {{"device", device(z.offload_param.device)},
+        {"nvme_path", z.offload_param.nvme_path},
+        {"pin_memory", z.offload_param.pin_memory},
+        {"buffer_count", z.offload_param.buffer_count},
+        {"buffer_size", z.offload_param.buffer_size},
+        {"max_in_cpu", z.offload_param.max_in_cpu}}}};
+  j["aio"] = {{"block_size", aio.block_size},
+              {"queue_depth", aio.queue_depth},
+              {"intra_op_parallelism", aio.intra_op_parallelism},
+              {"single_submit", aio.single_submit},
+              {"overlap_events", aio.overlap_events}};
+  j["zoe"] = {{"comm_timeout_s", zoe.comm_timeout_s},
+              {"optimizer_threads", zoe.optimizer_threads},
+              {"require_direct_io", zoe.require_direct_io},
+              {"pinned_budget_bytes", zoe.pinned_budget_bytes},
+              {"overlap_step", zoe.overlap_step},
+              {"delayed_update", zoe.delayed_update}};
+  return j.dump(2);
+}
+
+}  // namespace zoe

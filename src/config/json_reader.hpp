@@ -1,0 +1,112 @@
+// Strict, path-aware reading of a nlohmann::json document into typed fields: the building
+// block of Config::from_json. Every read records the key as known in its section; after all
+// reads, reject_unknown_keys() reports any key nobody read, with a "did you mean".
+// Errors are zoe::ConfigError whose key() is the JSON path ("zero_optimization.stage") and
+// whose message holds the offending value as JSON. Not thread-safe (one parse, one thread).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zoe::config_detail {
+
+using Json = nlohmann::json;
+
+/// Whether a key accepts DeepSpeed's "auto"; "auto" leaves the field at the value it already
+/// holds (Config's default, see docs/config.md).
+enum class Auto { no, yes };
+
+/// Throws ConfigError(path, message); out of line so Section::choice stays small.
+[[noreturn]] void throw_config_choice(const std::string& path, const std::string& message);
+
+/// "a.b" for parent "a" and key "b"; "b" for the root.
+std::string join_path(std::string_view parent, std::string_view key);
+
+class JsonReader {
+ public:
+  /// `root` must outlive the reader. Throws ConfigError (key "") unless it is an object.
+  explicit JsonReader(const Json& root);
+
+  /// One JSON object (or an absent / null one, read as empty).
+  class Section {
+   public:
+    /// JSON true/false.
+    void boolean(std::string_view key, bool& out, Auto a = Auto::no);
+    /// A JSON integer, or a double that is an exact integer (5e8), within the field's range.
+    void integer(std::string_view key, int& out, Auto a = Auto::no);
+    void integer(std::string_view key, std::int64_t& out, Auto a = Auto::no);
+    /// Any finite JSON number.
+    void number(std::string_view key, double& out, Auto a = Auto::no);
+    /// A JSON array of exactly two finite numbers.
+    void number_pair(std::string_view key, std::array<double, 2>& out, Auto a = Auto::no);
+    void string(std::string_view key, std::string& out);
+    /// A string matched case-insensitively against `names`; an error lists them.
+    template <class E>
+    void choice(std::string_view key, E& out, std::initializer_list<std::pair<std::string_view, E>> names);
+    /// A nested object (absent or null: an empty section).
+    Section section(std::string_view key);
+    /// A DeepSpeed key zoe does not implement: its presence is an error saying so and why.
+    void unsupported(std::string_view key, std::string_view why);
+    /// A DeepSpeed key accepted only with the value that is zoe's fixed behaviour.
+    void fixed(std::string_view key, const Json& only_value, std::string_view why);
+    bool has(std::string_view key) const;
+    std::string path(std::string_view key) const { return join_path(path_, key); }
+
+   private:
+    friend class JsonReader;
+    Section(JsonReader* reader, std::size_t index) : reader_(reader), index_(index) {}
+    const Json* find(std::string_view key);  // marks key known; nullptr when absent
+    bool is_auto(std::string_view key, const Json& v, Auto a) const;
+    std::string choice_error(std::string_view key, const Json& v, const std::vector<std::string>& names) const;
+    JsonReader* reader_;
+    std::size_t index_;
+    std::string path_;
+  };
+
+  Section root();
+  /// Throws ConfigError for the first key, in document order (sections in reading order), that
+  /// no Section call named; suggests a near key of the same section or the same key elsewhere.
+  void reject_unknown_keys() const;
+
+ private:
+  struct Record {
+    std::string path;
+    const Json* object;  // nullptr for an absent / null section
+    std::vector<std::string> known;
+  };
+  std::deque<Record> records_;
+};
+
+template <class E>
+void JsonReader::Section::choice(std::string_view key, E& out,
+                                 std::initializer_list<std::pair<std::string_view, E>> names) {
+  const Json* v = find(key);
+  if (!v) return;
+  std::vector<std::string> all;
+  for (const auto& [name, value] : names) all.emplace_back(name);
+  if (v->is_string()) {
+    const std::string& s = v->get_ref<const std::string&>();
+    for (const auto& [name, value] : names) {
+      if (s.size() == name.size() &&
+          std::equal(s.begin(), s.end(), name.begin(), [](char a, char b) {
+            return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+          })) {
+        out = value;
+        return;
+      }
+    }
+  }
+  throw_config_choice(path(key), choice_error(key, *v, all));
+}
+
+}  // namespace zoe::config_detail

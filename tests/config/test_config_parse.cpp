@@ -1,0 +1,289 @@
+// Config::from_json / to_json: every key is read into its field, defaults, "auto", numbers
+// written as 5e8, DeepSpeed's Adam/AdamW semantics, round trips and files.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "zoe/config.hpp"
+#include "zoe/error.hpp"
+
+namespace {
+using zoe::Config;
+using zoe::OffloadDevice;
+using zoe::OptimizerType;
+
+// Every key zoe reads, each set to a value different from its default.
+constexpr const char* kEveryKey = R"({
+  "train_batch_size": 96,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 3,
+  "gradient_clipping": 1.5,
+  "fp16": {"enabled": true, "loss_scale": 128, "initial_scale_power": 12, "loss_scale_window": 500,
+           "hysteresis": 3, "min_loss_scale": 0.5},
+  "bf16": {"enabled": false},
+  "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
+                "weight_decay": 0.1, "adam_w_mode": false}},
+  "zero_optimization": {
+    "stage": 3, "overlap_comm": false, "contiguous_gradients": false,
+    "reduce_bucket_size": 2e8, "allgather_bucket_size": 3e8, "sub_group_size": 4e8,
+    "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e4,
+    "stage3_max_live_parameters": 6e8, "stage3_max_reuse_distance": 7e8,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/mnt/a", "pin_memory": false,
+                          "buffer_count": 6, "ratio": 0.3},
+    "offload_param": {"device": "cpu", "nvme_path": "/mnt/b", "pin_memory": false, "buffer_count": 7,
+                      "buffer_size": 2e8, "max_in_cpu": 2e9}
+  },
+  "aio": {"block_size": 262144, "queue_depth": 8, "intra_op_parallelism": 2, "single_submit": true,
+          "overlap_events": false},
+  "zoe": {"comm_timeout_s": 60.5, "optimizer_threads": 2, "require_direct_io": true,
+          "pinned_budget_bytes": 8e9, "overlap_step": false, "delayed_update": true}
+})";
+
+TEST(ConfigParse, EveryKeyReachesItsField) {
+  const Config c = Config::from_json(kEveryKey);
+  EXPECT_EQ(c.train_batch_size, 96);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 3);
+  EXPECT_EQ(c.gradient_clipping, 1.5);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 128.0);
+  EXPECT_EQ(c.fp16.initial_scale_power, 12);
+  EXPECT_EQ(c.fp16.loss_scale_window, 500);
+  EXPECT_EQ(c.fp16.hysteresis, 3);
+  EXPECT_EQ(c.fp16.min_loss_scale, 0.5);
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::adam);
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.betas[0], 0.8);
+  EXPECT_EQ(c.optimizer.betas[1], 0.95);
+  EXPECT_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  const auto& z = c.zero_optimization;
+  EXPECT_EQ(z.stage, 3);
+  EXPECT_FALSE(z.overlap_comm);
+  EXPECT_FALSE(z.contiguous_gradients);
+  EXPECT_EQ(z.reduce_bucket_size, 200'000'000);
+  EXPECT_EQ(z.allgather_bucket_size, 300'000'000);
+  EXPECT_EQ(z.sub_group_size, 400'000'000);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(z.stage3_param_persistence_threshold, 10'000);
+  EXPECT_EQ(z.stage3_max_live_parameters, 600'000'000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 700'000'000);
+  EXPECT_EQ(z.offload_optimizer.device, OffloadDevice::nvme);
+  EXPECT_EQ(z.offload_optimizer.nvme_path, "/mnt/a");
+  EXPECT_FALSE(z.offload_optimizer.pin_memory);
+  EXPECT_EQ(z.offload_optimizer.buffer_count, 6);
+  EXPECT_EQ(z.offload_optimizer.ratio, 0.3);
+  EXPECT_EQ(z.offload_param.device, OffloadDevice::cpu);
+  EXPECT_EQ(z.offload_param.nvme_path, "/mnt/b");
+  EXPECT_FALSE(z.offload_param.pin_memory);
+  EXPECT_EQ(z.offload_param.buffer_count, 7);
+  EXPECT_EQ(z.offload_param.buffer_size, 200'000'000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 2'000'000'000);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.queue_depth, 8);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 2);
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_FALSE(c.aio.overlap_events);
+  EXPECT_EQ(c.zoe.comm_timeout_s, 60.5);
+  EXPECT_EQ(c.zoe.optimizer_threads, 2);
+  EXPECT_TRUE(c.zoe.require_direct_io);
+  EXPECT_EQ(c.zoe.pinned_budget_bytes, 8'000'000'000);
+  EXPECT_FALSE(c.zoe.overlap_step);
+  EXPECT_TRUE(c.zoe.delayed_update);
+  EXPECT_EQ(c.compute_dtype(), zoe::DType::f16);
+}
+
+TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
+  const Config c = Config::from_json("{}");
+  EXPECT_EQ(c, Config{});
+  // The defaults docs/config.md lists (DeepSpeed's where it has one).
+  EXPECT_EQ(c.train_batch_size, 0);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 0.0);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::adamw);
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.betas[0], 0.9);
+  EXPECT_EQ(c.optimizer.betas[1], 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  const auto& z = c.zero_optimization;
+  EXPECT_EQ(z.stage, 0);
+  EXPECT_TRUE(z.overlap_comm);
+  EXPECT_TRUE(z.contiguous_gradients);
+  EXPECT_EQ(z.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(z.allgather_bucket_size, 500'000'000);
+  EXPECT_EQ(z.sub_group_size, 1'000'000'000);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(z.stage3_param_persistence_threshold, 100'000);
+  EXPECT_EQ(z.stage3_max_live_parameters, 1'000'000'000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 1'000'000'000);
+  EXPECT_EQ(z.offload_optimizer.device, OffloadDevice::none);
+  EXPECT_EQ(z.offload_optimizer.nvme_path, "/tmp/zoe_nvme");
+  EXPECT_TRUE(z.offload_optimizer.pin_memory);
+  EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(z.offload_param.device, OffloadDevice::none);
+  EXPECT_EQ(z.offload_param.buffer_count, 5);
+  EXPECT_EQ(z.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 1'000'000'000);
+  EXPECT_EQ(c.aio.block_size, 1 << 20);
+  EXPECT_EQ(c.aio.queue_depth, 32);
+  EXPECT_EQ(c.aio.intra_op_parallelism, 1);
+  EXPECT_FALSE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_EQ(c.zoe.comm_timeout_s, 300.0);
+  EXPECT_EQ(c.zoe.optimizer_threads, 0);
+  EXPECT_FALSE(c.zoe.require_direct_io);
+  EXPECT_EQ(c.zoe.pinned_budget_bytes, 0);
+  EXPECT_TRUE(c.zoe.overlap_step);
+  EXPECT_FALSE(c.zoe.delayed_update);
+  EXPECT_EQ(c.compute_dtype(), zoe::DType::f32);
+  EXPECT_NO_THROW(Config{}.validate());
+}
+
+TEST(ConfigParse, AutoMeansTheDefault) {
+  const Config c = Config::from_json(R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+    "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto"}})");
+  Config expected;
+  expected.zero_optimization.stage = 3;
+  EXPECT_EQ(c, expected);
+}
+
+TEST(ConfigParse, IntegralDoublesAreIntegers) {
+  const Config c = Config::from_json(R"({"zero_optimization": {"reduce_bucket_size": 5e8,
+      "sub_group_size": 1.0e9, "stage": 2.0}, "aio": {"block_size": 1048576.0}})");
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(c.zero_optimization.sub_group_size, 1'000'000'000);
+  EXPECT_EQ(c.zero_optimization.stage, 2);
+  EXPECT_EQ(c.aio.block_size, 1 << 20);
+  // Integers are numbers too (gradient_clipping is a double field).
+  EXPECT_EQ(Config::from_json(R"({"gradient_clipping": 1})").gradient_clipping, 1.0);
+}
+
+TEST(ConfigParse, DeepSpeedAdamIsAdamWUnlessAdamWModeIsFalse) {
+  auto type = [](const char* json) { return Config::from_json(json).optimizer.type; };
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam"}})"), OptimizerType::adamw);
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})"), OptimizerType::adamw);
+  EXPECT_EQ(type(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})"), OptimizerType::adam);
+  EXPECT_EQ(type(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})"), OptimizerType::adamw);
+  // Case-insensitive, as DeepSpeed compares optimizer names lowercased.
+  EXPECT_EQ(type(R"({"optimizer": {"type": "adamw"}})"), OptimizerType::adamw);
+  EXPECT_EQ(type(R"({"optimizer": {"type": "ADAM", "params": {"adam_w_mode": false}}})"), OptimizerType::adam);
+}
+
+TEST(ConfigParse, OffloadDevicesAndFixedKeys) {
+  const Config c = Config::from_json(R"({"zero_optimization": {"stage": 2, "reduce_scatter": true,
+      "allgather_partitions": true, "offload_optimizer": {"device": "CPU"}}})");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, OffloadDevice::cpu);
+  const Config n = Config::from_json(R"({"zero_optimization": {"stage": 3, "offload_optimizer": null,
+      "offload_param": {"device": "nvme"}}})");
+  EXPECT_EQ(n.zero_optimization.offload_optimizer.device, OffloadDevice::none);
+  EXPECT_EQ(n.zero_optimization.offload_param.device, OffloadDevice::nvme);
+}
+
+Config non_default_config() {
+  Config c;
+  c.train_batch_size = 64;
+  c.train_micro_batch_size_per_gpu = 2;
+  c.gradient_accumulation_steps = 4;
+  c.gradient_clipping = 0.7;
+  c.bf16.enabled = true;
+  c.fp16.loss_scale = 0.1;  // not exactly representable: the JSON must keep all digits
+  c.fp16.initial_scale_power = 20;
+  c.fp16.loss_scale_window = 77;
+  c.fp16.hysteresis = 5;
+  c.fp16.min_loss_scale = 1.0 / 3.0;
+  c.optimizer.type = OptimizerType::adam;
+  c.optimizer.lr = 6.0e-5 / 7.0;
+  c.optimizer.betas = {0.85, 0.98765};
+  c.optimizer.eps = 1e-12;
+  c.optimizer.weight_decay = 0.05;
+  auto& z = c.zero_optimization;
+  z.stage = 3;
+  z.overlap_comm = false;
+  z.contiguous_gradients = false;
+  z.reduce_bucket_size = 123'456'789;
+  z.allgather_bucket_size = 98'765'432'101;
+  z.sub_group_size = 1;
+  z.stage3_prefetch_bucket_size = 0;
+  z.stage3_param_persistence_threshold = 0;
+  z.stage3_max_live_parameters = 5;
+  z.stage3_max_reuse_distance = 6;
+  z.offload_optimizer = {OffloadDevice::nvme, "/x/y z", false, 9, 0.25};
+  z.offload_param = {OffloadDevice::nvme, "/p\"q", false, 2, 3, 4};
+  c.aio = {4096, 1, 3, true, false};
+  c.zoe = {0.001, 7, true, 123456789012345, false, true};
+  return c;
+}
+
+TEST(ConfigParse, RoundTripGivesTheSameStruct) {
+  const Config c = non_default_config();
+  ASSERT_NO_THROW(c.validate());
+  const Config back = Config::from_json(c.to_json());
+  EXPECT_EQ(back, c) << c.to_json();
+  EXPECT_EQ(Config::from_json(Config{}.to_json()), Config{});
+  Config adamw = c;
+  adamw.optimizer.type = OptimizerType::adamw;
+  EXPECT_EQ(Config::from_json(adamw.to_json()), adamw);
+}
+
+TEST(ConfigParse, FromJsonFileReadsAndNamesTheFile) {
+  const auto dir = std::filesystem::temp_directory_path() / ("zoe_config_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto good = (dir / "ds.json").string();
+  std::ofstream(good) << non_default_config().to_json();
+  EXPECT_EQ(Config::from_json_file(good), non_default_config());
+
+  const auto bad = (dir / "bad.json").string();
+  std::ofstream(bad) << R"({"zero_optimization": {"stage": 7}})";
+  try {
+    Config::from_json_file(bad);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.key(), "zero_optimization.stage");
+    EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("got 7"), std::string::npos) << e.what();
+  }
+  const auto missing = (dir / "missing.json").string();
+  try {
+    Config::from_json_file(missing);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::SystemError& e) {
+    EXPECT_EQ(e.error_code(), ENOENT);
+    EXPECT_NE(std::string(e.what()).find("missing.json"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigParse, BatchSizeMustMatchMicroTimesStepsTimesWorld) {
+  Config c;
+  c.train_micro_batch_size_per_gpu = 4;
+  c.gradient_accumulation_steps = 2;
+  EXPECT_NO_THROW(c.check_batch_size(8));  // not given: unchecked
+  c.train_batch_size = 64;
+  EXPECT_NO_THROW(c.check_batch_size(8));
+  try {
+    c.check_batch_size(4);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.key(), "train_batch_size");
+    EXPECT_NE(std::string(e.what()).find("= 32"), std::string::npos) << e.what();
+  }
+}
+}  // namespace
