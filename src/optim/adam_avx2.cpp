@@ -1,0 +1,171 @@
+// AVX2 + F16C kernels. This file alone is compiled with -mavx2 -mf16c and is called only after
+// CPUID allows it. Same operations in the same order as kernels/adam_math.hpp, no FMA
+// contraction (-ffp-contract=off), so bitwise equal to the scalar path.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "src/optim/adam_kernels.hpp"
+
+namespace zoe::optim::detail {
+namespace {
+
+enum class Out { none, bf16, f16 };
+
+template <DType G>
+__m256 load8(const void* x, std::size_t i) {
+  if constexpr (G == DType::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(x) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(x) + i));
+    if constexpr (G == DType::bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else return _mm256_cvtph_ps(h);
+  }
+}
+
+// fp32 -> bf16 by integer round-to-nearest-even, exactly kernels::f32_to_bf16.
+__m128i bf16_round(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, nan);
+  // Narrow 8 x u32 (each <= 0xffff) to 8 x u16: pack within 128-bit lanes, then gather qwords 0, 2.
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+}
+
+template <bool Stream>
+void store8(float* dst, __m256 x) {
+  if constexpr (Stream) _mm256_stream_ps(dst, x);
+  else _mm256_storeu_ps(dst, x);
+}
+
+template <bool Stream>
+void store_half8(std::uint16_t* dst, __m128i h) {
+  if constexpr (Stream) _mm_stream_si128(reinterpret_cast<__m128i*>(dst), h);
+  else _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), h);
+}
+
+template <DType G, Out O, bool Stream>
+void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  const kernels::AdamCoeffs& c = a.c;
+  const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), l2 = _mm256_set1_ps(c.l2);
+  const __m256 decay = _mm256_set1_ps(c.decay);
+  const __m256 beta1 = _mm256_set1_ps(c.beta1), one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
+  const __m256 beta2 = _mm256_set1_ps(c.beta2), one_minus_beta2 = _mm256_set1_ps(c.one_minus_beta2);
+  const __m256 bc2_sqrt = _mm256_set1_ps(c.bias_correction2_sqrt), eps = _mm256_set1_ps(c.eps);
+  const __m256 neg_step_size = _mm256_set1_ps(c.neg_step_size);
+  const bool has_l2 = c.l2 != 0.0f;
+  float* __restrict p_ptr = a.p;
+  float* __restrict m_ptr = a.m;
+  float* __restrict v_ptr = a.v;
+  auto* __restrict out = static_cast<std::uint16_t*>(a.out);
+  std::size_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    __m256 g = _mm256_mul_ps(load8<G>(a.grad, i), grad_scale);
+    __m256 p = _mm256_loadu_ps(p_ptr + i);
+    __m256 m = _mm256_loadu_ps(m_ptr + i);
+    __m256 v = _mm256_loadu_ps(v_ptr + i);
+    if (has_l2) g = _mm256_add_ps(g, _mm256_mul_ps(l2, p));
+    p = _mm256_mul_ps(p, decay);
+    m = _mm256_add_ps(_mm256_mul_ps(m, beta1), _mm256_mul_ps(one_minus_beta1, g));
+    v = _mm256_add_ps(_mm256_mul_ps(v, beta2), _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, g), g));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2_sqrt), eps);
+    p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m), denom));
+    store8<Stream>(p_ptr + i, p);
+    store8<Stream>(m_ptr + i, m);
+    store8<Stream>(v_ptr + i, v);
+    if constexpr (O == Out::bf16) store_half8<Stream>(out + i, bf16_round(p));
+    if constexpr (O == Out::f16)
+      store_half8<Stream>(out + i, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
+  if (i < end) adam_scalar_range(a, i, end);
+}
+
+template <DType G, Out O>
+void adam_pick_store(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (a.stream) adam_range<G, O, true>(a, begin, end);
+  else adam_range<G, O, false>(a, begin, end);
+}
+
+template <DType G>
+void adam_pick_out(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (!a.out) adam_pick_store<G, Out::none>(a, begin, end);
+  else if (a.out_dtype == DType::bf16) adam_pick_store<G, Out::bf16>(a, begin, end);
+  else adam_pick_store<G, Out::f16>(a, begin, end);
+}
+
+void adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.grad_dtype) {
+    case DType::f32: adam_pick_out<DType::f32>(a, begin, end); break;
+    case DType::bf16: adam_pick_out<DType::bf16>(a, begin, end); break;
+    case DType::f16: adam_pick_out<DType::f16>(a, begin, end); break;
+  }
+}
+
+// Squares 8 floats into lanes [0, 4) and [4, 8) of two fp64 accumulators (exact products).
+void add_squares8(__m256 x, __m256d& lo, __m256d& hi) {
+  const __m256d dlo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+  const __m256d dhi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+  lo = _mm256_add_pd(lo, _mm256_mul_pd(dlo, dlo));
+  hi = _mm256_add_pd(hi, _mm256_mul_pd(dhi, dhi));
+}
+
+template <DType D>
+double sum_squares_t(const void* x, std::size_t begin, std::size_t end) {
+  __m256d acc[8];
+  for (auto& a : acc) a = _mm256_setzero_pd();
+  std::size_t i = begin;
+  for (; i + kSumLanes <= end; i += kSumLanes) {
+    add_squares8(load8<D>(x, i), acc[0], acc[1]);
+    add_squares8(load8<D>(x, i + 8), acc[2], acc[3]);
+    add_squares8(load8<D>(x, i + 16), acc[4], acc[5]);
+    add_squares8(load8<D>(x, i + 24), acc[6], acc[7]);
+  }
+  alignas(32) double lanes[kSumLanes];
+  for (int k = 0; k < 8; ++k) _mm256_store_pd(lanes + 4 * k, acc[k]);
+  sum_squares_scalar_lanes(lanes, x, D, i, end);
+  return reduce_lanes(lanes);
+}
+
+double sum_squares(const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  switch (dtype) {
+    case DType::f32: return sum_squares_t<DType::f32>(x, begin, end);
+    case DType::bf16: return sum_squares_t<DType::bf16>(x, begin, end);
+    case DType::f16: return sum_squares_t<DType::f16>(x, begin, end);
+  }
+  return 0.0;
+}
+
+bool all_finite(const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  std::size_t i = begin;
+  __m256i bad = _mm256_setzero_si256();
+  if (dtype == DType::f32) {
+    const auto* f = static_cast<const float*>(x);
+    const __m256i exp = _mm256_set1_epi32(0x7f800000);
+    for (; i + 8 <= end; i += 8) {
+      const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(f + i));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(u, exp), exp));
+    }
+  } else {
+    const auto* h = static_cast<const std::uint16_t*>(x);
+    const __m256i exp = _mm256_set1_epi16(static_cast<short>(dtype == DType::bf16 ? 0x7f80 : 0x7c00));
+    for (; i + 16 <= end; i += 16) {
+      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
+      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(u, exp), exp));
+    }
+  }
+  if (!_mm256_testz_si256(bad, bad)) return false;
+  return all_finite_scalar(x, dtype, i, end);
+}
+
+}  // namespace
+
+const KernelTable& avx2_kernels() {
+  static const KernelTable table{adam, sum_squares, all_finite};
+  return table;
+}
+
+}  // namespace zoe::optim::detail

@@ -1,0 +1,180 @@
+// AVX-512 kernels (F/BW/VL/DQ; AVX512_BF16's vcvtneps2bf16 when the CPU has it). This file alone
+// is compiled with the AVX-512 -m flags and is called only after CPUID allows it. The update
+// repeats kernels/adam_math.hpp's operations in its order with separate multiplies and adds
+// (-ffp-contract=off), so it is bitwise equal to the scalar path.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "src/optim/adam_kernels.hpp"
+
+namespace zoe::optim::detail {
+namespace {
+
+enum class Out { none, bf16, f16 };
+
+template <DType G>
+__m512 load_grad16(const void* grad, std::size_t i) {
+  if constexpr (G == DType::f32) {
+    return _mm512_loadu_ps(static_cast<const float*>(grad) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(grad) + i));
+    if constexpr (G == DType::bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else return _mm512_cvtph_ps(h);
+  }
+}
+
+// fp32 -> bf16 by integer round-to-nearest-even, exactly kernels::f32_to_bf16.
+__m256i bf16_round_int(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet_nan));
+}
+
+// fp32 -> bf16 with vcvtneps2bf16 (RNE, NaN -> quiet NaN). That instruction treats denormal
+// inputs as zero, so lanes with |x| < 2^-126 take the integer path: same bits as f32_to_bf16.
+__m256i bf16_round_cvt(__m512 x) {
+  __m256i r = (__m256i)_mm512_cvtneps_pbh(x);
+  const __m512i abs = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 tiny = _mm512_cmplt_epu32_mask(abs, _mm512_set1_epi32(0x00800000));
+  if (tiny) r = _mm256_mask_blend_epi16(tiny, r, bf16_round_int(x));
+  return r;
+}
+
+template <bool Stream>
+void store16(float* dst, __m512 x) {
+  if constexpr (Stream) _mm512_stream_ps(dst, x);
+  else _mm512_storeu_ps(dst, x);
+}
+
+template <bool Stream>
+void store_half16(std::uint16_t* dst, __m256i h) {
+  if constexpr (Stream) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), h);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+}
+
+template <DType G, Out O, bool Stream, bool Bf16Cvt>
+void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  const kernels::AdamCoeffs& c = a.c;
+  const __m512 grad_scale = _mm512_set1_ps(c.grad_scale), l2 = _mm512_set1_ps(c.l2);
+  const __m512 decay = _mm512_set1_ps(c.decay);
+  const __m512 beta1 = _mm512_set1_ps(c.beta1), one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
+  const __m512 beta2 = _mm512_set1_ps(c.beta2), one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
+  const __m512 bc2_sqrt = _mm512_set1_ps(c.bias_correction2_sqrt), eps = _mm512_set1_ps(c.eps);
+  const __m512 neg_step_size = _mm512_set1_ps(c.neg_step_size);
+  const bool has_l2 = c.l2 != 0.0f;
+  float* __restrict p_ptr = a.p;
+  float* __restrict m_ptr = a.m;
+  float* __restrict v_ptr = a.v;
+  auto* __restrict out = static_cast<std::uint16_t*>(a.out);
+  std::size_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m512 g = _mm512_mul_ps(load_grad16<G>(a.grad, i), grad_scale);
+    __m512 p = _mm512_loadu_ps(p_ptr + i);
+    __m512 m = _mm512_loadu_ps(m_ptr + i);
+    __m512 v = _mm512_loadu_ps(v_ptr + i);
+    if (has_l2) g = _mm512_add_ps(g, _mm512_mul_ps(l2, p));
+    p = _mm512_mul_ps(p, decay);
+    m = _mm512_add_ps(_mm512_mul_ps(m, beta1), _mm512_mul_ps(one_minus_beta1, g));
+    v = _mm512_add_ps(_mm512_mul_ps(v, beta2), _mm512_mul_ps(_mm512_mul_ps(one_minus_beta2, g), g));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2_sqrt), eps);
+    p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(neg_step_size, m), denom));
+    store16<Stream>(p_ptr + i, p);
+    store16<Stream>(m_ptr + i, m);
+    store16<Stream>(v_ptr + i, v);
+    if constexpr (O == Out::bf16) store_half16<Stream>(out + i, Bf16Cvt ? bf16_round_cvt(p) : bf16_round_int(p));
+    if constexpr (O == Out::f16)
+      store_half16<Stream>(out + i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
+  if (i < end) adam_scalar_range(a, i, end);
+}
+
+template <DType G, Out O>
+void adam_pick_store(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  const bool cvt = O == Out::bf16 && a.bf16_convert;
+  if (a.stream) cvt ? adam_range<G, O, true, true>(a, begin, end) : adam_range<G, O, true, false>(a, begin, end);
+  else cvt ? adam_range<G, O, false, true>(a, begin, end) : adam_range<G, O, false, false>(a, begin, end);
+}
+
+template <DType G>
+void adam_pick_out(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (!a.out) adam_pick_store<G, Out::none>(a, begin, end);
+  else if (a.out_dtype == DType::bf16) adam_pick_store<G, Out::bf16>(a, begin, end);
+  else adam_pick_store<G, Out::f16>(a, begin, end);
+}
+
+void adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.grad_dtype) {
+    case DType::f32: adam_pick_out<DType::f32>(a, begin, end); break;
+    case DType::bf16: adam_pick_out<DType::bf16>(a, begin, end); break;
+    case DType::f16: adam_pick_out<DType::f16>(a, begin, end); break;
+  }
+}
+
+// Squares 16 floats into lanes [0, 8) and [8, 16) of two fp64 accumulators (exact products).
+void add_squares16(__m512 x, __m512d& lo, __m512d& hi) {
+  const __m512d dlo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+  const __m512d dhi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+  lo = _mm512_add_pd(lo, _mm512_mul_pd(dlo, dlo));
+  hi = _mm512_add_pd(hi, _mm512_mul_pd(dhi, dhi));
+}
+
+template <DType D>
+double sum_squares_t(const void* x, std::size_t begin, std::size_t end) {
+  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
+  __m512d acc2 = _mm512_setzero_pd(), acc3 = _mm512_setzero_pd();
+  std::size_t i = begin;
+  for (; i + kSumLanes <= end; i += kSumLanes) {
+    add_squares16(load_grad16<D>(x, i), acc0, acc1);
+    add_squares16(load_grad16<D>(x, i + 16), acc2, acc3);
+  }
+  alignas(64) double acc[kSumLanes];
+  _mm512_store_pd(acc, acc0);
+  _mm512_store_pd(acc + 8, acc1);
+  _mm512_store_pd(acc + 16, acc2);
+  _mm512_store_pd(acc + 24, acc3);
+  sum_squares_scalar_lanes(acc, x, D, i, end);
+  return reduce_lanes(acc);
+}
+
+double sum_squares(const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  switch (dtype) {
+    case DType::f32: return sum_squares_t<DType::f32>(x, begin, end);
+    case DType::bf16: return sum_squares_t<DType::bf16>(x, begin, end);
+    case DType::f16: return sum_squares_t<DType::f16>(x, begin, end);
+  }
+  return 0.0;
+}
+
+bool all_finite(const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  std::size_t i = begin;
+  if (dtype == DType::f32) {
+    const auto* f = static_cast<const float*>(x);
+    const __m512i exp = _mm512_set1_epi32(0x7f800000);
+    __mmask16 bad = 0;
+    for (; i + 16 <= end; i += 16)
+      bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(f + i)), exp), exp);
+    if (bad) return false;
+  } else {
+    const auto* h = static_cast<const std::uint16_t*>(x);
+    const __m512i exp = _mm512_set1_epi16(static_cast<short>(dtype == DType::bf16 ? 0x7f80 : 0x7c00));
+    __mmask32 bad = 0;
+    for (; i + 32 <= end; i += 32)
+      bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(h + i), exp), exp);
+    if (bad) return false;
+  }
+  return all_finite_scalar(x, dtype, i, end);
+}
+
+}  // namespace
+
+const KernelTable& avx512_kernels() {
+  static const KernelTable table{adam, sum_squares, all_finite};
+  return table;
+}
+
+}  // namespace zoe::optim::detail

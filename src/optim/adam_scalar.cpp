@@ -1,0 +1,76 @@
+// Scalar (portable) kernels: the reference path, and the tails of the vector paths.
+#include <cstdint>
+
+#include "kernels/adam_math.hpp"
+#include "kernels/half.hpp"
+#include "src/optim/adam_kernels.hpp"
+
+namespace zoe::optim::detail {
+namespace {
+
+float load_as_float(const void* x, DType dtype, std::size_t i) {
+  switch (dtype) {
+    case DType::f32: return static_cast<const float*>(x)[i];
+    case DType::bf16: return kernels::bf16_to_f32(static_cast<const std::uint16_t*>(x)[i]);
+    case DType::f16: return kernels::f16_to_f32(static_cast<const std::uint16_t*>(x)[i]);
+  }
+  return 0.0f;
+}
+
+void adam_scalar_whole(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  adam_scalar_range(a, begin, end);
+}
+
+double sum_squares_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  double acc[kSumLanes] = {};
+  sum_squares_scalar_lanes(acc, x, dtype, begin, end);
+  return reduce_lanes(acc);
+}
+
+}  // namespace
+
+void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  auto* out = static_cast<std::uint16_t*>(a.out);
+  for (std::size_t i = begin; i < end; ++i) {
+    float p = a.p[i], m = a.m[i], v = a.v[i];
+    kernels::adam_update(a.c, load_as_float(a.grad, a.grad_dtype, i), p, m, v);
+    a.p[i] = p;
+    a.m[i] = m;
+    a.v[i] = v;
+    if (out) out[i] = a.out_dtype == DType::bf16 ? kernels::f32_to_bf16(p) : kernels::f32_to_f16(p);
+  }
+}
+
+void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  for (std::size_t i = begin; i < end; ++i) {
+    const double f = load_as_float(x, dtype, i);
+    acc[(i - begin) % kSumLanes] += f * f;
+  }
+}
+
+double reduce_lanes(const double* acc) {
+  double s = 0.0;
+  for (std::size_t l = 0; l < kSumLanes; ++l) s += acc[l];
+  return s;
+}
+
+bool all_finite_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end) {
+  if (dtype == DType::f32) {
+    const auto* u = static_cast<const std::uint32_t*>(x);
+    for (std::size_t i = begin; i < end; ++i)
+      if ((u[i] & 0x7f800000u) == 0x7f800000u) return false;
+    return true;
+  }
+  const auto* h = static_cast<const std::uint16_t*>(x);
+  const std::uint16_t exp_mask = dtype == DType::bf16 ? 0x7f80u : 0x7c00u;
+  for (std::size_t i = begin; i < end; ++i)
+    if ((h[i] & exp_mask) == exp_mask) return false;
+  return true;
+}
+
+const KernelTable& scalar_kernels() {
+  static const KernelTable table{adam_scalar_whole, sum_squares_scalar, all_finite_scalar};
+  return table;
+}
+
+}  // namespace zoe::optim::detail

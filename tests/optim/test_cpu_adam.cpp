@@ -1,0 +1,279 @@
+// CpuAdam::step against the independent reference (adam_reference.hpp): every ISA path, sizes
+// around the SIMD widths and chunk edges, half gradients and outputs, resume, thread counts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "src/common/aligned_buffer.hpp"
+#include "tests/optim/adam_reference.hpp"
+#include "tests/optim/test_support.hpp"
+#include "zoe/error.hpp"
+
+namespace zoe::optim::test {
+namespace {
+
+AdamHyper to_hyper(const RefHyper& r) {
+  AdamHyper h;
+  h.lr = r.lr;
+  h.beta1 = r.beta1;
+  h.beta2 = r.beta2;
+  h.eps = r.eps;
+  h.weight_decay = r.weight_decay;
+  h.decoupled = r.decoupled;
+  return h;
+}
+
+// State of one optimizer run in 64-byte aligned buffers (the layout the offload engine uses),
+// optionally shifted by `offset` floats to exercise unaligned arrays.
+struct State {
+  State(std::size_t n_, std::size_t offset = 0)
+      : n(n_),
+        pb((n_ + offset + 1) * 4, 64), mb((n_ + offset + 1) * 4, 64), vb((n_ + offset + 1) * 4, 64),
+        p(pb.as<float>().data() + offset), m(mb.as<float>().data() + offset), v(vb.as<float>().data() + offset) {}
+  void load(const std::vector<float>& p0, const std::vector<float>& m0, const std::vector<float>& v0) {
+    std::copy(p0.begin(), p0.end(), p);
+    std::copy(m0.begin(), m0.end(), m);
+    std::copy(v0.begin(), v0.end(), v);
+  }
+  std::size_t n;
+  AlignedBuffer pb, mb, vb;
+  float *p, *m, *v;
+};
+
+struct Case {
+  std::vector<float> p, m, v;            // start state
+  std::vector<std::vector<float>> grads;  // one per step, fp32
+};
+
+Case make_case(std::size_t n, int steps, unsigned seed) {
+  Case c;
+  c.p = uniform(n, -2.0f, 2.0f, seed);
+  c.m = uniform(n, -0.1f, 0.1f, seed + 1);
+  c.v = uniform(n, 0.0f, 0.01f, seed + 2);
+  for (int s = 0; s < steps; ++s) c.grads.push_back(uniform(n, -1.0f, 1.0f, seed + 10 + s));
+  return c;
+}
+
+void expect_bitwise(const char* what, const float* got, const std::vector<float>& want, const std::string& ctx) {
+  const long i = first_bit_difference(got, want.data(), want.size());
+  EXPECT_EQ(i, -1) << what << " differs from the reference (" << ctx << ") at element " << i << ": got "
+                   << (i >= 0 ? got[i] : 0.0f) << " want " << (i >= 0 ? want[i] : 0.0f);
+}
+
+const std::size_t kSizes[] = {0, 1, 7, 15, 16, 17, 1025, 64 * 128, (std::size_t{1} << 20) + 3};
+
+TEST(CpuAdam, EveryIsaMatchesReferenceBitwiseForAllSizes) {
+  constexpr int kSteps = 3;
+  for (bool decoupled : {true, false}) {
+    for (std::size_t n : kSizes) {
+      Case c = make_case(n, kSteps, 7 + static_cast<unsigned>(n));
+      c.v.assign(n, 0.0f);  // a first step: exp_avg_sq becomes > 0 wherever the kernels wrote
+      RefHyper rh;
+      rh.decoupled = decoupled;
+      auto rp = c.p, rm = c.m, rv = c.v;
+      for (int s = 0; s < kSteps; ++s) ref_adam_step(rh, 10 + s, 0.5f, rp, rm, rv, c.grads[s]);
+      for (Isa isa : runnable_isas()) {
+        CpuAdam adam(2, isa);
+        State st(n);
+        st.load(c.p, c.m, c.v);
+        for (int s = 0; s < kSteps; ++s)
+          adam.step(to_hyper(rh), 10 + s, 0.5f, st.p, st.m, st.v, c.grads[s].data(), DType::f32, n);
+        const std::string ctx = std::string(isa_name(isa)) + (decoupled ? " AdamW" : " Adam") + " n=" + std::to_string(n);
+        expect_bitwise("param", st.p, rp, ctx);
+        expect_bitwise("exp_avg", st.m, rm, ctx);
+        expect_bitwise("exp_avg_sq", st.v, rv, ctx);
+        // Every gradient is nonzero, so every written exp_avg_sq is > 0; a skipped one stays 0.
+        std::size_t unchanged = 0;
+        for (std::size_t i = 0; i < n; ++i) unchanged += st.v[i] == c.v[i];
+        EXPECT_EQ(unchanged, 0u) << "elements not updated, " << ctx;
+      }
+    }
+  }
+}
+
+TEST(CpuAdam, UnalignedArraysMatchReference) {
+  // Arrays shifted off the 64-byte grid take the ordinary-store path, also past the stream size.
+  const std::size_t n = (std::size_t{1} << 20) + 35;
+  const Case c = make_case(n, 1, 99);
+  RefHyper rh;
+  auto rp = c.p, rm = c.m, rv = c.v;
+  ref_adam_step(rh, 1, 1.0f, rp, rm, rv, c.grads[0]);
+  for (Isa isa : runnable_isas()) {
+    CpuAdam adam(2, isa);
+    State st(n, 3);
+    st.load(c.p, c.m, c.v);
+    std::vector<std::uint16_t> out(n + 1);
+    adam.step(to_hyper(rh), 1, 1.0f, st.p, st.m, st.v, c.grads[0].data(), DType::f32, n, out.data() + 1, DType::bf16);
+    const std::string ctx = std::string(isa_name(isa)) + " unaligned";
+    expect_bitwise("param", st.p, rp, ctx);
+    expect_bitwise("exp_avg_sq", st.v, rv, ctx);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += out[i + 1] != kernels::f32_to_bf16(rp[i]);
+    EXPECT_EQ(wrong, 0u) << ctx;
+  }
+}
+
+TEST(CpuAdam, HalfGradientsAndHalfOutputs) {
+  for (std::size_t n : {std::size_t{1025}, (std::size_t{1} << 20) + 3}) {
+    for (DType gt : {DType::f32, DType::bf16, DType::f16}) {
+      for (DType ot : {DType::bf16, DType::f16}) {
+        const Case c = make_case(n, 1, 31);
+        std::vector<float> g_exact = c.grads[0];
+        std::vector<std::uint16_t> g_half;
+        if (gt != DType::f32) g_half = to_half(c.grads[0], gt, &g_exact);
+        const void* g = gt == DType::f32 ? static_cast<const void*>(c.grads[0].data()) : g_half.data();
+        RefHyper rh;
+        auto rp = c.p, rm = c.m, rv = c.v;
+        ref_adam_step(rh, 3, 0.25f, rp, rm, rv, g_exact);
+        for (Isa isa : runnable_isas()) {
+          CpuAdam adam(2, isa);
+          State st(n);
+          st.load(c.p, c.m, c.v);
+          AlignedBuffer out(n * 2, 64);
+          auto* o = out.as<std::uint16_t>().data();
+          adam.step(to_hyper(rh), 3, 0.25f, st.p, st.m, st.v, g, gt, n, o, ot);
+          const std::string ctx = std::string(isa_name(isa)) + " grad " + std::string(dtype_name(gt)) + " out " +
+                                  std::string(dtype_name(ot)) + " n=" + std::to_string(n);
+          expect_bitwise("param", st.p, rp, ctx);
+          expect_bitwise("exp_avg", st.m, rm, ctx);
+          std::size_t wrong = 0, far = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const std::uint16_t want = ot == DType::bf16 ? kernels::f32_to_bf16(rp[i]) : kernels::f32_to_f16(rp[i]);
+            wrong += o[i] != want;
+            // Independently of any rounding code: the half value is within half a unit in the
+            // last place of the fp32 result (round to nearest).
+            const double got = ot == DType::bf16 ? kernels::bf16_to_f32(o[i]) : kernels::f16_to_f32(o[i]);
+            const int e = std::ilogb(rp[i]);
+            const double ulp = ot == DType::bf16 ? std::ldexp(1.0, e - 7) : std::ldexp(1.0, std::max(e, -14) - 10);
+            far += std::fabs(got - double(rp[i])) > 0.5 * ulp;
+          }
+          EXPECT_EQ(wrong, 0u) << "half output is not the fp32 result rounded to nearest even, " << ctx;
+          EXPECT_EQ(far, 0u) << ctx;
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuAdam, SpecialValuesNanGradientsAndDenormalWeights) {
+  // NaN / inf gradients give NaN weights whose half copies stay NaN; denormal weights round to
+  // the correctly rounded bf16 denormal (vcvtneps2bf16 alone would flush them to zero).
+  const std::size_t n = 64;
+  std::vector<float> p0(n), m0(n, 0.0f), v0(n, 0.0f), g(n, 0.0f);
+  for (std::size_t i = 0; i < n; ++i) p0[i] = std::ldexp(float(i + 1) * 1.37f, -130);  // denormal
+  g[5] = std::numeric_limits<float>::quiet_NaN();
+  g[21] = std::numeric_limits<float>::infinity();
+  RefHyper rh;
+  rh.weight_decay = 0.0;
+  auto rp = p0, rm = m0, rv = v0;
+  ref_adam_step(rh, 1, 1.0f, rp, rm, rv, g);
+  ASSERT_TRUE(std::isnan(rp[5]) && std::isnan(rp[21]));
+  for (Isa isa : runnable_isas()) {
+    for (DType ot : {DType::bf16, DType::f16}) {
+      CpuAdam adam(1, isa);
+      State st(n);
+      st.load(p0, m0, v0);
+      std::vector<std::uint16_t> out(n);
+      adam.step(to_hyper(rh), 1, 1.0f, st.p, st.m, st.v, g.data(), DType::f32, n, out.data(), ot);
+      const std::string ctx = std::string(isa_name(isa)) + " out " + std::string(dtype_name(ot));
+      expect_bitwise("param", st.p, rp, ctx);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint16_t want = ot == DType::bf16 ? kernels::f32_to_bf16(rp[i]) : kernels::f32_to_f16(rp[i]);
+        EXPECT_EQ(out[i], want) << ctx << " element " << i;
+      }
+      const float nan_back = ot == DType::bf16 ? kernels::bf16_to_f32(out[5]) : kernels::f16_to_f32(out[5]);
+      EXPECT_TRUE(std::isnan(nan_back)) << ctx;
+      if (ot == DType::bf16) EXPECT_NE(out[7] & 0x7fff, 0) << "denormal weight flushed to zero, " << ctx;
+    }
+  }
+}
+
+TEST(CpuAdam, ResumeAtStepFiveEqualsUninterruptedRunBitwise) {
+  const std::size_t n = 4099;
+  const Case c = make_case(n, 6, 55);
+  AdamHyper h;
+  h.weight_decay = 0.01;
+  State full(n), resumed(n);
+  full.load(c.p, c.m, c.v);
+  resumed.load(c.p, c.m, c.v);
+  {
+    CpuAdam adam(2);
+    for (int s = 1; s <= 6; ++s) adam.step(h, s, 1.0f, full.p, full.m, full.v, c.grads[s - 1].data(), DType::f32, n);
+  }
+  {
+    CpuAdam first(2);
+    for (int s = 1; s <= 5; ++s)
+      first.step(h, s, 1.0f, resumed.p, resumed.m, resumed.v, c.grads[s - 1].data(), DType::f32, n);
+  }
+  CpuAdam fresh(1);  // a new optimizer that only knows 5 steps were taken
+  fresh.step(h, 6, 1.0f, resumed.p, resumed.m, resumed.v, c.grads[5].data(), DType::f32, n);
+  EXPECT_EQ(first_bit_difference(full.p, resumed.p, n), -1);
+  EXPECT_EQ(first_bit_difference(full.m, resumed.m, n), -1);
+  EXPECT_EQ(first_bit_difference(full.v, resumed.v, n), -1);
+}
+
+TEST(CpuAdam, OneTwoAndEightThreadsBitwiseEqual) {
+  const std::size_t n = (std::size_t{1} << 20) + 3;
+  const Case c = make_case(n, 2, 77);
+  const auto g16 = to_half(c.grads[1], DType::bf16, nullptr);
+  AdamHyper h;
+  h.weight_decay = 0.01;
+  for (Isa isa : runnable_isas()) {
+    std::vector<std::vector<float>> results;
+    std::vector<double> sums;
+    for (int threads : {1, 2, 8}) {
+      CpuAdam adam(threads, isa);
+      ASSERT_EQ(adam.threads(), threads);
+      State st(n);
+      st.load(c.p, c.m, c.v);
+      adam.step(h, 1, 1.0f, st.p, st.m, st.v, c.grads[0].data(), DType::f32, n);
+      adam.step(h, 2, 1.0f, st.p, st.m, st.v, g16.data(), DType::bf16, n);
+      results.emplace_back(st.p, st.p + n);
+      results.back().insert(results.back().end(), st.v, st.v + n);
+      sums.push_back(adam.sum_squares(st.p, DType::f32, n));
+    }
+    for (std::size_t k = 1; k < results.size(); ++k) {
+      EXPECT_EQ(first_bit_difference(results[0].data(), results[k].data(), results[0].size()), -1) << isa_name(isa);
+      EXPECT_EQ(bits(float(sums[0])), bits(float(sums[k])));
+      EXPECT_EQ(sums[0], sums[k]) << isa_name(isa);
+    }
+  }
+}
+
+TEST(CpuAdam, RejectsBadArguments) {
+  CpuAdam adam(1);
+  float x = 1.0f, m = 0.0f, v = 0.0f, g = 1.0f;
+  AdamHyper h;
+  EXPECT_THROW(adam.step(h, 0, 1.0f, &x, &m, &v, &g, DType::f32, 1), UsageError);
+  EXPECT_THROW(adam.step(h, 1, 1.0f, &x, &m, &v, &g, DType::f32, 1, &x, DType::f32), UsageError);
+  EXPECT_THROW(adam.step(h, 1, 1.0f, nullptr, &m, &v, &g, DType::f32, 1), UsageError);
+  EXPECT_THROW(CpuAdam(-1), UsageError);
+  EXPECT_EQ(x, 1.0f);  // nothing written by the rejected calls
+}
+
+TEST(CpuAdam, IsaOverrideFromEnvironment) {
+  const char* saved = std::getenv("ZOE_ISA");
+  const std::string keep = saved ? saved : "";
+  ::setenv("ZOE_ISA", "scalar", 1);
+  EXPECT_EQ(active_isa(), Isa::scalar);
+  EXPECT_EQ(CpuAdam(1).isa(), Isa::scalar);
+  ::setenv("ZOE_ISA", "sse9", 1);
+  EXPECT_THROW(active_isa(), ConfigError);
+  try {
+    active_isa();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "ZOE_ISA");
+  }
+  if (saved) ::setenv("ZOE_ISA", keep.c_str(), 1);
+  else ::unsetenv("ZOE_ISA");
+  EXPECT_TRUE(isa_supported(active_isa()));
+}
+
+}  // namespace
+}  // namespace zoe::optim::test
