@@ -1,0 +1,53 @@
+#include "src/comm/communicator.hpp"
+
+namespace zoe {
+namespace {
+// Bytes a rank moves for a collective over a buffer of `full` bytes: full*(N-1)/N.
+std::int64_t bus_share(std::size_t full, int world) {
+  return world <= 1 ? 0 : static_cast<std::int64_t>(full / static_cast<std::size_t>(world) *
+                                                    static_cast<std::size_t>(world - 1) +
+                                                    full % static_cast<std::size_t>(world) *
+                                                    static_cast<std::size_t>(world - 1) /
+                                                    static_cast<std::size_t>(world));
+}
+}  // namespace
+
+CommStats Communicator::stats() const {
+  CommStats s;
+  s.all_gather_bytes = ag_.load(std::memory_order_relaxed);
+  s.reduce_scatter_bytes = rs_.load(std::memory_order_relaxed);
+  s.all_reduce_bytes = ar_.load(std::memory_order_relaxed);
+  s.broadcast_bytes = bc_.load(std::memory_order_relaxed);
+  s.calls = calls_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void Communicator::reset_stats() {
+  ag_ = 0;
+  rs_ = 0;
+  ar_ = 0;
+  bc_ = 0;
+  calls_ = 0;
+}
+
+void Communicator::count_all_gather(std::size_t full_bytes) {
+  ag_ += bus_share(full_bytes, world_size());
+  ++calls_;
+}
+
+void Communicator::count_reduce_scatter(std::size_t full_bytes) {
+  rs_ += bus_share(full_bytes, world_size());
+  ++calls_;
+}
+
+void Communicator::count_all_reduce(std::size_t bytes) {
+  ar_ += bus_share(2 * bytes, world_size());
+  ++calls_;
+}
+
+void Communicator::count_broadcast(std::size_t bytes) {
+  bc_ += static_cast<std::int64_t>(bytes);
+  ++calls_;
+}
+
+}  // namespace zoe

@@ -1,0 +1,352 @@
+#include "src/comm/host_communicator.hpp"
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "kernels/reduce.hpp"
+#include "src/common/check.hpp"
+
+#define ZOE_THROW_COMM(...) throw ::zoe::CommError(::zoe::detail::concat(__VA_ARGS__), 0, __FILE__, __LINE__)
+
+namespace zoe {
+namespace {
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Gloo's rendezvous reads and writes addresses through its own Store interface.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(KeyValueStore& store, std::string prefix, milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override {
+    return store_.get(prefix_ + key, timeout_, "Gloo rendezvous");
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    for (const auto& key : keys) store_.get(prefix_ + key, timeout, "Gloo rendezvous");
+  }
+
+ private:
+  KeyValueStore& store_;
+  std::string prefix_;
+  milliseconds timeout_;
+};
+
+// The N near-equal parts all_reduce splits a buffer of `count` elements into.
+std::size_t part_begin(std::size_t count, int world, int r) {
+  std::size_t base = count / world, extra = count % world;
+  return r * base + std::min<std::size_t>(r, extra);
+}
+std::size_t part_size(std::size_t count, int world, int r) {
+  return part_begin(count, world, r + 1) - part_begin(count, world, r);
+}
+
+// out[i] = reduction of slices[0..world)[i], in rank order; dtype fixed at compile time
+// so the per-element dtype switch folds away.
+template <DType T>
+void reduce_loop(const void* const* slices, int world, void* out, std::size_t n, bool avg) {
+  for (std::size_t i = 0; i < n; ++i) kernels::store_f32(out, T, i, kernels::reduce_ranks(slices, T, world, i, avg));
+}
+void reduce_into(const std::vector<const void*>& slices, DType t, void* out, std::size_t n, bool avg) {
+  int world = static_cast<int>(slices.size());
+  switch (t) {
+    case DType::f32: reduce_loop<DType::f32>(slices.data(), world, out, n, avg); break;
+    case DType::bf16: reduce_loop<DType::bf16>(slices.data(), world, out, n, avg); break;
+    case DType::f16: reduce_loop<DType::f16>(slices.data(), world, out, n, avg); break;
+  }
+}
+
+struct Op {
+  const char* name;
+  std::uint64_t seq;
+  Clock::time_point deadline;
+};
+struct SendSpec {
+  int peer;
+  const void* ptr;
+  std::size_t bytes;
+};
+struct RecvSpec {
+  int peer;
+  void* ptr;
+  std::size_t bytes;
+};
+}  // namespace
+
+struct HostCommunicator::Impl {
+  int rank = 0, world = 1;
+  milliseconds timeout;
+  std::shared_ptr<Device> device;
+  std::shared_ptr<KeyValueStore> store;
+  std::shared_ptr<gloo::transport::Device> transport;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t issued = 0, executed = 0;
+  std::string failure;           // first failure; the communicator is unusable after it
+  std::vector<char> scratch;     // used by one collective at a time (they are serialized)
+
+  char* scratch_bytes(std::size_t bytes) {
+    if (scratch.size() < bytes) scratch.resize(bytes);
+    return scratch.data();
+  }
+
+  // Queues `body` on `stream`; it runs after every collective issued before it.
+  void submit(Stream& stream, const char* name, std::function<void(const Op&)> body) {
+    std::uint64_t seq;
+    {
+      std::lock_guard lock(mutex);
+      seq = issued++;
+    }
+    device->host_func(stream, [this, seq, name, body = std::move(body)] { run(seq, name, body); });
+  }
+
+  void run(std::uint64_t seq, const char* name, const std::function<void(const Op&)>& body) {
+    std::string earlier;
+    {
+      std::unique_lock lock(mutex);
+      cv.wait(lock, [&] { return executed == seq; });
+      earlier = failure;
+    }
+    try {
+      if (!earlier.empty())
+        ZOE_THROW_COMM(name, " (collective #", seq, ") on rank ", rank,
+                       ": the communicator is unusable after an earlier failure: ", earlier);
+      body(Op{name, seq, Clock::now() + timeout});
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard lock(mutex);
+        if (failure.empty()) failure = e.what();
+        ++executed;
+      }
+      cv.notify_all();
+      throw;
+    }
+    {
+      std::lock_guard lock(mutex);
+      ++executed;
+    }
+    cv.notify_all();
+  }
+
+  // Posts every receive and send of one phase of `op`, then waits for the receives in
+  // rank order and then the sends, each bounded by the op's deadline.
+  void exchange(const Op& op, int phase, const std::vector<SendSpec>& sends, const std::vector<RecvSpec>& recvs) {
+    std::uint64_t slot = op.seq * 4 + static_cast<std::uint64_t>(phase);
+    std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>> rbufs, sbufs;
+    try {
+      for (const auto& r : recvs) {
+        if (r.bytes == 0) continue;
+        auto buf = context->createUnboundBuffer(r.ptr, r.bytes);
+        buf->recv(r.peer, slot);
+        rbufs.emplace_back(r.peer, std::move(buf));
+      }
+      for (const auto& s : sends) {
+        if (s.bytes == 0) continue;
+        auto buf = context->createUnboundBuffer(const_cast<void*>(s.ptr), s.bytes);
+        buf->send(s.peer, slot);
+        sbufs.emplace_back(s.peer, std::move(buf));
+      }
+    } catch (const gloo::Exception& e) {
+      ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", rank, ": posting transfers failed: ", e.what());
+    }
+    for (auto& [peer, buf] : rbufs) wait_one(op, peer, *buf, true);
+    for (auto& [peer, buf] : sbufs) wait_one(op, peer, *buf, false);
+  }
+
+  void wait_one(const Op& op, int peer, gloo::transport::UnboundBuffer& buf, bool recv) {
+    auto left = std::chrono::duration_cast<milliseconds>(op.deadline - Clock::now());
+    if (left < milliseconds(1)) left = milliseconds(1);
+    bool done = false;
+    try {
+      done = recv ? buf.waitRecv(nullptr, left) : buf.waitSend(nullptr, left);
+    } catch (const gloo::Exception& e) {
+      if (Clock::now() >= op.deadline)
+        ZOE_THROW(TimeoutError, op.name, " (collective #", op.seq, ") on rank ", rank, " timed out after ",
+                  timeout.count() / 1000.0, " s waiting ", (recv ? "for data from" : "to send to"), " rank ", peer,
+                  " (the lowest rank missing: it did not issue this collective, is stuck, or died)");
+      ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", rank, ": transfer ",
+                     (recv ? "from" : "to"), " rank ", peer, " failed: ", e.what());
+    }
+    if (!done)
+      ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", rank, ": transfer with rank ", peer,
+                     " was aborted");
+  }
+};
+
+HostCommunicator::HostCommunicator(std::shared_ptr<Device> device, std::shared_ptr<KeyValueStore> store, int rank,
+                                   int world, HostCommOptions options)
+    : device_(std::move(device)), rank_(rank), world_(world), impl_(std::make_unique<Impl>()) {
+  ZOE_CHECK_USAGE(device_ != nullptr, "HostCommunicator: null device");
+  ZOE_CHECK_USAGE(device_->kind() == DeviceKind::host, "HostCommunicator needs a host device, got ",
+                  device_->name(), " (use the NCCL communicator for CUDA devices)");
+  ZOE_CHECK_USAGE(world >= 1 && rank >= 0 && rank < world, "HostCommunicator: rank ", rank,
+                  " is not in [0, world size ", world, ")");
+  ZOE_CHECK_USAGE(options.timeout.count() > 0, "HostCommunicator: timeout must be positive, got ",
+                  options.timeout.count(), " ms");
+  impl_->rank = rank;
+  impl_->world = world;
+  impl_->timeout = options.timeout;
+  impl_->device = device_;
+  impl_->store = std::move(store);
+  if (world == 1) return;  // no peers: every collective is a local copy
+  ZOE_CHECK_USAGE(impl_->store != nullptr, "HostCommunicator: null store for world size ", world);
+  wait_for_all_ranks(*impl_->store, options.prefix, rank, world, options.timeout);
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    impl_->transport = gloo::transport::tcp::CreateDevice(attr);
+    impl_->context = std::make_shared<gloo::rendezvous::Context>(rank, world);
+    impl_->context->setTimeout(options.timeout);
+    GlooStoreAdapter adapter(*impl_->store, options.prefix + "/gloo/", options.timeout);
+    impl_->context->connectFullMesh(adapter, impl_->transport);
+  } catch (const gloo::Exception& e) {
+    ZOE_THROW_COMM("HostCommunicator: rank ", rank, " of ", world, " could not connect (Gloo TCP on '",
+                   options.hostname, "'): ", e.what());
+  }
+}
+
+HostCommunicator::~HostCommunicator() {
+  std::unique_lock lock(impl_->mutex);
+  impl_->cv.wait(lock, [&] { return impl_->executed == impl_->issued; });
+}
+
+void HostCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) {
+  std::size_t bytes = count * dtype_size(dtype);
+  count_all_gather(bytes * world_);
+  impl_->submit(stream, "all_gather", [this, send, recv, bytes](const Op& op) {
+    if (bytes == 0) return;
+    char* out = static_cast<char*>(recv);
+    if (out + rank_ * bytes != send) std::memmove(out + rank_ * bytes, send, bytes);
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    for (int p = 0; p < world_; ++p)
+      if (p != rank_) recvs.push_back({p, out + p * bytes, bytes});
+    for (int d = 1; d < world_; ++d) sends.push_back({(rank_ + d) % world_, send, bytes});
+    impl_->exchange(op, 0, sends, recvs);
+  });
+}
+
+void HostCommunicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp rop,
+                                      Stream& stream) {
+  std::size_t bytes = count * dtype_size(dtype);
+  count_reduce_scatter(bytes * world_);
+  impl_->submit(stream, "reduce_scatter", [this, send, recv, count, bytes, dtype, rop](const Op& op) {
+    if (count == 0) return;
+    const char* in = static_cast<const char*>(send);
+    char* tmp = impl_->scratch_bytes(bytes * world_);
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    std::vector<const void*> slices(world_);
+    for (int p = 0; p < world_; ++p) {
+      slices[p] = p == rank_ ? static_cast<const void*>(in + p * bytes) : tmp + p * bytes;
+      if (p == rank_) continue;
+      recvs.push_back({p, tmp + p * bytes, bytes});
+      sends.push_back({p, in + p * bytes, bytes});
+    }
+    impl_->exchange(op, 0, sends, recvs);
+    reduce_into(slices, dtype, recv, count, rop == ReduceOp::avg);
+  });
+}
+
+void HostCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp rop,
+                                  Stream& stream) {
+  std::size_t es = dtype_size(dtype);
+  count_all_reduce(count * es);
+  impl_->submit(stream, "all_reduce", [this, send, recv, count, es, dtype, rop](const Op& op) {
+    if (count == 0) return;
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    std::size_t mine = part_size(count, world_, rank_), my_begin = part_begin(count, world_, rank_);
+    char* tmp = impl_->scratch_bytes(mine * es * world_);
+    // Phase 0: reduce-scatter of the parts (part p goes to rank p).
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    std::vector<const void*> slices(world_);
+    for (int p = 0; p < world_; ++p) {
+      slices[p] = p == rank_ ? static_cast<const void*>(in + my_begin * es) : tmp + p * mine * es;
+      if (p == rank_) continue;
+      recvs.push_back({p, tmp + p * mine * es, mine * es});
+      sends.push_back({p, in + part_begin(count, world_, p) * es, part_size(count, world_, p) * es});
+    }
+    impl_->exchange(op, 0, sends, recvs);
+    reduce_into(slices, dtype, out + my_begin * es, mine, rop == ReduceOp::avg);
+    // Phase 1: all-gather of the reduced parts.
+    sends.clear();
+    recvs.clear();
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      recvs.push_back({p, out + part_begin(count, world_, p) * es, part_size(count, world_, p) * es});
+      sends.push_back({p, out + my_begin * es, mine * es});
+    }
+    impl_->exchange(op, 1, sends, recvs);
+  });
+}
+
+void HostCommunicator::all_reduce_f64(double* data, std::size_t count, Stream& stream) {
+  count_all_reduce(count * sizeof(double));
+  impl_->submit(stream, "all_reduce_f64", [this, data, count](const Op& op) {
+    if (count == 0 || world_ == 1) return;
+    std::size_t bytes = count * sizeof(double);
+    auto* all = reinterpret_cast<double*>(impl_->scratch_bytes(bytes * world_));
+    std::memcpy(all + rank_ * count, data, bytes);
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    std::vector<const double*> slices(world_);
+    for (int p = 0; p < world_; ++p) {
+      slices[p] = all + p * count;
+      if (p == rank_) continue;
+      recvs.push_back({p, all + p * count, bytes});
+      sends.push_back({p, data, bytes});
+    }
+    impl_->exchange(op, 0, sends, recvs);
+    for (std::size_t i = 0; i < count; ++i) data[i] = kernels::reduce_ranks_f64(slices.data(), world_, i);
+  });
+}
+
+void HostCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) {
+  ZOE_CHECK_USAGE(root >= 0 && root < world_, "broadcast: root ", root, " is not in [0, world size ", world_, ")");
+  std::size_t bytes = count * dtype_size(dtype);
+  count_broadcast(bytes);
+  impl_->submit(stream, "broadcast", [this, buf, bytes, root](const Op& op) {
+    if (bytes == 0 || world_ == 1) return;
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    if (rank_ == root) {
+      for (int p = 0; p < world_; ++p)
+        if (p != root) sends.push_back({p, buf, bytes});
+    } else {
+      recvs.push_back({root, buf, bytes});
+    }
+    impl_->exchange(op, 0, sends, recvs);
+  });
+}
+
+void HostCommunicator::barrier(Stream& stream) {
+  impl_->submit(stream, "barrier", [this](const Op& op) {
+    if (world_ == 1) return;
+    static const char token = 1;
+    std::vector<char> tokens(world_);
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    for (int p = 0; p < world_; ++p) {
+      if (p == rank_) continue;
+      recvs.push_back({p, &tokens[p], 1});
+      sends.push_back({p, &token, 1});
+    }
+    impl_->exchange(op, 0, sends, recvs);
+  });
+}
+
+}  // namespace zoe

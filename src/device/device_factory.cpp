@@ -1,0 +1,33 @@
+// The public device factories of include/zoe/engine.hpp.
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/device/host_device.hpp"
+#include "zoe/engine.hpp"
+#if ZOE_HAVE_CUDA
+#include "src/device/cuda_device.hpp"
+#endif
+
+namespace zoe {
+
+std::shared_ptr<Device> make_host_device() { return std::make_shared<HostDevice>(); }
+
+std::shared_ptr<Device> best_available_device(int ordinal) {
+#if ZOE_HAVE_CUDA
+  try {
+    return std::make_shared<CudaDevice>(ordinal);
+  } catch (const CudaError& e) {
+    ZOE_LOG_INFO("no usable CUDA device {} ({}); using the host device", ordinal, e.message());
+  }
+#else
+  ZOE_LOG_INFO("zoe was built without CUDA; using the host device (requested cuda:{})", ordinal);
+#endif
+  return make_host_device();
+}
+
+std::int64_t TensorView::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace zoe

@@ -1,0 +1,151 @@
+#include "src/device/host_device.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "src/common/check.hpp"
+#include "src/device/host_elementwise.hpp"
+
+namespace zoe {
+namespace {
+constexpr std::size_t kAlignment = 256;
+
+HostEvent& host_event(Event& event) {
+  auto* e = dynamic_cast<HostEvent*>(&event);
+  ZOE_CHECK_USAGE(e != nullptr, "HostDevice: event was not created by a HostDevice");
+  return *e;
+}
+}  // namespace
+
+HostQueue& host_queue(Stream& stream) {
+  auto* s = dynamic_cast<HostStream*>(&stream);
+  ZOE_CHECK_USAGE(s != nullptr, "HostDevice: stream was not created by a HostDevice");
+  return *s->queue();
+}
+
+HostDevice::HostDevice(std::size_t capacity_bytes)
+    : capacity_(capacity_bytes), compute_(std::make_unique<HostStream>("compute")) {}
+
+HostDevice::~HostDevice() {
+  compute_.reset();  // drains queued work before the memory map goes away
+  std::lock_guard lock(mutex_);
+  for (auto& [ptr, bytes] : sizes_) std::free(ptr);
+}
+
+void* HostDevice::allocate(std::size_t bytes) {
+  std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  {
+    std::lock_guard lock(mutex_);
+    if (capacity_ && static_cast<std::size_t>(stats_.current_bytes) + bytes > capacity_)
+      ZOE_THROW(OutOfMemoryError, "HostDevice: allocating ", bytes, " bytes would exceed the capacity of ",
+                capacity_, " bytes (", stats_.current_bytes, " in use)");
+  }
+  void* ptr = std::aligned_alloc(kAlignment, rounded);
+  if (!ptr) ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
+  std::lock_guard lock(mutex_);
+  sizes_.emplace(ptr, bytes);
+  stats_.current_bytes += static_cast<std::int64_t>(bytes);
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+  return ptr;
+}
+
+void HostDevice::deallocate(void* ptr) {
+  if (!ptr) return;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = sizes_.find(ptr);
+    ZOE_CHECK_USAGE(it != sizes_.end(), "HostDevice::deallocate: ", ptr, " was not allocated by this device");
+    stats_.current_bytes -= static_cast<std::int64_t>(it->second);
+    sizes_.erase(it);
+  }
+  std::free(ptr);
+}
+
+DeviceMemoryStats HostDevice::memory_stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void HostDevice::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_bytes = stats_.current_bytes;
+}
+
+std::unique_ptr<Stream> HostDevice::create_stream() {
+  int id;
+  {
+    std::lock_guard lock(mutex_);
+    id = ++streams_created_;
+  }
+  return std::make_unique<HostStream>("stream" + std::to_string(id));
+}
+
+std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<HostEvent>(); }
+
+void HostDevice::record(Event& event, Stream& stream) {
+  auto* s = dynamic_cast<HostStream*>(&stream);
+  ZOE_CHECK_USAGE(s != nullptr, "HostDevice::record: stream was not created by a HostDevice");
+  host_event(event).set({s->queue(), s->queue()->last_ticket()});
+}
+
+void HostDevice::wait(Stream& stream, Event& event) {
+  HostEvent::Point p = host_event(event).point();
+  if (!p.queue || p.queue.get() == &host_queue(stream)) return;  // same stream: already ordered
+  host_queue(stream).enqueue([p] { p.queue->wait_for(p.ticket); });
+}
+
+void HostDevice::synchronize(Event& event) {
+  HostEvent::Point p = host_event(event).point();
+  if (!p.queue) return;
+  p.queue->wait_for(p.ticket);
+  p.queue->rethrow_error_up_to(p.ticket);
+}
+
+bool HostDevice::query(Event& event) {
+  HostEvent::Point p = host_event(event).point();
+  return !p.queue || p.queue->done(p.ticket);
+}
+
+void HostDevice::synchronize(Stream& stream) { host_queue(stream).synchronize(); }
+
+void HostDevice::host_func(Stream& stream, std::function<void()> fn) {
+  ZOE_CHECK_USAGE(fn != nullptr, "HostDevice::host_func: empty function");
+  host_queue(stream).enqueue(std::move(fn));
+}
+
+void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& stream) {
+  if (bytes == 0) return;
+  ZOE_CHECK_USAGE(dst && src, "HostDevice::copy: null pointer (dst=", dst, ", src=", src, ") for ", bytes,
+                  " bytes");
+  host_queue(stream).enqueue([=] { std::memmove(dst, src, bytes); });
+}
+
+void HostDevice::fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) {
+  host_queue(stream).enqueue([=] { host_ops::fill(dst, dtype, n, value); });
+}
+
+void HostDevice::cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
+                      Stream& stream) {
+  ZOE_CHECK_USAGE(n == 0 || src != dst, "HostDevice::cast: src and dst must differ (", src, ")");
+  host_queue(stream).enqueue([=] { host_ops::cast(src, src_dtype, dst, dst_dtype, n); });
+}
+
+void HostDevice::scale(void* x, DType dtype, std::size_t n, float factor, Stream& stream) {
+  host_queue(stream).enqueue([=] { host_ops::scale(x, dtype, n, factor); });
+}
+
+void HostDevice::accumulate(const void* src, DType src_dtype, float* acc, std::size_t n, Stream& stream) {
+  host_queue(stream).enqueue([=] { host_ops::accumulate(src, src_dtype, acc, n); });
+}
+
+void HostDevice::sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) {
+  host_queue(stream).enqueue([=] { *out = host_ops::sum_squares(x, dtype, n); });
+}
+
+void HostDevice::all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) {
+  host_queue(stream).enqueue([=] { *out = host_ops::all_finite(x, dtype, n) ? 1 : 0; });
+}
+
+}  // namespace zoe

@@ -1,0 +1,104 @@
+#include "src/device/host_stream.hpp"
+
+#include "src/common/log.hpp"
+
+namespace zoe {
+
+HostQueue::HostQueue(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+
+HostQueue::~HostQueue() {
+  {
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] { return completed_ == enqueued_; });
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  worker_.join();
+  if (error_) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      ZOE_LOG_WARN("stream '{}' destroyed with an unreported task error: {}", name_, e.what());
+    } catch (...) {
+      ZOE_LOG_WARN("stream '{}' destroyed with an unreported task error", name_);
+    }
+  }
+}
+
+std::uint64_t HostQueue::enqueue(std::function<void()> task) {
+  std::uint64_t ticket;
+  {
+    std::lock_guard lock(mutex_);
+    tasks_.push_back(std::move(task));
+    ticket = ++enqueued_;
+  }
+  work_cv_.notify_one();
+  return ticket;
+}
+
+std::uint64_t HostQueue::last_ticket() const {
+  std::lock_guard lock(mutex_);
+  return enqueued_;
+}
+
+bool HostQueue::done(std::uint64_t ticket) const {
+  std::lock_guard lock(mutex_);
+  return completed_ >= ticket;
+}
+
+void HostQueue::wait_for(std::uint64_t ticket) const {
+  std::unique_lock lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+}
+
+void HostQueue::synchronize() {
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(mutex_);
+    std::uint64_t target = enqueued_;
+    done_cv_.wait(lock, [&] { return completed_ >= target; });
+    error = std::exchange(error_, nullptr);
+    error_ticket_ = 0;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void HostQueue::rethrow_error_up_to(std::uint64_t ticket) const {
+  std::exception_ptr error;
+  {
+    std::lock_guard lock(mutex_);
+    if (error_ && error_ticket_ <= ticket) error = error_;
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void HostQueue::run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mutex_);
+      work_cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    task = nullptr;  // release captures before signalling completion
+    {
+      std::lock_guard lock(mutex_);
+      ++completed_;
+      if (error && !error_) {
+        error_ = error;
+        error_ticket_ = completed_;
+      }
+    }
+    done_cv_.notify_all();
+  }
+}
+
+}  // namespace zoe

@@ -1,0 +1,92 @@
+// HostStream: the host device's stream, an in-order executor with its own worker
+// thread, so work queued on different streams overlaps as it would on a GPU.
+// Positions in the queue are tickets (1, 2, ...): ticket t is complete once the t-th
+// task queued has run. Events are (queue, ticket) pairs, which gives CUDA event
+// semantics without queuing anything for record().
+// Errors: an exception thrown by a task is kept (the first one) and later tasks still
+// run, so waits on other streams never hang; synchronize rethrows it.
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "src/device/device.hpp"
+
+namespace zoe {
+
+/// The queue and worker thread behind a HostStream. Shared with events recorded on
+/// it, so an event outlives the stream safely.
+class HostQueue {
+ public:
+  explicit HostQueue(std::string name);
+  /// Drains every queued task, then stops the worker.
+  ~HostQueue();
+  HostQueue(const HostQueue&) = delete;
+  HostQueue& operator=(const HostQueue&) = delete;
+
+  /// Queues `task`; returns its ticket.
+  std::uint64_t enqueue(std::function<void()> task);
+  /// Ticket of the last task queued (0 if none): the point record() captures.
+  std::uint64_t last_ticket() const;
+  /// True once every task up to `ticket` has run.
+  bool done(std::uint64_t ticket) const;
+  /// Blocks until every task up to `ticket` has run.
+  void wait_for(std::uint64_t ticket) const;
+  /// Blocks until the queue is empty, then rethrows (and clears) the first task error.
+  void synchronize();
+  /// Rethrows (without clearing) the first task error if it happened at or before `ticket`.
+  void rethrow_error_up_to(std::uint64_t ticket) const;
+  const std::string& name() const { return name_; }
+
+ private:
+  void run();
+
+  std::string name_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable work_cv_, done_cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::uint64_t enqueued_ = 0, completed_ = 0;
+  std::exception_ptr error_;
+  std::uint64_t error_ticket_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class HostStream final : public Stream {
+ public:
+  explicit HostStream(std::string name) : queue_(std::make_shared<HostQueue>(std::move(name))) {}
+  const std::shared_ptr<HostQueue>& queue() const { return queue_; }
+
+ private:
+  std::shared_ptr<HostQueue> queue_;
+};
+
+class HostEvent final : public Event {
+ public:
+  struct Point {
+    std::shared_ptr<HostQueue> queue;  // null: never recorded (complete)
+    std::uint64_t ticket = 0;
+  };
+  Point point() const {
+    std::lock_guard lock(mutex_);
+    return point_;
+  }
+  void set(Point p) {
+    std::lock_guard lock(mutex_);
+    point_ = std::move(p);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  Point point_;
+};
+
+}  // namespace zoe

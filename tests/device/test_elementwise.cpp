@@ -1,0 +1,161 @@
+// The host device's elementwise ops against direct computations: fill, cast, scale,
+// accumulate, sum_squares (fp64, fixed order), all_finite, for fp32/bf16/fp16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/half.hpp"
+#include "src/device/host_device.hpp"
+#include "zoe/error.hpp"
+
+using namespace zoe;
+namespace k = zoe::kernels;
+
+namespace {
+std::vector<float> random_floats(std::size_t n, unsigned seed, float scale = 4.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+// Reference conversions through the independently tested scalar routines.
+std::uint16_t to_half(float f, DType t) { return t == DType::bf16 ? k::f32_to_bf16(f) : k::f32_to_f16(f); }
+float from_half(std::uint16_t h, DType t) { return t == DType::bf16 ? k::bf16_to_f32(h) : k::f16_to_f32(h); }
+
+class Elementwise : public ::testing::Test {
+ protected:
+  HostDevice dev;
+  std::unique_ptr<Stream> s = dev.create_stream();
+};
+}  // namespace
+
+TEST_F(Elementwise, FillEveryDtype) {
+  std::vector<float> f(33, 0.0f);
+  dev.fill(f.data(), DType::f32, 33, 1.1f, *s);
+  std::vector<std::uint16_t> b(33), h(33);
+  dev.fill(b.data(), DType::bf16, 32, 1.1f, *s);  // last element untouched
+  dev.fill(h.data(), DType::f16, 33, 1.1f, *s);
+  dev.synchronize(*s);
+  for (float x : f) EXPECT_EQ(x, 1.1f);
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(b[i], 0x3f8du);  // 1.1 -> bf16 0x3F8D (1.1015625)
+  EXPECT_EQ(b[32], 0u);
+  for (auto x : h) EXPECT_EQ(x, 0x3c66u);  // 1.1 -> fp16 0x3C66 (1.0996094)
+}
+
+TEST_F(Elementwise, CastRoundTrips) {
+  auto x = random_floats(10007, 1);
+  x[0] = std::numeric_limits<float>::infinity();
+  x[1] = std::numeric_limits<float>::quiet_NaN();
+  x[2] = 70000.0f;  // overflows fp16 to inf
+  x[3] = 1e-8f;     // fp16 subnormal range
+  for (DType t : {DType::bf16, DType::f16}) {
+    std::vector<std::uint16_t> half(x.size());
+    std::vector<float> back(x.size());
+    dev.cast(x.data(), DType::f32, half.data(), t, x.size(), *s);
+    dev.cast(half.data(), t, back.data(), DType::f32, x.size(), *s);
+    dev.synchronize(*s);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(half[i], to_half(x[i], t)) << dtype_name(t) << " i=" << i;
+      float expect = from_half(to_half(x[i], t), t);
+      if (std::isnan(expect)) {
+        ASSERT_TRUE(std::isnan(back[i]));
+      } else {
+        ASSERT_EQ(back[i], expect) << i;
+      }
+    }
+  }
+  // bf16 -> fp16 goes through fp32 exactly once.
+  std::vector<std::uint16_t> b(x.size()), h(x.size());
+  dev.cast(x.data(), DType::f32, b.data(), DType::bf16, x.size(), *s);
+  dev.cast(b.data(), DType::bf16, h.data(), DType::f16, x.size(), *s);
+  dev.synchronize(*s);
+  for (std::size_t i = 4; i < x.size(); ++i) ASSERT_EQ(h[i], k::f32_to_f16(k::bf16_to_f32(b[i])));
+  EXPECT_THROW(dev.cast(x.data(), DType::f32, x.data(), DType::f32, 4, *s), UsageError);
+}
+
+TEST_F(Elementwise, ScaleAndAccumulate) {
+  auto x = random_floats(4099, 2);
+  std::vector<float> xf = x;
+  std::vector<std::uint16_t> xb(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) xb[i] = k::f32_to_bf16(x[i]);
+  std::vector<std::uint16_t> xb0 = xb;
+  dev.scale(xf.data(), DType::f32, xf.size(), 0.37f, *s);
+  dev.scale(xb.data(), DType::bf16, xb.size(), 0.37f, *s);
+  std::vector<float> acc(x.size(), 1.5f);
+  dev.accumulate(xb0.data(), DType::bf16, acc.data(), acc.size(), *s);
+  dev.accumulate(x.data(), DType::f32, acc.data(), acc.size(), *s);
+  dev.synchronize(*s);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(xf[i], x[i] * 0.37f);
+    ASSERT_EQ(xb[i], k::f32_to_bf16(k::bf16_to_f32(xb0[i]) * 0.37f));
+    ASSERT_EQ(acc[i], (1.5f + k::bf16_to_f32(xb0[i])) + x[i]);
+  }
+}
+
+TEST_F(Elementwise, SumSquaresIsFp64AndDeterministic) {
+  // Small integers: every partial sum is exact in fp64, so the result is exact.
+  std::vector<float> ints(100003);
+  long long exact = 0;
+  for (std::size_t i = 0; i < ints.size(); ++i) {
+    ints[i] = float(int(i % 201) - 100);
+    exact += (long long)(ints[i]) * (long long)(ints[i]);
+  }
+  double* out = static_cast<double*>(dev.allocate(3 * sizeof(double)));
+  dev.sum_squares(ints.data(), DType::f32, ints.size(), out, *s);
+  // Random values: within fp64 rounding of a long double reference; identical across streams.
+  auto x = random_floats(1'000'003, 3);
+  dev.sum_squares(x.data(), DType::f32, x.size(), out + 1, *s);
+  auto s2 = dev.create_stream();
+  dev.sum_squares(x.data(), DType::f32, x.size(), out + 2, *s2);
+  dev.synchronize(*s);
+  dev.synchronize(*s2);
+  EXPECT_EQ(out[0], double(exact));
+  long double ref = 0;
+  for (float v : x) ref += (long double)v * v;
+  EXPECT_NEAR(out[1], double(ref), double(ref) * 1e-13);
+  EXPECT_EQ(std::memcmp(&out[1], &out[2], sizeof(double)), 0);
+  // bf16 input squares the widened values; n = 0 gives 0.
+  std::vector<std::uint16_t> b = {k::f32_to_bf16(3.0f), k::f32_to_bf16(-0.5f)};
+  dev.sum_squares(b.data(), DType::bf16, 2, out, *s);
+  dev.sum_squares(b.data(), DType::bf16, 0, out + 1, *s);
+  dev.synchronize(*s);
+  EXPECT_EQ(out[0], 9.25);
+  EXPECT_EQ(out[1], 0.0);
+  dev.deallocate(out);
+}
+
+TEST_F(Elementwise, AllFinite) {
+  int* out = static_cast<int*>(dev.allocate(8 * sizeof(int)));
+  std::vector<float> f(1000, 1.0f);
+  dev.all_finite(f.data(), DType::f32, f.size(), out, *s);
+  dev.synchronize(*s);  // the ops are asynchronous: don't change f under them
+  f[999] = std::numeric_limits<float>::infinity();
+  dev.all_finite(f.data(), DType::f32, f.size(), out + 1, *s);
+  dev.all_finite(f.data(), DType::f32, 999, out + 2, *s);  // the inf is past n
+  dev.synchronize(*s);
+  f[999] = -std::numeric_limits<float>::quiet_NaN();
+  dev.all_finite(f.data(), DType::f32, f.size(), out + 3, *s);
+  std::vector<std::uint16_t> b(10, 0x3f80), h(10, 0x3c00);
+  b[5] = 0x7f80;  // bf16 +inf
+  h[9] = 0x7e00;  // fp16 NaN
+  dev.all_finite(b.data(), DType::bf16, 10, out + 4, *s);
+  dev.all_finite(h.data(), DType::f16, 10, out + 5, *s);
+  dev.all_finite(h.data(), DType::f16, 9, out + 6, *s);
+  dev.all_finite(h.data(), DType::f16, 0, out + 7, *s);
+  dev.synchronize(*s);
+  EXPECT_EQ(out[0], 1);
+  EXPECT_EQ(out[1], 0);
+  EXPECT_EQ(out[2], 1);
+  EXPECT_EQ(out[3], 0);
+  EXPECT_EQ(out[4], 0);
+  EXPECT_EQ(out[5], 0);
+  EXPECT_EQ(out[6], 1);
+  EXPECT_EQ(out[7], 1);
+  dev.deallocate(out);
+}

@@ -1,0 +1,214 @@
+// HostDevice: byte accounting, stream ordering and overlap, CUDA event semantics,
+// error propagation, and the trainer-on-the-calling-thread usage of compute_stream().
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "src/device/host_device.hpp"
+#include "zoe/engine.hpp"
+#include "zoe/error.hpp"
+
+using namespace zoe;
+using namespace std::chrono_literals;
+
+namespace {
+// A task that blocks its stream until open() is called (or 10 s pass, so a broken
+// implementation fails instead of hanging).
+struct Gate {
+  std::promise<void> promise;
+  std::shared_future<void> future = promise.get_future().share();
+  std::function<void()> task() {
+    auto f = future;
+    return [f] { f.wait_for(10s); };
+  }
+  void open() { promise.set_value(); }
+};
+}  // namespace
+
+TEST(HostDevice, MemoryAccountingAndAlignment) {
+  HostDevice dev;
+  void* a = dev.allocate(1000);
+  void* b = dev.allocate(3000);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b) % 256, 0u);
+  EXPECT_EQ(dev.memory_stats().current_bytes, 4000);
+  EXPECT_EQ(dev.memory_stats().peak_bytes, 4000);
+  dev.deallocate(b);
+  EXPECT_EQ(dev.memory_stats().current_bytes, 1000);
+  EXPECT_EQ(dev.memory_stats().peak_bytes, 4000);
+  dev.reset_peak();
+  EXPECT_EQ(dev.memory_stats().peak_bytes, 1000);
+  void* c = dev.allocate(0);
+  EXPECT_NE(c, nullptr);
+  EXPECT_EQ(dev.memory_stats().current_bytes, 1000);
+  dev.deallocate(c);
+  dev.deallocate(a);
+  dev.deallocate(nullptr);
+  EXPECT_EQ(dev.memory_stats().current_bytes, 0);
+  int not_ours = 0;
+  EXPECT_THROW(dev.deallocate(&not_ours), UsageError);
+}
+
+TEST(HostDevice, CapacityRaisesOutOfMemory) {
+  HostDevice dev(10000);
+  void* a = dev.allocate(6000);
+  EXPECT_THROW(dev.allocate(5000), OutOfMemoryError);
+  void* b = dev.allocate(4000);
+  EXPECT_EQ(dev.memory_stats().current_bytes, 10000);
+  dev.deallocate(a);
+  dev.deallocate(b);
+}
+
+TEST(HostDevice, StreamRunsInOrder) {
+  HostDevice dev;
+  auto s = dev.create_stream();
+  std::vector<int> order;
+  for (int i = 0; i < 200; ++i) {
+    if (i % 50 == 0) dev.host_func(*s, [] { std::this_thread::sleep_for(2ms); });
+    dev.host_func(*s, [&order, i] { order.push_back(i); });
+  }
+  // A copy queued after host funcs sees their writes.
+  std::vector<int> src(3, 7), dst(3, 0);
+  dev.host_func(*s, [&] { src[1] = 42; });
+  dev.copy(dst.data(), src.data(), 3 * sizeof(int), *s);
+  dev.synchronize(*s);
+  ASSERT_EQ(order.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
+  EXPECT_EQ(dst, (std::vector<int>{7, 42, 7}));
+}
+
+TEST(HostDevice, DifferentStreamsOverlap) {
+  // Stream a blocks until stream b has run a task: only possible if they run concurrently.
+  HostDevice dev;
+  auto a = dev.create_stream();
+  auto b = dev.create_stream();
+  std::promise<void> b_ran;
+  auto f = b_ran.get_future();
+  std::atomic<bool> a_saw_b{false};
+  dev.host_func(*a, [&] { a_saw_b = f.wait_for(10s) == std::future_status::ready; });
+  dev.host_func(*b, [&] { b_ran.set_value(); });
+  dev.synchronize(*a);
+  dev.synchronize(*b);
+  EXPECT_TRUE(a_saw_b);
+}
+
+TEST(HostDevice, EventRecordWaitQuerySynchronize) {
+  HostDevice dev;
+  auto a = dev.create_stream();
+  auto b = dev.create_stream();
+  auto ev = dev.create_event();
+  EXPECT_TRUE(dev.query(*ev));  // never recorded: complete
+  dev.synchronize(*ev);
+
+  Gate gate;
+  std::atomic<int> a_value{0}, b_saw{-1};
+  dev.host_func(*a, gate.task());
+  dev.host_func(*a, [&] { a_value = 1; });
+  dev.record(*ev, *a);
+  dev.wait(*b, *ev);
+  dev.host_func(*b, [&] { b_saw = a_value.load(); });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(dev.query(*ev));
+  EXPECT_EQ(b_saw.load(), -1);  // b waits for a's event
+  gate.open();
+  dev.synchronize(*ev);
+  EXPECT_TRUE(dev.query(*ev));
+  EXPECT_EQ(a_value.load(), 1);
+  dev.synchronize(*b);
+  EXPECT_EQ(b_saw.load(), 1);
+}
+
+TEST(HostDevice, ReRecordMovesTheEvent) {
+  HostDevice dev;
+  auto a = dev.create_stream();
+  auto ev = dev.create_event();
+  dev.record(*ev, *a);
+  dev.synchronize(*ev);
+  EXPECT_TRUE(dev.query(*ev));
+  Gate gate;
+  dev.host_func(*a, gate.task());
+  EXPECT_TRUE(dev.query(*ev));  // still the old point
+  dev.record(*ev, *a);
+  EXPECT_FALSE(dev.query(*ev));  // moved behind the gate
+  // A wait captured now keeps the point even if the event is re-recorded later.
+  auto b = dev.create_stream();
+  std::atomic<bool> b_ran{false};
+  dev.wait(*b, *ev);
+  dev.host_func(*b, [&] { b_ran = true; });
+  dev.record(*ev, *b);  // re-record on another stream
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(b_ran.load());
+  gate.open();
+  dev.synchronize(*ev);
+  EXPECT_TRUE(b_ran.load());
+}
+
+TEST(HostDevice, TaskErrorIsRethrownAtSynchronize) {
+  HostDevice dev;
+  auto s = dev.create_stream();
+  std::atomic<bool> later_ran{false};
+  dev.host_func(*s, [] { throw IoError("/x", 4096, 512, 5, "read", __FILE__, __LINE__); });
+  dev.host_func(*s, [] { throw std::runtime_error("second error is not the one reported"); });
+  dev.host_func(*s, [&] { later_ran = true; });
+  auto ev = dev.create_event();
+  dev.record(*ev, *s);
+  EXPECT_THROW(dev.synchronize(*ev), IoError);  // event sync reports it but keeps it
+  try {
+    dev.synchronize(*s);
+    FAIL() << "synchronize did not rethrow";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), "/x");
+    EXPECT_EQ(e.offset(), 4096);
+  }
+  EXPECT_TRUE(later_ran.load());
+  dev.synchronize(*s);  // reported once
+}
+
+TEST(HostDevice, ComputeStreamFromTheTrainersThread) {
+  // The trainer writes on its own thread, the engine queues work on compute_stream(),
+  // the trainer reads after synchronize or an event.
+  auto devp = make_host_device();
+  Device& dev = *devp;
+  EXPECT_EQ(dev.kind(), DeviceKind::host);
+  EXPECT_EQ(dev.name(), "host");
+  auto* x = static_cast<float*>(dev.allocate(1024 * sizeof(float)));
+  for (int i = 0; i < 1024; ++i) x[i] = float(i);  // trainer's write
+  dev.scale(x, DType::f32, 1024, 0.5f, dev.compute_stream());
+  auto ev = dev.create_event();
+  dev.record(*ev, dev.compute_stream());
+  dev.synchronize(*ev);
+  for (int i = 0; i < 1024; ++i) ASSERT_EQ(x[i], float(i) * 0.5f);
+  auto side = dev.create_stream();
+  dev.wait(*side, *ev);
+  dev.scale(x, DType::f32, 1024, 4.0f, *side);
+  auto ev2 = dev.create_event();
+  dev.record(*ev2, *side);
+  dev.wait(dev.compute_stream(), *ev2);
+  dev.fill(x, DType::f32, 1, -1.0f, dev.compute_stream());
+  dev.synchronize(dev.compute_stream());
+  EXPECT_EQ(x[0], -1.0f);
+  EXPECT_EQ(x[3], 6.0f);
+  dev.deallocate(x);
+}
+
+TEST(HostDevice, ForeignStreamIsRejected) {
+  HostDevice a, b;
+  struct NotAHostStream : Stream {} foreign;
+  EXPECT_THROW(a.host_func(foreign, [] {}), UsageError);
+  auto sb = b.create_stream();
+  a.host_func(*sb, [] {});  // streams are not bound to a device instance
+  a.synchronize(*sb);
+}
+
+TEST(HostDevice, BestAvailableFallsBackToHost) {
+  auto dev = best_available_device(0);
+  ASSERT_NE(dev, nullptr);
+  // This machine has no GPU; on a GPU machine the CUDA device is the right answer.
+  EXPECT_TRUE(dev->kind() == DeviceKind::host || dev->name().rfind("cuda:0", 0) == 0) << dev->name();
+}
