@@ -1,8 +1,8 @@
 // zoe-nvme-bench DIR: sequential read and write bandwidth of the io_uring engine on a
 // preallocated file in DIR, swept over block size × queue depth × fixed (registered)
 // buffers, each compared with fio (--ioengine=io_uring --direct=1) on the same file with
-// the same block size, depth and buffer registration, run right after ours (the disk's
-// speed drifts, so only same-run ratios mean anything). Ends with the best settings as
+// the same block size, depth and buffer registration, run next to ours (the disk's speed
+// drifts, so only same-run ratios mean anything; the order alternates between cases). Ends with the best settings as
 // the config's `aio` section.
 //
 // Output: a table (or, with --json, one {"bench","case","value","unit","bound","ratio"}
@@ -118,12 +118,14 @@ int main(int argc, char** argv) {
   std::string dir;
   std::uint64_t size_mib = 1024;
   std::vector<std::size_t> block_kib = {256, 1024, 4096};
-  std::vector<unsigned> depths = {4, 16, 64};
+  std::vector<unsigned> depths = {8, 32};
+  int repeat = 1;
   bool json = false, no_fio = false;
   app.add_option("DIR", dir, "directory for the test file (on the disk to measure)")->required();
   app.add_option("--size-mib", size_mib, "test file size in MiB")->check(CLI::Range(16, 1 << 20));
   app.add_option("--block-kib", block_kib, "block sizes in KiB (multiples of 4)")->delimiter(',');
   app.add_option("--depths", depths, "queue depths")->delimiter(',');
+  app.add_option("--repeat", repeat, "runs of each measurement (best kept)")->check(CLI::Range(1, 10));
   app.add_flag("--json", json, "one JSON object per line");
   app.add_flag("--no-fio", no_fio, "do not run fio");
   CLI11_PARSE(app, argc, argv);
@@ -154,25 +156,38 @@ int main(int argc, char** argv) {
     progress.step("fill");
 
     std::vector<Result> results;
-    for (const Case& c : cases) {
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
       Result r{c};
       std::string label = "bs=" + size_name(c.block_size) + " qd=" + std::to_string(c.queue_depth) +
                           " fixed=" + std::to_string(c.fixed);
-      r.write_gbs = run_engine(file, io::Op::write, c, buffer, size, r.fixed_used);
-      progress.step(label + " write");
-      if (!no_fio) {
-        std::string error;
-        r.fio_write = bench::run_fio({path, size, c.block_size, c.queue_depth, true, c.fixed}, error);
-        if (!r.fio_write) std::fprintf(stderr, "\nfio: %s\n", error.c_str());
-        progress.step(label + " fio write");
-      }
-      r.read_gbs = run_engine(file, io::Op::read, c, buffer, size, r.fixed_used);
-      progress.step(label + " read");
-      if (!no_fio) {
-        std::string error;
-        r.fio_read = bench::run_fio({path, size, c.block_size, c.queue_depth, false, c.fixed}, error);
-        if (!r.fio_read) std::fprintf(stderr, "\nfio: %s\n", error.c_str());
-        progress.step(label + " fio read");
+      // Each op runs `repeat` times for both, keeping the best, and the order alternates
+      // between cases: whoever runs second may find the data warm in a host-side cache.
+      for (io::Op op : {io::Op::write, io::Op::read}) {
+        bool write = op == io::Op::write;
+        double& ours = write ? r.write_gbs : r.read_gbs;
+        std::optional<double>& fio = write ? r.fio_write : r.fio_read;
+        auto run_ours = [&] {
+          for (int k = 0; k < repeat; ++k) ours = std::max(ours, run_engine(file, op, c, buffer, size, r.fixed_used));
+          progress.step(label + (write ? " write" : " read"));
+        };
+        auto run_bound = [&] {
+          if (no_fio) return;
+          for (int k = 0; k < repeat; ++k) {
+            std::string error;
+            auto v = bench::run_fio({path, size, c.block_size, c.queue_depth, write, c.fixed}, error);
+            if (!v) std::fprintf(stderr, "\nfio: %s\n", error.c_str());
+            else fio = std::max(fio.value_or(0.0), *v);
+          }
+          progress.step(label + (write ? " fio write" : " fio read"));
+        };
+        if (i % 2 == 0) {
+          run_ours();
+          run_bound();
+        } else {
+          run_bound();
+          run_ours();
+        }
       }
       results.push_back(r);
     }
