@@ -61,24 +61,38 @@ void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict m_ptr = a.m;
   float* __restrict v_ptr = a.v;
   auto* __restrict out = static_cast<std::uint16_t*>(a.out);
-  std::size_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    __m256 g = _mm256_mul_ps(load8<G>(a.grad, i), grad_scale);
-    __m256 p = _mm256_loadu_ps(p_ptr + i);
-    __m256 m = _mm256_loadu_ps(m_ptr + i);
-    __m256 v = _mm256_loadu_ps(v_ptr + i);
+  const char* grad_bytes = static_cast<const char*>(a.grad);
+  constexpr std::size_t grad_size = G == DType::f32 ? 4 : 2;
+  auto update8 = [&](std::size_t j) {
+    __m256 g = _mm256_mul_ps(load8<G>(a.grad, j), grad_scale);
+    __m256 p = _mm256_loadu_ps(p_ptr + j);
+    __m256 m = _mm256_loadu_ps(m_ptr + j);
+    __m256 v = _mm256_loadu_ps(v_ptr + j);
     if (has_l2) g = _mm256_add_ps(g, _mm256_mul_ps(l2, p));
     p = _mm256_mul_ps(p, decay);
     m = _mm256_add_ps(_mm256_mul_ps(m, beta1), _mm256_mul_ps(one_minus_beta1, g));
     v = _mm256_add_ps(_mm256_mul_ps(v, beta2), _mm256_mul_ps(_mm256_mul_ps(one_minus_beta2, g), g));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(v), bc2_sqrt), eps);
     p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(neg_step_size, m), denom));
-    store8<Stream>(p_ptr + i, p);
-    store8<Stream>(m_ptr + i, m);
-    store8<Stream>(v_ptr + i, v);
-    if constexpr (O == Out::bf16) store_half8<Stream>(out + i, bf16_round(p));
+    store8<Stream>(p_ptr + j, p);
+    store8<Stream>(m_ptr + j, m);
+    store8<Stream>(v_ptr + j, v);
+    if constexpr (O == Out::bf16) store_half8<Stream>(out + j, bf16_round(p));
     if constexpr (O == Out::f16)
-      store_half8<Stream>(out + i, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      store_half8<Stream>(out + j, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  };
+  std::size_t i = begin;
+  for (; i + 16 <= end; i += 16) {  // 16 fp32 = one 64-byte line per array and iteration
+    _mm_prefetch(reinterpret_cast<const char*>(p_ptr + i + kPrefetchElements), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(m_ptr + i + kPrefetchElements), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(v_ptr + i + kPrefetchElements), _MM_HINT_T0);
+    _mm_prefetch(grad_bytes + (i + kPrefetchElements) * grad_size, _MM_HINT_T0);
+    update8(i);
+    update8(i + 8);
+  }
+  if (i + 8 <= end) {
+    update8(i);
+    i += 8;
   }
   if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
   if (i < end) adam_scalar_range(a, i, end);

@@ -71,7 +71,13 @@ void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
   float* __restrict v_ptr = a.v;
   auto* __restrict out = static_cast<std::uint16_t*>(a.out);
   std::size_t i = begin;
-  for (; i + 16 <= end; i += 16) {
+  const char* grad_bytes = static_cast<const char*>(a.grad);
+  constexpr std::size_t grad_size = G == DType::f32 ? 4 : 2;
+  for (; i + 16 <= end; i += 16) {  // 16 fp32 = one 64-byte line per array and iteration
+    _mm_prefetch(reinterpret_cast<const char*>(p_ptr + i + kPrefetchElements), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(m_ptr + i + kPrefetchElements), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(v_ptr + i + kPrefetchElements), _MM_HINT_T0);
+    _mm_prefetch(grad_bytes + (i + kPrefetchElements) * grad_size, _MM_HINT_T0);
     __m512 g = _mm512_mul_ps(load_grad16<G>(a.grad, i), grad_scale);
     __m512 p = _mm512_loadu_ps(p_ptr + i);
     __m512 m = _mm512_loadu_ps(m_ptr + i);

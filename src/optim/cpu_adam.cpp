@@ -5,7 +5,11 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
@@ -20,9 +24,21 @@ static_assert(CpuAdam::kChunk % 64 == 0, "chunks must keep 64-byte alignment of 
 static_assert(CpuAdam::kChunk % CpuAdam::kSumLanes == 0);
 static_assert(CpuAdam::kSumLanes == detail::kSumLanes);
 
-// Below this many elements the arrays (28+ bytes per element) are likely still in cache, where
-// ordinary stores are faster than non-temporal ones.
-constexpr std::size_t kStreamMinElements = std::size_t{1} << 20;
+// Non-temporal stores only pay when the update's arrays do not fit in the last-level cache: then
+// every written line goes to memory anyway, and streaming it keeps the cache for the inputs. A
+// working set that fits stays cached with ordinary stores (an in-place update reads each line
+// first, so ordinary stores cost no extra read-for-ownership traffic).
+// Env ZOE_ADAM_STREAM_BYTES overrides the threshold (tests use 0 to cover the streaming path).
+std::size_t stream_threshold_bytes() {
+  if (const char* env = std::getenv("ZOE_ADAM_STREAM_BYTES"); env && *env) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (*end != '\0') ZOE_THROW_CONFIG("ZOE_ADAM_STREAM_BYTES", "'", env, "' is not a byte count");
+    return static_cast<std::size_t>(v);
+  }
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return std::max<std::size_t>(l3 > 0 ? static_cast<std::size_t>(l3) : 0, std::size_t{32} << 20);
+}
 
 const detail::KernelTable& kernels_for(Isa isa) {
   switch (isa) {
@@ -44,7 +60,8 @@ struct CpuAdam::Impl {
       : arena(threads == 0 ? tbb::task_arena::automatic : threads),
         isa(isa_),
         kernels(kernels_for(isa_)),
-        bf16_convert(isa_ == Isa::avx512 && cpu_has_avx512_bf16_convert()) {}
+        bf16_convert(isa_ == Isa::avx512 && cpu_has_avx512_bf16_convert()),
+        stream_min_bytes(stream_threshold_bytes()) {}
 
   // Runs body(begin, end) over the chunks of [0, n): inline for one chunk, else in the arena.
   template <class Body>
@@ -66,6 +83,7 @@ struct CpuAdam::Impl {
   Isa isa;
   const detail::KernelTable& kernels;
   bool bf16_convert;
+  std::size_t stream_min_bytes;
 };
 
 namespace {
@@ -104,7 +122,8 @@ void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, 
   a.grad_dtype = grad_dtype;
   a.out = out_half;
   a.out_dtype = out_dtype;
-  a.stream = n >= kStreamMinElements && aligned(master, 64) && aligned(exp_avg, 64) && aligned(exp_avg_sq, 64) &&
+  const std::size_t bytes = n * (3 * 4 * 2 + dtype_size(grad_dtype) + (out_half ? 2 : 0));
+  a.stream = bytes > impl_->stream_min_bytes && aligned(master, 64) && aligned(exp_avg, 64) && aligned(exp_avg_sq, 64) &&
              (!out_half || aligned(out_half, 32));
   a.bf16_convert = impl_->bf16_convert;
   const auto adam = impl_->kernels.adam;
