@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "bench/adam/bench_loops.hpp"
+#include "kernels/half.hpp"
 #include "src/optim/cpu_adam.hpp"
 
 namespace zoe::bench {
@@ -22,11 +22,7 @@ void plain_range(std::int64_t step, float* p, float* m, float* v, const float* g
     m[i] = beta1 * m[i] + (1 - beta1) * g[i];
     v[i] = beta2 * v[i] + (1 - beta2) * g[i] * g[i];
     p[i] -= lr / bc1 * m[i] / (std::sqrt(v[i] / bc2) + eps);
-    if (out) {
-      std::uint32_t u;
-      std::memcpy(&u, &p[i], 4);
-      out[i] = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
+    if (out) out[i] = kernels::f32_to_bf16(p[i]);
   }
 }
 

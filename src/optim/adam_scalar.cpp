@@ -17,6 +17,39 @@ float load_as_float(const void* x, DType dtype, std::size_t i) {
   return 0.0f;
 }
 
+template <DType G>
+float load_as(const void* x, std::size_t i) {
+  if constexpr (G == DType::f32) return static_cast<const float*>(x)[i];
+  else if constexpr (G == DType::bf16) return kernels::bf16_to_f32(static_cast<const std::uint16_t*>(x)[i]);
+  else return kernels::f16_to_f32(static_cast<const std::uint16_t*>(x)[i]);
+}
+
+// One dtype / output combination, with the coefficients in a local copy and unaliased pointers so
+// the compiler keeps them in registers (and may use SSE2 vectors: same IEEE operations).
+template <DType G, bool HasOut, DType O>
+void adam_loop(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  const kernels::AdamCoeffs c = a.c;
+  float* __restrict pp = a.p;
+  float* __restrict mp = a.m;
+  float* __restrict vp = a.v;
+  std::uint16_t* __restrict out = static_cast<std::uint16_t*>(a.out);
+  for (std::size_t i = begin; i < end; ++i) {
+    float p = pp[i], m = mp[i], v = vp[i];
+    kernels::adam_update(c, load_as<G>(a.grad, i), p, m, v);
+    pp[i] = p;
+    mp[i] = m;
+    vp[i] = v;
+    if constexpr (HasOut) out[i] = O == DType::bf16 ? kernels::f32_to_bf16(p) : kernels::f32_to_f16(p);
+  }
+}
+
+template <DType G>
+void adam_pick_out(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (!a.out) adam_loop<G, false, DType::bf16>(a, begin, end);
+  else if (a.out_dtype == DType::bf16) adam_loop<G, true, DType::bf16>(a, begin, end);
+  else adam_loop<G, true, DType::f16>(a, begin, end);
+}
+
 void adam_scalar_whole(const AdamArgs& a, std::size_t begin, std::size_t end) {
   adam_scalar_range(a, begin, end);
 }
@@ -30,14 +63,10 @@ double sum_squares_scalar(const void* x, DType dtype, std::size_t begin, std::si
 }  // namespace
 
 void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  auto* out = static_cast<std::uint16_t*>(a.out);
-  for (std::size_t i = begin; i < end; ++i) {
-    float p = a.p[i], m = a.m[i], v = a.v[i];
-    kernels::adam_update(a.c, load_as_float(a.grad, a.grad_dtype, i), p, m, v);
-    a.p[i] = p;
-    a.m[i] = m;
-    a.v[i] = v;
-    if (out) out[i] = a.out_dtype == DType::bf16 ? kernels::f32_to_bf16(p) : kernels::f32_to_f16(p);
+  switch (a.grad_dtype) {
+    case DType::f32: adam_pick_out<DType::f32>(a, begin, end); break;
+    case DType::bf16: adam_pick_out<DType::bf16>(a, begin, end); break;
+    case DType::f16: adam_pick_out<DType::f16>(a, begin, end); break;
   }
 }
 
