@@ -63,7 +63,8 @@ struct CpuAdam::Impl {
         bf16_convert(isa_ == Isa::avx512 && cpu_has_avx512_bf16_convert()),
         stream_min_bytes(stream_threshold_bytes()) {}
 
-  // Runs body(begin, end) over the chunks of [0, n): inline for one chunk, else in the arena.
+  // Runs body(chunk, begin, end) over the kChunk chunks of [0, n): inline for one chunk or one
+  // thread, else in the arena.
   template <class Body>
   void for_chunks(std::size_t n, const Body& body) {
     const std::size_t chunks = (n + kChunk - 1) / kChunk;

@@ -1,6 +1,7 @@
 // CpuAdam::step against the independent reference (adam_reference.hpp): every ISA path, sizes
 // around the SIMD widths and chunk edges, half gradients and outputs, resume, thread counts.
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <algorithm>
 #include <cmath>
@@ -265,6 +266,8 @@ TEST(CpuAdam, ResumeAtStepFiveEqualsUninterruptedRunBitwise) {
 }
 
 TEST(CpuAdam, OneTwoAndEightThreadsBitwiseEqual) {
+  // oneTBB caps its workers at the core count; lift the cap so 8 threads really run.
+  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   const std::size_t n = (std::size_t{1} << 20) + 3;
   const Case c = make_case(n, 2, 77);
   const auto g16 = to_half(c.grads[1], DType::bf16, nullptr);

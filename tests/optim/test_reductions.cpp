@@ -1,5 +1,6 @@
 // CpuAdam::sum_squares and all_finite on every ISA path, against references in this file.
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include <cmath>
 #include <limits>
@@ -33,6 +34,8 @@ long double ref_sum_squares_exactish(const std::vector<float>& x) {
 }
 
 TEST(SumSquares, EveryIsaEveryDtypeMatchesDocumentedOrderBitwise) {
+  // oneTBB caps its workers at the core count; lift the cap so 8 threads really run.
+  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{33}, std::size_t{1025},
                         CpuAdam::kChunk + 5, (std::size_t{1} << 20) + 3}) {
     for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
