@@ -22,10 +22,27 @@ ZOE_HD float reduce_ranks(const void* const* slices, DType t, int world, std::si
   return acc;
 }
 
+/// The same reduction over slices laid out back to back: rank r's element i is element
+/// r*stride + i of `base` (the CUDA backend's receive buffer).
+ZOE_HD float reduce_ranks_strided(const void* base, DType t, int world, std::size_t stride, std::size_t i,
+                                  bool avg) {
+  float acc = load_f32(base, t, i);
+  for (int r = 1; r < world; ++r) acc += load_f32(base, t, static_cast<std::size_t>(r) * stride + i);
+  if (avg) acc = acc / static_cast<float>(world);
+  return acc;
+}
+
 /// fp64 sum of element i over `world` slices, in rank order.
 ZOE_HD double reduce_ranks_f64(const double* const* slices, int world, std::size_t i) {
   double acc = slices[0][i];
   for (int r = 1; r < world; ++r) acc += slices[r][i];
+  return acc;
+}
+
+/// fp64 sum of element i over slices laid out back to back (stride elements apart).
+ZOE_HD double reduce_ranks_strided_f64(const double* base, int world, std::size_t stride, std::size_t i) {
+  double acc = base[i];
+  for (int r = 1; r < world; ++r) acc += base[static_cast<std::size_t>(r) * stride + i];
   return acc;
 }
 

@@ -1,0 +1,124 @@
+// CudaDevice (built when zoe has CUDA). Without a GPU or driver, constructing it must
+// raise CudaError carrying the CUDA error text; with a GPU, its kernels must match the
+// host device's elementwise ops (same ZOE_HD math) and its events must order streams.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/half.hpp"
+#include "src/device/cuda_device.hpp"
+#include "src/device/host_elementwise.hpp"
+#include "zoe/error.hpp"
+
+using namespace zoe;
+using ::testing::HasSubstr;
+
+namespace {
+struct Opened {
+  std::unique_ptr<CudaDevice> device;
+  std::string error;
+  int code = 0;
+};
+Opened open_gpu() {
+  Opened o;
+  try {
+    o.device = std::make_unique<CudaDevice>(0);
+  } catch (const CudaError& e) {
+    o.error = e.what();
+    o.code = e.code();
+  }
+  return o;
+}
+}  // namespace
+
+TEST(CudaDevice, OpensOrRaisesCudaErrorWithTheCudaText) {
+  Opened o = open_gpu();
+  if (o.device) {
+    EXPECT_THAT(o.device->name(), HasSubstr("cuda:0 ("));
+    EXPECT_EQ(o.device->kind(), DeviceKind::cuda);
+  } else {
+    std::printf("no usable GPU here: %s\n", o.error.c_str());
+    EXPECT_NE(o.code, 0);
+    EXPECT_THAT(o.error, HasSubstr("cudaGetDeviceCount failed"));
+    EXPECT_THAT(o.error, HasSubstr("(CUDA error " + std::to_string(o.code) + ")"));
+    EXPECT_THAT(o.error, HasSubstr("cudaError"));  // the CUDA error name, e.g. cudaErrorInsufficientDriver
+  }
+  EXPECT_THROW(CudaDevice(1 << 20), CudaError);  // never a valid ordinal
+}
+
+TEST(CudaDevice, KernelsMatchTheHostDevice) {
+  Opened o = open_gpu();
+  if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
+  CudaDevice& dev = *o.device;
+  const std::size_t n = 1'000'003;
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = dist(gen);
+  auto s = dev.create_stream();
+  auto* dx = static_cast<float*>(dev.allocate(n * 4));
+  auto* dh = static_cast<std::uint16_t*>(dev.allocate(n * 2));
+  auto* dacc = static_cast<float*>(dev.allocate(n * 4));
+  auto* dsum = static_cast<double*>(dev.allocate(8));
+  auto* dfin = static_cast<int*>(dev.allocate(2 * sizeof(int)));
+  EXPECT_EQ(dev.memory_stats().current_bytes, std::int64_t(n * 10 + 8 + 8));
+  dev.copy(dx, x.data(), n * 4, *s);
+  dev.cast(dx, DType::f32, dh, DType::bf16, n, *s);
+  dev.scale(dh, DType::bf16, n, 0.3f, *s);
+  dev.fill(dacc, DType::f32, n, 0.5f, *s);
+  dev.accumulate(dh, DType::bf16, dacc, n, *s);
+  dev.sum_squares(dx, DType::f32, n, dsum, *s);
+  dev.all_finite(dh, DType::bf16, n, dfin, *s);
+  std::vector<std::uint16_t> h(n);
+  std::vector<float> acc(n);
+  double sum = 0;
+  int fin = -1;
+  dev.copy(h.data(), dh, n * 2, *s);
+  dev.copy(acc.data(), dacc, n * 4, *s);
+  dev.copy(&sum, dsum, 8, *s);
+  dev.copy(&fin, dfin, 4, *s);
+  dev.synchronize(*s);
+
+  std::vector<std::uint16_t> rh(n);
+  std::vector<float> racc(n);
+  host_ops::cast(x.data(), DType::f32, rh.data(), DType::bf16, n);
+  host_ops::scale(rh.data(), DType::bf16, n, 0.3f);
+  host_ops::fill(racc.data(), DType::f32, n, 0.5f);
+  host_ops::accumulate(rh.data(), DType::bf16, racc.data(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(h[i], rh[i]) << i;
+    ASSERT_EQ(acc[i], racc[i]) << i;
+  }
+  double ref = host_ops::sum_squares(x.data(), DType::f32, n);
+  EXPECT_NEAR(sum, ref, ref * 1e-12);  // a different fixed order than the host's
+  EXPECT_EQ(fin, 1);
+
+  // Determinism: a second run gives the same bits.
+  double again = 0;
+  dev.sum_squares(dx, DType::f32, n, dsum, *s);
+  dev.copy(&again, dsum, 8, *s);
+  dev.synchronize(*s);
+  EXPECT_EQ(again, sum);
+
+  // Events order streams; a host_func error surfaces at synchronize.
+  auto s2 = dev.create_stream();
+  auto ev = dev.create_event();
+  EXPECT_TRUE(dev.query(*ev));
+  dev.fill(dx, DType::f32, n, 2.0f, *s);
+  dev.record(*ev, *s);
+  dev.wait(*s2, *ev);
+  dev.sum_squares(dx, DType::f32, n, dsum, *s2);
+  dev.copy(&again, dsum, 8, *s2);
+  dev.host_func(*s2, [] { throw IoError("/gpu", 0, 1, 5, "read", __FILE__, __LINE__); });
+  EXPECT_THROW(dev.synchronize(*s2), IoError);
+  EXPECT_EQ(again, 4.0 * double(n));
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dh), static_cast<void*>(dacc),
+                  static_cast<void*>(dsum), static_cast<void*>(dfin)})
+    dev.deallocate(p);
+  EXPECT_EQ(dev.memory_stats().current_bytes, 0);
+}
