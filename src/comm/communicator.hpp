@@ -6,7 +6,17 @@
 // Byte counters follow nccl-tests' bus-bandwidth accounting per rank, with S = bytes of
 // the full (all ranks') buffer and N = world size: all_gather and reduce_scatter add
 // S*(N-1)/N, all_reduce adds 2*S*(N-1)/N, broadcast adds S. Counters are updated when
-// the call is issued.
+// the call is issued. all_reduce_f64 counts as an all_reduce of count*8 bytes; barrier
+// counts nothing; `calls` counts every collective except barrier. Fractions round down.
+//
+// Determinism (every backend): each element's contributions are summed in rank order
+// 0, 1, ..., N-1 in fp32 (bf16/fp16 widened exactly), `avg` then divides that fp32 sum by
+// N, and the result is rounded once to the dtype (kernels/reduce.hpp). So every rank gets
+// identical bits, and all_reduce followed by taking slice r equals reduce_scatter's result
+// on rank r bitwise, at every world size. all_reduce_f64 sums in rank order in fp64.
+// Errors: a failed or timed-out collective throws (CommError / TimeoutError naming the
+// collective and, where the backend can tell, the missing rank) from Device::synchronize
+// of the stream it was queued on; the communicator is unusable afterwards.
 // Thread-safety: one thread issues collectives; stats() may be read from any thread.
 #pragma once
 
