@@ -126,17 +126,16 @@ struct HostCommunicator::Impl {
       body(Op{name, seq, Clock::now() + timeout});
     } catch (const std::exception& e) {
       {
+        // Notify under the lock: once it is released the destructor may free this.
         std::lock_guard lock(mutex);
         if (failure.empty()) failure = e.what();
         ++executed;
+        cv.notify_all();
       }
-      cv.notify_all();
       throw;
     }
-    {
-      std::lock_guard lock(mutex);
-      ++executed;
-    }
+    std::lock_guard lock(mutex);
+    ++executed;
     cv.notify_all();
   }
 

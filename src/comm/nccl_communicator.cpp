@@ -112,8 +112,17 @@ struct NcclCommunicator::Impl {
   std::mutex mutex;
   std::condition_variable cv;
   std::deque<InFlight> in_flight;
-  std::atomic<bool> aborted{false};
-  std::string abort_reason;
+  // Shared with the host funcs that report an abort, which may run after this is destroyed.
+  struct AbortState {
+    std::atomic<bool> aborted{false};
+    std::mutex mutex;
+    std::string reason;
+    std::string get() {
+      std::lock_guard lock(mutex);
+      return reason;
+    }
+  };
+  std::shared_ptr<AbortState> abort = std::make_shared<AbortState>();
   bool stopping = false;
   std::thread watchdog;
 
@@ -131,12 +140,16 @@ struct NcclCommunicator::Impl {
           continue;
         }
         if (!f.started && cudaEventQuery(f.start) == cudaSuccess) f.started = Clock::now();
-        if (f.started && Clock::now() - *f.started > timeout && !aborted) {
-          abort_reason = detail::concat(f.name, " (collective #", f.seq, ") on rank ", rank, " timed out after ",
+        if (f.started && Clock::now() - *f.started > timeout && !abort->aborted) {
+          std::string reason = detail::concat(f.name, " (collective #", f.seq, ") on rank ", rank, " timed out after ",
                                         timeout.count() / 1000.0, " s: a rank did not issue it, is stuck, or died ",
                                         "(NCCL cannot tell which); the NCCL communicator was aborted");
-          ZOE_LOG_ERROR("{}", abort_reason);
-          aborted = true;
+          ZOE_LOG_ERROR("{}", reason);
+          {
+            std::lock_guard reason_lock(abort->mutex);
+            abort->reason = reason;
+          }
+          abort->aborted = true;
           nccl().CommAbort(comm);  // makes the stuck kernels return
         }
         break;
@@ -147,9 +160,9 @@ struct NcclCommunicator::Impl {
   // Runs `body` (which queues NCCL work and kernels on `s`) as one watched collective.
   template <class Body>
   void collective(const char* name, Stream& stream, Body body) {
-    if (aborted)
+    if (abort->aborted)
       throw CommError(detail::concat(name, " on rank ", rank, ": the communicator is unusable after an earlier ",
-                                     "failure: ", abort_reason),
+                                     "failure: ", abort->get()),
                       0, __FILE__, __LINE__);
     cuda->make_current();
     auto s = static_cast<cudaStream_t>(CudaDevice::native(stream));
@@ -165,9 +178,9 @@ struct NcclCommunicator::Impl {
     }
     // Reports an abort of this collective at synchronize(stream).
     std::uint64_t seq = f.seq;
-    cuda->host_func(stream, [this, seq, name] {
-      if (aborted)
-        throw TimeoutError(detail::concat(name, " (collective #", seq, "): ", abort_reason), __FILE__, __LINE__);
+    cuda->host_func(stream, [state = abort, seq, name] {
+      if (state->aborted)
+        throw TimeoutError(detail::concat(name, " (collective #", seq, "): ", state->get()), __FILE__, __LINE__);
     });
   }
 
@@ -222,6 +235,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Device> device, std::shared_p
   cuda->make_current();
   ZOE_NCCL(api.CommInitRank(&impl_->comm, world, id, rank), "ncclCommInitRank");
   ZOE_CUDA(cudaMalloc(&impl_->barrier_flag, sizeof(int)), "cudaMalloc of the barrier flag");
+  ZOE_CUDA(cudaMemset(impl_->barrier_flag, 0, sizeof(int)), "cudaMemset of the barrier flag");
   impl_->watchdog = std::thread([this] { impl_->watch(); });
 }
 
@@ -239,7 +253,7 @@ NcclCommunicator::~NcclCommunicator() {
   impl_->watchdog.join();
   impl_->cuda->make_current();
   cudaFree(impl_->barrier_flag);
-  if (impl_->aborted) return;  // ncclCommAbort already freed the communicator
+  if (impl_->abort->aborted) return;  // ncclCommAbort already freed the communicator
   nccl().CommDestroy(impl_->comm);
 }
 

@@ -1,43 +1,75 @@
 #include "src/device/host_elementwise.hpp"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/elementwise.hpp"
 
 namespace zoe::host_ops {
 namespace k = zoe::kernels;
 
+namespace {
+// Calls fn(std::integral_constant<DType, t>{}) so loops see the dtype as a compile-time
+// constant and the per-element dtype switch of load_f32/store_f32 folds away.
+template <class Fn>
+void with_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::f32: return fn(std::integral_constant<DType, DType::f32>{});
+    case DType::bf16: return fn(std::integral_constant<DType, DType::bf16>{});
+    case DType::f16: return fn(std::integral_constant<DType, DType::f16>{});
+  }
+}
+}  // namespace
+
 void fill(void* dst, DType dtype, std::size_t n, float value) {
-  for (std::size_t i = 0; i < n; ++i) k::store_f32(dst, dtype, i, value);
+  with_dtype(dtype, [&](auto t) {
+    for (std::size_t i = 0; i < n; ++i) k::store_f32(dst, t, i, value);
+  });
 }
 
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) k::store_f32(dst, dst_dtype, i, k::load_f32(src, src_dtype, i));
+  with_dtype(src_dtype, [&](auto s) {
+    with_dtype(dst_dtype, [&](auto d) {
+      for (std::size_t i = 0; i < n; ++i) k::store_f32(dst, d, i, k::load_f32(src, s, i));
+    });
+  });
 }
 
 void scale(void* x, DType dtype, std::size_t n, float factor) {
-  for (std::size_t i = 0; i < n; ++i) k::store_f32(x, dtype, i, k::scale_value(k::load_f32(x, dtype, i), factor));
+  with_dtype(dtype, [&](auto t) {
+    for (std::size_t i = 0; i < n; ++i) k::store_f32(x, t, i, k::scale_value(k::load_f32(x, t, i), factor));
+  });
 }
 
 void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) acc[i] = k::accumulate_value(acc[i], k::load_f32(src, src_dtype, i));
+  with_dtype(src_dtype, [&](auto t) {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = k::accumulate_value(acc[i], k::load_f32(src, t, i));
+  });
 }
 
 double sum_squares(const void* x, DType dtype, std::size_t n) {
   double total = 0.0;
-  for (std::size_t begin = 0; begin < n; begin += k::kSumSquaresChunk) {
-    std::size_t end = std::min(n, begin + k::kSumSquaresChunk);
-    double chunk = 0.0;
-    for (std::size_t i = begin; i < end; ++i) chunk += k::square_f64(k::load_f32(x, dtype, i));
-    total += chunk;
-  }
+  with_dtype(dtype, [&](auto t) {
+    for (std::size_t begin = 0; begin < n; begin += k::kSumSquaresChunk) {
+      std::size_t end = std::min(n, begin + k::kSumSquaresChunk);
+      double chunk = 0.0;
+      for (std::size_t i = begin; i < end; ++i) chunk += k::square_f64(k::load_f32(x, t, i));
+      total += chunk;
+    }
+  });
   return total;
 }
 
 bool all_finite(const void* x, DType dtype, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
-    if (!k::is_finite_f32(k::load_f32(x, dtype, i))) return false;
-  return true;
+  bool finite = true;
+  with_dtype(dtype, [&](auto t) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (!k::is_finite_f32(k::load_f32(x, t, i))) {
+        finite = false;
+        return;
+      }
+  });
+  return finite;
 }
 
 }  // namespace zoe::host_ops
