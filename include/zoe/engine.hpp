@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <span>
@@ -136,6 +137,16 @@ class Engine {
   /// Waits for all queued work (the asynchronous optimizer step included).
   void synchronize();
 
+  /// Learning rate used by the following step() calls (e.g. a warmup/cosine schedule).
+  /// Throws ConfigError if lr is negative or not finite.
+  void set_lr(double lr);
+  double lr() const;
+  /// The fp16 loss scale the trainer multiplies its loss by before backward (1 unless
+  /// fp16 is enabled). Gradients handed to end_backward carry this factor.
+  double loss_scale() const;
+  /// Optimizer steps taken (skipped steps not counted).
+  std::int64_t global_step() const;
+
   /// The full fp32 master value of a parameter (gathered from all ranks; a collective:
   /// every rank must call it). numel elements.
   std::vector<float> gather_parameter(ParamId param);
@@ -161,26 +172,33 @@ class Engine {
 class ForwardScope {
  public:
   ForwardScope(Engine& e, ModuleId m) : e_(e), m_(m), t_(e.begin_forward(m)) {}
-  ~ForwardScope() { e_.end_forward(m_); }
+  ~ForwardScope() noexcept(false) {
+    if (std::uncaught_exceptions() == uncaught_) e_.end_forward(m_);
+  }
   const ModuleTensors& tensors() const { return t_; }
 
  private:
   Engine& e_;
   ModuleId m_;
   ModuleTensors t_;
+  int uncaught_ = std::uncaught_exceptions();
 };
 
 /// RAII: begin_backward in the constructor, end_backward in the destructor.
 class BackwardScope {
  public:
   BackwardScope(Engine& e, ModuleId m) : e_(e), m_(m), t_(e.begin_backward(m)) {}
-  ~BackwardScope() noexcept(false) { e_.end_backward(m_); }
+  /// end_backward may throw; an exception already in flight is not masked.
+  ~BackwardScope() noexcept(false) {
+    if (std::uncaught_exceptions() == uncaught_) e_.end_backward(m_);
+  }
   const ModuleTensors& tensors() const { return t_; }
 
  private:
   Engine& e_;
   ModuleId m_;
   ModuleTensors t_;
+  int uncaught_ = std::uncaught_exceptions();
 };
 
 }  // namespace zoe

@@ -1,0 +1,345 @@
+// Engine: registration, partitioning into groups, the public API and counted collectives.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/core/engine_impl.hpp"
+
+namespace zoe {
+
+std::int64_t TensorView::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace core {
+
+EngineImpl::EngineImpl(const Config& c, RankContext r)
+    : config(c), ctx(std::move(r)), device(*ctx.device), comm(*ctx.comm), rank(comm.rank()),
+      world(comm.world_size()), stage(c.zero_optimization.stage), dtype(c.compute_dtype()),
+      side(device.create_stream()), scaler(c), lr(c.optimizer.lr) {
+  adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
+  ZOE_LOG_DEBUG("rank {}/{}: engine on {}, stage {}, compute {}", rank, world, device.name(), stage,
+                dtype_name(dtype));
+}
+
+EngineImpl::~EngineImpl() {
+  try {
+    device.synchronize(*side);
+  } catch (...) {
+  }
+  reap_frees(true);
+}
+
+DeviceBuffer EngineImpl::alloc(MemKind kind, DType dt, std::int64_t numel) {
+  return DeviceBuffer(device, ledger, kind, dt, numel);
+}
+
+void EngineImpl::check_module(ModuleId m) const {
+  ZOE_CHECK_USAGE(m.index < modules.size(), "unknown module id ", m.index, " (", modules.size(),
+                  " modules registered)");
+}
+
+void EngineImpl::finalize() {
+  if (finalized) return;
+  ZOE_CHECK_USAGE(!modules.empty(), "no modules registered: add_module before the first forward");
+  for (const ParamInfo& p : params) {
+    bool used = std::any_of(modules.begin(), modules.end(), [&](const ModuleInfo& m) {
+      return std::find(m.params.begin(), m.params.end(), &p - params.data()) != m.params.end();
+    });
+    ZOE_CHECK_USAGE(used, "parameter '", p.name, "' is not used by any module");
+  }
+  // Each module owns the parameters it lists first; its group is their flat buffer.
+  for (std::size_t mi = 0; mi < modules.size(); ++mi) {
+    Group g;
+    g.name = modules[mi].name;
+    for (std::uint32_t pi : modules[mi].params) {
+      if (params[pi].group >= 0) continue;
+      params[pi].group = static_cast<int>(groups.size());
+      params[pi].slot = g.params.size();
+      g.params.push_back(pi);
+    }
+    groups.push_back(std::move(g));
+  }
+  for (std::size_t mi = 0; mi < modules.size(); ++mi) {
+    auto& gs = modules[mi].groups;
+    for (std::uint32_t pi : modules[mi].params) gs.push_back(params[pi].group);
+    std::sort(gs.begin(), gs.end());
+    gs.erase(std::unique(gs.begin(), gs.end()), gs.end());
+    for (int g : gs) groups[g].users.push_back(static_cast<int>(mi));
+  }
+
+  Stream& s = *side;
+  for (Group& g : groups) {
+    std::vector<std::int64_t> numels;
+    for (std::uint32_t pi : g.params) numels.push_back(params[pi].numel);
+    g.layout.emplace(numels, world);
+    const FlatLayout& L = *g.layout;
+    g.pending_users = static_cast<int>(g.users.size());
+    g.persistent = stage == 3 && L.live_numel() < config.zero_optimization.stage3_param_persistence_threshold;
+
+    // The full fp32 initial value (padding zero), staged in host memory.
+    std::vector<float> full(static_cast<std::size_t>(L.padded_numel()), 0.0f);
+    for (std::size_t i = 0; i < g.params.size(); ++i) {
+      const ParamInfo& p = params[g.params[i]];
+      std::copy(p.initial.begin(), p.initial.end(), full.begin() + L.offset(i));
+    }
+    g.opt_begin = stage == 0 ? 0 : L.shard_begin(rank);
+    g.opt_numel = stage == 0 ? L.padded_numel() : L.shard_numel();
+
+    g.master = alloc(MemKind::model_state, DType::f32, g.opt_numel);
+    g.exp_avg = alloc(MemKind::model_state, DType::f32, g.opt_numel);
+    g.exp_avg_sq = alloc(MemKind::model_state, DType::f32, g.opt_numel);
+    device.copy(g.master.data(), full.data() + g.opt_begin, g.master.bytes(), s);
+    device.fill(g.exp_avg.data(), DType::f32, g.opt_numel, 0.0f, s);
+    device.fill(g.exp_avg_sq.data(), DType::f32, g.opt_numel, 0.0f, s);
+
+    // Compute-dtype parameters: cast from the fp32 staging copy on the device.
+    DeviceBuffer staging = alloc(MemKind::buffer, DType::f32, stage == 3 ? L.shard_numel() : L.padded_numel());
+    const float* src = full.data() + (stage == 3 ? L.shard_begin(rank) : 0);
+    device.copy(staging.data(), src, staging.bytes(), s);
+    DeviceBuffer& dst = stage == 3 ? g.param_shard : g.param_full;
+    dst = alloc(MemKind::model_state, dtype, staging.numel());
+    if (dtype == DType::f32) {
+      device.copy(dst.data(), staging.data(), staging.bytes(), s);
+    } else {
+      device.cast(staging.data(), DType::f32, dst.data(), dtype, staging.numel(), s);
+    }
+    if (stage <= 1) {
+      g.grad_full = alloc(MemKind::model_state, dtype, L.padded_numel());
+      device.fill(g.grad_full.data(), dtype, L.padded_numel(), 0.0f, s);
+    } else {
+      g.grad_shard = alloc(MemKind::model_state, dtype, L.shard_numel());
+      device.fill(g.grad_shard.data(), dtype, L.shard_numel(), 0.0f, s);
+    }
+    g.param_ready = device.create_event();
+    device.synchronize(s);  // staging and `full` die here
+  }
+  for (ParamInfo& p : params) std::vector<float>().swap(p.initial);
+  step_start_stats = comm.stats();
+  finalized = true;
+  std::int64_t live = 0;
+  for (const Group& g : groups) live += g.layout->live_numel();
+  ZOE_LOG_INFO("rank {}: {} parameters ({} elements) in {} groups, stage {}, {} on {}", rank, params.size(), live,
+               groups.size(), stage, dtype_name(dtype), device.name());
+}
+
+ModuleTensors EngineImpl::views(const ModuleInfo& m, bool with_grads) {
+  ModuleTensors t;
+  for (std::uint32_t pi : m.params) {
+    const ParamInfo& p = params[pi];
+    Group& g = groups[p.group];
+    std::int64_t off = g.layout->offset(p.slot);
+    t.params.push_back(TensorView{g.param_full.at(off), dtype, p.shape});
+    if (with_grads) t.grads.push_back(TensorView{g.grad_full.at(off), dtype, p.shape});
+  }
+  return t;
+}
+
+void EngineImpl::ready_for_compute(Event& event) {
+  if (device.kind() == DeviceKind::host) {
+    device.synchronize(event);  // the trainer computes on this thread
+  } else {
+    device.wait(device.compute_stream(), event);
+  }
+}
+
+void EngineImpl::side_waits_for_compute() {
+  auto e = device.create_event();
+  device.record(*e, device.compute_stream());
+  device.wait(*side, *e);
+}
+
+void EngineImpl::free_after_side(DeviceBuffer buffer) {
+  if (!buffer) return;
+  PendingFree f{std::move(buffer), device.create_event()};
+  device.record(*f.after, *side);
+  pending_frees.push_back(std::move(f));
+}
+
+void EngineImpl::reap_frees(bool wait_all) {
+  while (!pending_frees.empty()) {
+    PendingFree& f = pending_frees.front();
+    if (wait_all) {
+      device.synchronize(*f.after);
+    } else if (!device.query(*f.after)) {
+      break;
+    }
+    pending_frees.pop_front();
+  }
+}
+
+void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
+  comm.all_gather(send, recv, static_cast<std::size_t>(count), dt, *side);
+  elements_sent += count * (world - 1);
+}
+
+void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt) {
+  comm.reduce_scatter(send, recv, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
+  elements_sent += count * (world - 1);
+}
+
+void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt) {
+  comm.all_reduce(buf, buf, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
+  elements_sent += world > 1 ? 2 * count * (world - 1) / world : 0;
+}
+
+}  // namespace core
+
+// ---------------------------------------------------------------- public API
+using core::ModuleInfo;
+
+struct Engine::Impl : core::EngineImpl {
+  using EngineImpl::EngineImpl;
+};
+
+Engine::Engine(const Config& config, RankContext rank) {
+  config.validate();
+  ZOE_CHECK_USAGE(rank.device && rank.comm, "Engine needs a RankContext with a device and a communicator");
+  impl_ = std::make_unique<Impl>(config, std::move(rank));
+}
+
+Engine::~Engine() = default;
+
+ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t> shape,
+                              std::span<const float> initial) {
+  Impl& I = *impl_;
+  ZOE_CHECK_USAGE(!I.finalized, "add_parameter('", name, "') after the first forward");
+  std::int64_t numel = 1;
+  for (std::int64_t d : shape) {
+    ZOE_CHECK_USAGE(d >= 0, "parameter '", name, "': negative dimension ", d);
+    numel *= d;
+  }
+  ZOE_CHECK_USAGE(static_cast<std::int64_t>(initial.size()) == numel, "parameter '", name, "': initial has ",
+                  initial.size(), " elements, shape has ", numel);
+  core::ParamInfo p;
+  p.name = name;
+  p.shape = std::move(shape);
+  p.numel = numel;
+  p.initial.assign(initial.begin(), initial.end());
+  I.params.push_back(std::move(p));
+  return ParamId{static_cast<std::uint32_t>(I.params.size() - 1)};
+}
+
+ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params) {
+  Impl& I = *impl_;
+  ZOE_CHECK_USAGE(!I.finalized, "add_module('", name, "') after the first forward");
+  ModuleInfo m;
+  m.name = name;
+  for (ParamId p : params) {
+    ZOE_CHECK_USAGE(p.index < I.params.size(), "module '", name, "': unknown parameter id ", p.index);
+    ZOE_CHECK_USAGE(std::find(m.params.begin(), m.params.end(), p.index) == m.params.end(), "module '", name,
+                    "' lists parameter '", I.params[p.index].name, "' twice");
+    m.params.push_back(p.index);
+  }
+  I.modules.push_back(std::move(m));
+  return ModuleId{static_cast<std::uint32_t>(I.modules.size() - 1)};
+}
+
+ModuleTensors Engine::begin_forward(ModuleId id) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.check_module(id);
+  ModuleInfo& m = I.modules[id.index];
+  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "begin_forward('", m.name, "') while it is already active");
+  I.acquire(static_cast<int>(id.index), false);
+  m.phase = ModuleInfo::Phase::forward;
+  return I.views(m, false);
+}
+
+void Engine::end_forward(ModuleId id) {
+  Impl& I = *impl_;
+  I.check_module(id);
+  ModuleInfo& m = I.modules[id.index];
+  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::forward, "end_forward('", m.name, "') without begin_forward");
+  m.phase = ModuleInfo::Phase::idle;
+  I.release(static_cast<int>(id.index));
+}
+
+ModuleTensors Engine::begin_backward(ModuleId id) {
+  Impl& I = *impl_;
+  I.finalize();
+  I.check_module(id);
+  ModuleInfo& m = I.modules[id.index];
+  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "begin_backward('", m.name, "') while it is already active");
+  I.acquire(static_cast<int>(id.index), true);
+  I.prepare_grads(m);
+  m.phase = ModuleInfo::Phase::backward;
+  return I.views(m, true);
+}
+
+void Engine::end_backward(ModuleId id) {
+  Impl& I = *impl_;
+  I.check_module(id);
+  ModuleInfo& m = I.modules[id.index];
+  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::backward, "end_backward('", m.name, "') without begin_backward");
+  m.phase = ModuleInfo::Phase::idle;
+  I.finish_backward(m);
+  I.release(static_cast<int>(id.index));
+}
+
+StepResult Engine::step() {
+  impl_->finalize();
+  return impl_->step();
+}
+
+void Engine::synchronize() {
+  impl_->device.synchronize(*impl_->side);
+  impl_->device.synchronize(impl_->device.compute_stream());
+  impl_->reap_frees(true);
+}
+
+void Engine::set_lr(double lr) {
+  if (!(lr >= 0.0) || !std::isfinite(lr)) ZOE_THROW_CONFIG("optimizer.params.lr", "must be finite and >= 0, got ", lr);
+  impl_->lr = lr;
+}
+double Engine::lr() const { return impl_->lr; }
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
+std::int64_t Engine::global_step() const { return impl_->step_count; }
+
+std::vector<float> Engine::gather_parameter(ParamId id) {
+  Impl& I = *impl_;
+  I.finalize();
+  ZOE_CHECK_USAGE(id.index < I.params.size(), "unknown parameter id ", id.index);
+  const core::ParamInfo& p = I.params[id.index];
+  core::Group& g = I.groups[p.group];
+  const core::FlatLayout& L = *g.layout;
+  Stream& s = *I.side;
+  std::vector<float> out(static_cast<std::size_t>(p.numel));
+  core::DeviceBuffer full;
+  const float* src;
+  if (I.stage == 0) {
+    src = static_cast<const float*>(g.master.data());
+  } else {
+    full = I.alloc(core::MemKind::buffer, DType::f32, L.padded_numel());
+    I.comm.all_gather(g.master.data(), full.data(), static_cast<std::size_t>(L.shard_numel()), DType::f32, s);
+    src = static_cast<const float*>(full.data());
+  }
+  I.device.copy(out.data(), src + L.offset(p.slot), out.size() * sizeof(float), s);
+  I.device.synchronize(s);
+  return out;
+}
+
+MemoryReport Engine::memory_report() const {
+  const Impl& I = *impl_;
+  MemoryReport r;
+  using core::MemKind;
+  using core::Tier;
+  r.device_model_states = I.ledger.get(Tier::device, MemKind::model_state);
+  r.device_buffers = I.ledger.get(Tier::device, MemKind::buffer);
+  r.device_peak = I.device.memory_stats().peak_bytes;
+  r.host_model_states = I.ledger.get(Tier::host, MemKind::model_state);
+  r.host_buffers = I.ledger.get(Tier::host, MemKind::buffer);
+  r.nvme_model_states = I.ledger.get(Tier::nvme, MemKind::model_state);
+  return r;
+}
+
+TrafficReport Engine::last_step_traffic() const { return impl_->last_traffic; }
+const Config& Engine::config() const { return impl_->config; }
+int Engine::rank() const { return impl_->rank; }
+int Engine::world_size() const { return impl_->world; }
+
+}  // namespace zoe

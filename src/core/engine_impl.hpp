@@ -1,0 +1,152 @@
+// EngineImpl (Engine::Impl): the state of one rank's ZeRO engine and the pieces of its work, split
+// over files by idea: engine.cpp (registration, partitioning, public API), gather.cpp
+// (stage-3 all-gather, prefetch, release), gradients.cpp (gradient buffers and their
+// reduction), step.cpp (norm, overflow, clipping, the optimizer over sub-groups).
+// Not thread-safe: one thread drives an Engine.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/comm/communicator.hpp"
+#include "src/core/device_buffer.hpp"
+#include "src/core/flat_layout.hpp"
+#include "src/core/loss_scaler.hpp"
+#include "src/core/memory_ledger.hpp"
+#include "src/device/device.hpp"
+#include "src/optim/cpu_adam.hpp"
+#include "zoe/engine.hpp"
+
+namespace zoe::core {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel = 0;
+  std::vector<float> initial;  // dropped once partitioned
+  int group = -1;              // owning group
+  std::size_t slot = 0;        // index inside the owning group's layout
+};
+
+/// The parameters one module owns (the first module that lists them), as one flat buffer.
+struct Group {
+  std::string name;
+  std::vector<std::uint32_t> params;
+  std::optional<FlatLayout> layout;
+  std::vector<int> users;  // modules whose params live here
+  bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
+
+  // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
+  // Stage 3: param_shard is persistent, param_full exists while gathered.
+  DeviceBuffer param_full, param_shard;
+  std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
+  int active = 0;                      // modules between begin_* and end_* using it
+
+  // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
+  // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
+  // reduced own shard accumulated over micro-batches. Stage 1: grad_shard holds the
+  // reduce-scatter output between the last backward and the step.
+  DeviceBuffer grad_full, grad_shard;
+  int pending_users = 0;   // users still to finish backward in this micro-batch
+  int micro_batches = 0;   // micro-batches whose gradients were reduced into grad_shard/full
+
+  // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
+  // buffer: fp32 master weights, exp_avg, exp_avg_sq.
+  std::int64_t opt_begin = 0, opt_numel = 0;
+  DeviceBuffer master, exp_avg, exp_avg_sq;
+};
+
+struct ModuleInfo {
+  std::string name;
+  std::vector<std::uint32_t> params;
+  std::vector<int> groups;  // distinct groups of its params, ascending
+  enum class Phase { idle, forward, backward } phase = Phase::idle;
+  int backward_count = 0;  // since the last step
+};
+
+/// One entry of the recorded execution order (stage-3 prefetch follows it).
+struct TraceEntry {
+  int module;
+  bool backward;
+  bool operator==(const TraceEntry&) const = default;
+};
+
+struct PendingFree {
+  DeviceBuffer buffer;
+  std::unique_ptr<Event> after;
+};
+
+struct EngineImpl {
+  EngineImpl(const Config& config, RankContext rank);
+  ~EngineImpl();
+
+  Config config;
+  RankContext ctx;
+  Device& device;
+  Communicator& comm;
+  int rank, world;
+  int stage;
+  DType dtype;  // compute dtype
+  std::unique_ptr<Stream> side;  // collectives, reductions, optimizer copies (in order)
+  MemoryLedger ledger;
+  LossScaler scaler;
+  std::unique_ptr<optim::CpuAdam> adam;
+  double lr;
+  std::int64_t step_count = 0;
+
+  std::vector<ParamInfo> params;
+  std::vector<ModuleInfo> modules;
+  std::vector<Group> groups;
+  bool finalized = false;
+
+  // Stage-3 gathering.
+  std::vector<TraceEntry> trace, last_trace;
+  std::size_t trace_pos = 0;    // position in last_trace of the current call
+  bool trace_valid = false;     // this step follows last_trace so far
+  std::int64_t live_elements = 0;
+  std::deque<PendingFree> pending_frees;
+
+  // Traffic of the current / last step.
+  CommStats step_start_stats;
+  TrafficReport last_traffic;
+  std::int64_t elements_sent = 0, elements_at_step_start = 0;
+
+  // engine.cpp
+  void finalize();
+  void check_module(ModuleId m) const;
+  ModuleTensors views(const ModuleInfo& m, bool with_grads);
+  /// Makes work queued on `side` before now visible to the trainer's compute.
+  void ready_for_compute(Event& event);
+  /// Makes the trainer's work so far visible to `side`.
+  void side_waits_for_compute();
+  void free_after_side(DeviceBuffer buffer);
+  void reap_frees(bool wait_all);
+  DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
+
+  // counted collectives (elements as nccl-tests counts bus traffic)
+  void all_gather(const void* send, void* recv, std::int64_t count, DType dt);
+  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt);
+  void all_reduce(void* buf, std::int64_t count, DType dt);
+
+  // gather.cpp
+  void acquire(int module, bool backward);
+  void release(int module);
+  void gather(Group& g);
+  void prefetch_after(std::size_t pos);
+  bool in_prefetch_window(int group) const;
+  void drop_all_gathered();
+
+  // gradients.cpp
+  void prepare_grads(ModuleInfo& m);
+  void finish_backward(ModuleInfo& m);
+  void reduce_group(Group& g);
+
+  // step.cpp
+  StepResult step();
+};
+
+}  // namespace zoe::core

@@ -1,0 +1,103 @@
+// Stage 3: all-gather a module's parameter groups before it runs, prefetch the next
+// modules along the order recorded in the previous step, and free gathered buffers after
+// use unless the group is persistent or reused soon (stage3_max_reuse_distance), always
+// within stage3_max_live_parameters. Stages 0-2 keep full parameters and only wait for
+// the post-step all-gather.
+#include <algorithm>
+
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/core/engine_impl.hpp"
+
+namespace zoe::core {
+
+void EngineImpl::gather(Group& g) {
+  if (g.param_full) return;  // gathered or in flight
+  const FlatLayout& L = *g.layout;
+  g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
+  all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
+  device.record(*g.param_ready, *side);
+  live_elements += L.padded_numel();
+}
+
+void EngineImpl::acquire(int module, bool backward) {
+  ModuleInfo& m = modules[module];
+  if (stage < 3) {
+    for (int gi : m.groups) {
+      ready_for_compute(*groups[gi].param_ready);
+      ++groups[gi].active;
+    }
+    return;
+  }
+  reap_frees(false);
+  TraceEntry entry{module, backward};
+  if (trace_valid && (trace_pos >= last_trace.size() || !(last_trace[trace_pos] == entry))) {
+    // The order changed: stop predicting and drop what was prefetched for the old order.
+    ZOE_LOG_DEBUG("rank {}: execution order changed at entry {}; prefetch off until the next step", rank, trace_pos);
+    trace_valid = false;
+    drop_all_gathered();
+  }
+  trace.push_back(entry);
+  for (int gi : m.groups) {
+    gather(groups[gi]);
+    ++groups[gi].active;
+  }
+  if (trace_valid) prefetch_after(trace_pos++);
+  for (int gi : m.groups) ready_for_compute(*groups[gi].param_ready);
+}
+
+void EngineImpl::prefetch_after(std::size_t pos) {
+  const auto& zc = config.zero_optimization;
+  std::int64_t issued = 0;
+  for (std::size_t i = pos + 1; i < last_trace.size() && issued < zc.stage3_prefetch_bucket_size; ++i) {
+    for (int gi : modules[last_trace[i].module].groups) {
+      Group& g = groups[gi];
+      if (g.param_full) continue;
+      std::int64_t n = g.layout->padded_numel();
+      if (live_elements + n > zc.stage3_max_live_parameters) return;
+      gather(g);
+      issued += n;
+    }
+  }
+}
+
+bool EngineImpl::in_prefetch_window(int group) const {
+  // Reused within stage3_max_reuse_distance elements of execution along the recorded order?
+  if (!trace_valid) return false;
+  std::int64_t distance = 0;
+  for (std::size_t i = trace_pos; i < last_trace.size(); ++i) {
+    const ModuleInfo& m = modules[last_trace[i].module];
+    if (std::find(m.groups.begin(), m.groups.end(), group) != m.groups.end()) return true;
+    for (int gi : m.groups) distance += groups[gi].layout->live_numel();
+    if (distance > config.zero_optimization.stage3_max_reuse_distance) return false;
+  }
+  return false;
+}
+
+void EngineImpl::release(int module) {
+  ModuleInfo& m = modules[module];
+  for (int gi : m.groups) --groups[gi].active;
+  if (stage < 3) return;
+  bool any_freed = false;
+  for (int gi : m.groups) {
+    Group& g = groups[gi];
+    if (g.active > 0 || g.persistent || !g.param_full) continue;
+    bool over_cap = live_elements > config.zero_optimization.stage3_max_live_parameters;
+    if (!over_cap && in_prefetch_window(gi)) continue;
+    if (!any_freed) side_waits_for_compute();  // the trainer's reads of the buffer come first
+    any_freed = true;
+    live_elements -= g.layout->padded_numel();
+    free_after_side(std::move(g.param_full));
+  }
+}
+
+void EngineImpl::drop_all_gathered() {
+  side_waits_for_compute();
+  for (Group& g : groups) {
+    if (!g.param_full || g.active > 0) continue;
+    live_elements -= g.layout->padded_numel();
+    free_after_side(std::move(g.param_full));
+  }
+}
+
+}  // namespace zoe::core

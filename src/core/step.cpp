@@ -1,0 +1,181 @@
+// The optimizer step: global gradient norm and overflow check from the reduced gradients
+// (own-shard sums of squares, one small all-reduce), loss-scale update, clip coefficient,
+// then Adam/AdamW over sub-groups of this rank's range with unscale, averaging and clipping
+// fused into one gradient factor, and the updated parameters written back (stage 3: the
+// shard; stages 1-2: all-gathered into the full copy; stage 0: the full copy).
+//
+// Bitwise agreement between stages: the per-rank partial sums of squares are formed the
+// same way in every stage (stage 0 forms all ranks' partials locally) and added in rank
+// order, as the communicator's all-reduce does; Adam is elementwise.
+#include <algorithm>
+#include <cmath>
+
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/core/engine_impl.hpp"
+
+namespace zoe::core {
+namespace {
+
+struct GradSource {
+  const void* data;
+  std::int64_t numel;
+};
+
+}  // namespace
+
+StepResult EngineImpl::step() {
+  const int gas = config.gradient_accumulation_steps;
+  for (const ModuleInfo& m : modules) {
+    ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module '", m.name, "' is still in ",
+                    m.phase == ModuleInfo::Phase::forward ? "forward" : "backward");
+  }
+  int micro = 0;
+  for (const Group& g : groups) micro = std::max(micro, g.micro_batches);
+  ZOE_CHECK_USAGE(micro == gas, "step() after ", micro, " micro-batch(es) of backward; gradient_accumulation_steps is ",
+                  gas);
+  for (const Group& g : groups) {
+    ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group '", g.name, "' had ",
+                    g.micro_batches, " backward passes this step, expected ", gas);
+  }
+  Stream& s = *side;
+  // Groups no module ran backward for this step have zero gradients.
+  for (Group& g : groups) {
+    if (g.micro_batches == 0 && stage >= 2) device.fill(g.grad_shard.data(), dtype, g.layout->shard_numel(), 0.0f, s);
+    if (g.micro_batches == 0 && stage == 1) {
+      g.grad_shard = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
+      device.fill(g.grad_shard.data(), dtype, g.layout->shard_numel(), 0.0f, s);
+    }
+  }
+
+  // ---- sums of squares and finite flags, per rank partial, in group order
+  const int parts = stage == 0 ? world : 1;
+  const std::size_t G = groups.size();
+  DeviceBuffer sums = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * parts * G));  // doubles
+  DeviceBuffer finite = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));            // ints
+  auto grad_of = [&](const Group& g) -> GradSource {
+    if (stage == 0) return {g.grad_full.data(), g.layout->padded_numel()};
+    return {g.grad_shard.data(), g.layout->shard_numel()};
+  };
+  for (std::size_t gi = 0; gi < G; ++gi) {
+    const Group& g = groups[gi];
+    GradSource src = grad_of(g);
+    const std::int64_t S = g.layout->shard_numel();
+    for (int r = 0; r < parts; ++r) {
+      const char* base = static_cast<const char*>(src.data) + r * S * dtype_size(dtype);
+      device.sum_squares(base, dtype, static_cast<std::size_t>(S), static_cast<double*>(sums.data()) + r * G + gi, s);
+    }
+    device.all_finite(src.data, dtype, static_cast<std::size_t>(src.numel), static_cast<int*>(finite.data()) + gi, s);
+  }
+  std::vector<double> host_sums(parts * G);
+  std::vector<int> host_finite(G);
+  device.copy(host_sums.data(), sums.data(), host_sums.size() * sizeof(double), s);
+  device.copy(host_finite.data(), finite.data(), host_finite.size() * sizeof(int), s);
+  device.synchronize(s);
+
+  double total = 0.0, nonfinite = 0.0;
+  for (int g = 0; g < static_cast<int>(G); ++g) nonfinite += host_finite[g] ? 0.0 : 1.0;
+  if (stage == 0) {
+    for (int r = 0; r < parts; ++r) {
+      double partial = 0.0;
+      for (std::size_t gi = 0; gi < G; ++gi) partial += host_sums[r * G + gi];
+      total += partial;
+    }
+  } else {
+    double local[2] = {0.0, nonfinite};
+    for (std::size_t gi = 0; gi < G; ++gi) local[0] += host_sums[gi];
+    DeviceBuffer red = alloc(MemKind::buffer, DType::f32, 4);
+    device.copy(red.data(), local, sizeof(local), s);
+    comm.all_reduce_f64(static_cast<double*>(red.data()), 2, s);
+    device.copy(local, red.data(), sizeof(local), s);
+    device.synchronize(s);
+    total = local[0];
+    nonfinite = local[1];
+  }
+
+  StepResult result;
+  result.loss_scale = scaler.scale();
+  const bool overflow = nonfinite > 0 || !std::isfinite(total);
+  const double inv = 1.0 / (scaler.scale() * world * gas);
+  result.grad_norm = std::sqrt(total) * inv;
+  const double max_norm = config.gradient_clipping;
+  if (!overflow && max_norm > 0) result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
+
+  if (overflow) {
+    result.skipped = true;
+    ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped, loss scale {}", rank, scaler.scale());
+  } else {
+    ZOE_CHECK_USAGE(device.kind() == DeviceKind::host,
+                    "the optimizer runs on the CPU: on a CUDA device set zero_optimization.offload_optimizer.device "
+                    "to cpu or nvme");
+    const float grad_scale = static_cast<float>(inv * result.clip_coef);
+    const auto& oc = config.optimizer;
+    optim::AdamHyper hyper{static_cast<float>(lr), static_cast<float>(oc.betas[0]), static_cast<float>(oc.betas[1]),
+                           static_cast<float>(oc.eps), static_cast<float>(oc.weight_decay),
+                           oc.type == OptimizerType::adamw};
+    const std::int64_t sub = std::max<std::int64_t>(
+        FlatLayout::kAlign, config.zero_optimization.sub_group_size / FlatLayout::kAlign * FlatLayout::kAlign);
+    const std::size_t esz = dtype_size(dtype);
+    for (Group& g : groups) {
+      const std::int64_t S = g.layout->shard_numel();
+      DeviceBuffer updated;
+      char* out;
+      if (stage == 0) {
+        out = static_cast<char*>(g.param_full.data());
+      } else if (stage == 3) {
+        out = static_cast<char*>(g.param_shard.data());
+      } else {
+        updated = alloc(MemKind::buffer, dtype, S);
+        out = static_cast<char*>(updated.data());
+      }
+      const char* grad = static_cast<const char*>(grad_of(g).data);
+      auto* master = static_cast<float*>(g.master.data());
+      auto* m = static_cast<float*>(g.exp_avg.data());
+      auto* v = static_cast<float*>(g.exp_avg_sq.data());
+      for (std::int64_t c = 0; c < g.opt_numel; c += sub) {
+        const std::int64_t n = std::min(sub, g.opt_numel - c);
+        adam->step(hyper, step_count + 1, grad_scale, master + c, m + c, v + c, grad + c * esz, dtype,
+                   static_cast<std::size_t>(n), dtype == DType::f32 ? nullptr : out + c * esz, dtype);
+      }
+      if (dtype == DType::f32) device.copy(out, master, g.opt_numel * sizeof(float), s);
+      if (stage == 1 || stage == 2) {
+        all_gather(out, g.param_full.data(), S, dtype);
+        device.record(*g.param_ready, s);
+        free_after_side(std::move(updated));
+      }
+    }
+    ++step_count;
+  }
+  scaler.update(overflow);
+
+  // ---- reset for the next step
+  for (Group& g : groups) {
+    if (stage <= 1) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
+    if (stage == 1) free_after_side(std::move(g.grad_shard));
+    g.micro_batches = 0;
+    g.pending_users = static_cast<int>(g.users.size());
+  }
+  for (ModuleInfo& m : modules) m.backward_count = 0;
+  if (stage == 3) {
+    drop_all_gathered();  // persistent groups too: their shards changed
+    last_trace = std::move(trace);
+    trace.clear();
+    trace_pos = 0;
+    trace_valid = !last_trace.empty();
+  }
+  device.synchronize(s);
+  reap_frees(false);
+
+  CommStats now = comm.stats();
+  last_traffic.all_gather_bytes = now.all_gather_bytes - step_start_stats.all_gather_bytes;
+  last_traffic.reduce_scatter_bytes = now.reduce_scatter_bytes - step_start_stats.reduce_scatter_bytes;
+  last_traffic.all_reduce_bytes = now.all_reduce_bytes - step_start_stats.all_reduce_bytes;
+  last_traffic.bytes_sent = now.total() - step_start_stats.total();
+  last_traffic.elements_sent = elements_sent - elements_at_step_start;
+  step_start_stats = now;
+  elements_at_step_start = elements_sent;
+  result.step = step_count;
+  return result;
+}
+
+}  // namespace zoe::core
