@@ -22,6 +22,19 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
       world(comm.world_size()), stage(c.zero_optimization.stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr) {
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
+  const auto& oo = c.zero_optimization.offload_optimizer;
+  if (oo.device != OffloadDevice::none) {
+    offload::OptimizerStatesOptions so;
+    so.device = oo.device;
+    so.nvme_path = oo.nvme_path;
+    so.rank = rank;
+    so.buffer_count = oo.buffer_count;
+    so.pin_memory = oo.pin_memory;
+    so.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
+    so.aio = c.aio;
+    so.require_direct_io = c.zoe.require_direct_io;
+    states = std::make_unique<offload::OptimizerStates>(so);
+  }
   ZOE_LOG_DEBUG("rank {}/{}: engine on {}, stage {}, compute {}", rank, world, device.name(), stage,
                 dtype_name(dtype));
 }
@@ -90,12 +103,21 @@ void EngineImpl::finalize() {
     g.opt_begin = stage == 0 ? 0 : L.shard_begin(rank);
     g.opt_numel = stage == 0 ? L.padded_numel() : L.shard_numel();
 
-    g.master = alloc(MemKind::model_state, DType::f32, g.opt_numel);
-    g.exp_avg = alloc(MemKind::model_state, DType::f32, g.opt_numel);
-    g.exp_avg_sq = alloc(MemKind::model_state, DType::f32, g.opt_numel);
-    device.copy(g.master.data(), full.data() + g.opt_begin, g.master.bytes(), s);
-    device.fill(g.exp_avg.data(), DType::f32, g.opt_numel, 0.0f, s);
-    device.fill(g.exp_avg_sq.data(), DType::f32, g.opt_numel, 0.0f, s);
+    if (states) {
+      // Sub-groups of sub_group_size elements (a multiple of FlatLayout::kAlign).
+      for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
+        const std::int64_t n = std::min(sub_group_numel(), g.opt_numel - c);
+        g.subgroup_begin.push_back(c);
+        g.subgroups.push_back(states->add(std::span<const float>(full.data() + g.opt_begin + c, n)));
+      }
+    } else {
+      g.master = alloc(MemKind::model_state, DType::f32, g.opt_numel);
+      g.exp_avg = alloc(MemKind::model_state, DType::f32, g.opt_numel);
+      g.exp_avg_sq = alloc(MemKind::model_state, DType::f32, g.opt_numel);
+      device.copy(g.master.data(), full.data() + g.opt_begin, g.master.bytes(), s);
+      device.fill(g.exp_avg.data(), DType::f32, g.opt_numel, 0.0f, s);
+      device.fill(g.exp_avg_sq.data(), DType::f32, g.opt_numel, 0.0f, s);
+    }
 
     // Compute-dtype parameters: cast from the fp32 staging copy on the device.
     DeviceBuffer staging = alloc(MemKind::buffer, DType::f32, stage == 3 ? L.shard_numel() : L.padded_numel());
@@ -119,6 +141,12 @@ void EngineImpl::finalize() {
     device.synchronize(s);  // staging and `full` die here
   }
   for (ParamInfo& p : params) std::vector<float>().swap(p.initial);
+  if (states) {
+    states->finalize();
+    ledger.add(Tier::host, MemKind::model_state, states->host_state_bytes());
+    ledger.add(Tier::nvme, MemKind::model_state, states->nvme_state_bytes());
+    ledger.add(Tier::host, MemKind::buffer, states->staging_bytes());
+  }
   step_start_stats = comm.stats();
   finalized = true;
   std::int64_t live = 0;
@@ -308,17 +336,17 @@ std::vector<float> Engine::gather_parameter(ParamId id) {
   core::Group& g = I.groups[p.group];
   const core::FlatLayout& L = *g.layout;
   Stream& s = *I.side;
+  std::vector<float> range = I.master_range(g);
   std::vector<float> out(static_cast<std::size_t>(p.numel));
-  core::DeviceBuffer full;
-  const float* src;
   if (I.stage == 0) {
-    src = static_cast<const float*>(g.master.data());
-  } else {
-    full = I.alloc(core::MemKind::buffer, DType::f32, L.padded_numel());
-    I.comm.all_gather(g.master.data(), full.data(), static_cast<std::size_t>(L.shard_numel()), DType::f32, s);
-    src = static_cast<const float*>(full.data());
+    std::copy_n(range.begin() + L.offset(p.slot), out.size(), out.begin());
+    return out;
   }
-  I.device.copy(out.data(), src + L.offset(p.slot), out.size() * sizeof(float), s);
+  core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, DType::f32, L.shard_numel());
+  core::DeviceBuffer full = I.alloc(core::MemKind::buffer, DType::f32, L.padded_numel());
+  I.device.copy(shard.data(), range.data(), shard.bytes(), s);
+  I.comm.all_gather(shard.data(), full.data(), static_cast<std::size_t>(L.shard_numel()), DType::f32, s);
+  I.device.copy(out.data(), static_cast<const float*>(full.data()) + L.offset(p.slot), out.size() * sizeof(float), s);
   I.device.synchronize(s);
   return out;
 }

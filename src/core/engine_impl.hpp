@@ -18,6 +18,7 @@
 #include "src/core/loss_scaler.hpp"
 #include "src/core/memory_ledger.hpp"
 #include "src/device/device.hpp"
+#include "src/offload/optimizer_states.hpp"
 #include "src/optim/cpu_adam.hpp"
 #include "zoe/engine.hpp"
 
@@ -56,8 +57,12 @@ struct Group {
 
   // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
   // buffer: fp32 master weights, exp_avg, exp_avg_sq.
+  // Without optimizer offload they are device buffers; with it they are sub-groups of
+  // `states` (ids in `subgroups`, starting at `subgroup_begin` within the range).
   std::int64_t opt_begin = 0, opt_numel = 0;
   DeviceBuffer master, exp_avg, exp_avg_sq;
+  std::vector<int> subgroups;
+  std::vector<std::int64_t> subgroup_begin;
 };
 
 struct ModuleInfo {
@@ -95,6 +100,7 @@ struct EngineImpl {
   MemoryLedger ledger;
   LossScaler scaler;
   std::unique_ptr<optim::CpuAdam> adam;
+  std::unique_ptr<offload::OptimizerStates> states;  // optimizer offload (cpu / nvme)
   double lr;
   std::int64_t step_count = 0;
 
@@ -147,6 +153,9 @@ struct EngineImpl {
 
   // step.cpp
   StepResult step();
+  std::int64_t sub_group_numel() const;
+  /// This rank's fp32 master weights of the group's range (opt_numel floats), host memory.
+  std::vector<float> master_range(Group& g);
 };
 
 }  // namespace zoe::core

@@ -9,6 +9,7 @@
 // order, as the communicator's all-reduce does; Adam is elementwise.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
@@ -105,7 +106,7 @@ StepResult EngineImpl::step() {
     result.skipped = true;
     ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped, loss scale {}", rank, scaler.scale());
   } else {
-    ZOE_CHECK_USAGE(device.kind() == DeviceKind::host,
+    ZOE_CHECK_USAGE(device.kind() == DeviceKind::host || states,
                     "the optimizer runs on the CPU: on a CUDA device set zero_optimization.offload_optimizer.device "
                     "to cpu or nvme");
     const float grad_scale = static_cast<float>(inv * result.clip_coef);
@@ -113,9 +114,9 @@ StepResult EngineImpl::step() {
     optim::AdamHyper hyper{static_cast<float>(lr), static_cast<float>(oc.betas[0]), static_cast<float>(oc.betas[1]),
                            static_cast<float>(oc.eps), static_cast<float>(oc.weight_decay),
                            oc.type == OptimizerType::adamw};
-    const std::int64_t sub = std::max<std::int64_t>(
-        FlatLayout::kAlign, config.zero_optimization.sub_group_size / FlatLayout::kAlign * FlatLayout::kAlign);
     const std::size_t esz = dtype_size(dtype);
+    const bool host = device.kind() == DeviceKind::host;
+    std::vector<std::byte> grad_stage, out_stage;  // only off the host device
     for (Group& g : groups) {
       const std::int64_t S = g.layout->shard_numel();
       DeviceBuffer updated;
@@ -129,15 +130,41 @@ StepResult EngineImpl::step() {
         out = static_cast<char*>(updated.data());
       }
       const char* grad = static_cast<const char*>(grad_of(g).data);
-      auto* master = static_cast<float*>(g.master.data());
-      auto* m = static_cast<float*>(g.exp_avg.data());
-      auto* v = static_cast<float*>(g.exp_avg_sq.data());
-      for (std::int64_t c = 0; c < g.opt_numel; c += sub) {
-        const std::int64_t n = std::min(sub, g.opt_numel - c);
-        adam->step(hyper, step_count + 1, grad_scale, master + c, m + c, v + c, grad + c * esz, dtype,
-                   static_cast<std::size_t>(n), dtype == DType::f32 ? nullptr : out + c * esz, dtype);
+      // Adam on elements [c, c + n) of this rank's range; the device is idle (synchronized).
+      auto update = [&](std::int64_t c, std::int64_t n, float* master, float* m, float* v) {
+        const void* gp = grad + c * esz;
+        void* op = out + c * esz;
+        const std::size_t bytes = static_cast<std::size_t>(n) * esz;
+        if (!host) {
+          grad_stage.resize(bytes);
+          out_stage.resize(bytes);
+          device.copy(grad_stage.data(), gp, bytes, s);
+          device.synchronize(s);
+          gp = grad_stage.data();
+          op = out_stage.data();
+        }
+        adam->step(hyper, step_count + 1, grad_scale, master, m, v, gp, dtype, static_cast<std::size_t>(n),
+                   dtype == DType::f32 ? nullptr : op, dtype);
+        if (dtype == DType::f32) std::memcpy(op, master, bytes);
+        if (!host) {
+          device.copy(out + c * esz, out_stage.data(), bytes, s);
+          device.synchronize(s);
+        }
+      };
+      if (states) {
+        states->for_each(g.subgroups, [&](const offload::SubGroupStates& sg) {
+          const std::size_t k = static_cast<std::size_t>(sg.id - g.subgroups.front());
+          update(g.subgroup_begin[k], sg.numel, sg.master, sg.exp_avg, sg.exp_avg_sq);
+        });
+      } else {
+        auto* master = static_cast<float*>(g.master.data());
+        auto* m = static_cast<float*>(g.exp_avg.data());
+        auto* v = static_cast<float*>(g.exp_avg_sq.data());
+        for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
+          const std::int64_t n = std::min(sub_group_numel(), g.opt_numel - c);
+          update(c, n, master + c, m + c, v + c);
+        }
       }
-      if (dtype == DType::f32) device.copy(out, master, g.opt_numel * sizeof(float), s);
       if (stage == 1 || stage == 2) {
         all_gather(out, g.param_full.data(), S, dtype);
         device.record(*g.param_ready, s);
@@ -176,6 +203,22 @@ StepResult EngineImpl::step() {
   elements_at_step_start = elements_sent;
   result.step = step_count;
   return result;
+}
+
+std::int64_t EngineImpl::sub_group_numel() const {
+  return std::max<std::int64_t>(FlatLayout::kAlign,
+                                config.zero_optimization.sub_group_size / FlatLayout::kAlign * FlatLayout::kAlign);
+}
+
+std::vector<float> EngineImpl::master_range(Group& g) {
+  std::vector<float> range(static_cast<std::size_t>(g.opt_numel));
+  if (states) {
+    for (std::size_t k = 0; k < g.subgroups.size(); ++k) states->read_master(g.subgroups[k], range.data() + g.subgroup_begin[k]);
+  } else {
+    device.copy(range.data(), g.master.data(), g.master.bytes(), *side);
+    device.synchronize(*side);
+  }
+  return range;
 }
 
 }  // namespace zoe::core

@@ -1,0 +1,171 @@
+#include "src/offload/optimizer_states.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <optional>
+
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/offload/nvme_store.hpp"
+#include "src/offload/pinned_pool.hpp"
+
+namespace zoe::offload {
+
+OptimizerStates::OptimizerStates(const OptimizerStatesOptions& options) : options_(options) {
+  ZOE_CHECK_USAGE(options.device != OffloadDevice::none, "OptimizerStates needs offload device cpu or nvme");
+  if (options.device == OffloadDevice::nvme) {
+    if (options.buffer_count < 2)
+      ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.buffer_count",
+                       "must be >= 2 for NVMe offload (read-ahead and write-behind), got ", options.buffer_count);
+  }
+}
+
+OptimizerStates::~OptimizerStates() = default;
+
+int OptimizerStates::add(std::span<const float> master) {
+  ZOE_CHECK_USAGE(!finalized_, "OptimizerStates::add after finalize");
+  const int id = static_cast<int>(numels_.size());
+  numels_.push_back(static_cast<std::int64_t>(master.size()));
+  AlignedBuffer b(std::max<std::size_t>(bytes(id), 1));
+  float* p = static_cast<float*>(b.data());
+  std::copy(master.begin(), master.end(), p);
+  std::fill(p + master.size(), p + 3 * master.size(), 0.0f);
+  host_.push_back(std::move(b));
+  return id;
+}
+
+void OptimizerStates::finalize() {
+  if (finalized_) return;
+  finalized_ = true;
+  if (options_.device != OffloadDevice::nvme) return;
+  std::size_t largest = 4096;
+  for (std::size_t i = 0; i < numels_.size(); ++i) largest = std::max(largest, bytes(static_cast<int>(i)));
+  PinnedPoolOptions po;
+  po.buffer_count = static_cast<std::size_t>(options_.buffer_count);
+  po.buffer_bytes = largest;
+  po.budget_bytes = static_cast<std::size_t>(options_.pinned_budget_bytes);
+  po.lock = options_.pin_memory;
+  pool_ = std::make_unique<PinnedPool>(po);
+
+  NvmeStoreOptions so;
+  so.dir = options_.nvme_path;
+  so.rank = options_.rank;
+  so.aio.block_size = static_cast<std::size_t>(options_.aio.block_size);
+  so.aio.queue_depth = static_cast<unsigned>(options_.aio.queue_depth);
+  so.aio.threads = static_cast<unsigned>(std::max(1, options_.aio.intra_op_parallelism));
+  so.require_direct_io = options_.require_direct_io;
+  so.fixed_buffers = pool_->buffers();
+  store_ = std::make_unique<NvmeStore>(so);
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    const int id = static_cast<int>(i);
+    store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
+  }
+  // Write the initial states through a staging buffer; host copies are dropped after.
+  PinnedBuffer staging = pool_->acquire();
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    const int id = static_cast<int>(i);
+    const std::size_t n = std::max<std::size_t>(bytes(id), 1);
+    std::memcpy(staging.data(), host_[i].data(), n);
+    store_->swap_out(name(id), staging.data(), n).wait();
+    host_[i] = AlignedBuffer();
+  }
+  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups on NVMe in {} ({} MiB, {} x {} MiB staging, O_DIRECT {})",
+               options_.rank, numels_.size(), store_->path(), nvme_state_bytes() >> 20, pool_->buffer_count(),
+               pool_->buffer_bytes() >> 20, store_->direct_io());
+}
+
+void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn) {
+  ZOE_CHECK_USAGE(finalized_, "OptimizerStates::for_each before finalize");
+  auto view = [&](int id, void* base) {
+    float* p = static_cast<float*>(base);
+    const std::int64_t n = numels_[id];
+    return SubGroupStates{id, n, p, p + n, p + 2 * n};
+  };
+  if (options_.device == OffloadDevice::cpu) {
+    for (int id : ids) fn(view(id, host_[id].data()));
+    return;
+  }
+  struct Slot {
+    int id;
+    PinnedBuffer buffer;
+    SwapHandle io;
+  };
+  std::deque<Slot> reads, writes;  // reads in order of ids; writes oldest first
+  std::size_t next = 0;
+  auto size_of = [&](int id) { return std::max<std::size_t>(bytes(id), 1); };
+  // Issues the next read if a staging buffer is free, reclaiming finished writes first.
+  auto issue_read = [&](bool must) {
+    if (next >= ids.size()) return;
+    std::optional<PinnedBuffer> b = pool_->try_acquire();
+    while (!b && !writes.empty() && (must || writes.front().io.ready())) {
+      writes.front().io.wait();
+      writes.pop_front();  // returns its buffer
+      b = pool_->try_acquire();
+    }
+    if (!b) return;
+    const int id = ids[next++];
+    SwapHandle h = store_->swap_in(name(id), b->data(), size_of(id));
+    reads.push_back(Slot{id, std::move(*b), h});
+  };
+  std::exception_ptr error;
+  try {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (reads.empty()) issue_read(true);
+      issue_read(false);  // read-ahead of k+1 while k computes
+      Slot cur = std::move(reads.front());
+      reads.pop_front();
+      cur.io.wait();
+      fn(view(cur.id, cur.buffer.data()));
+      cur.io = store_->swap_out(name(cur.id), cur.buffer.data(), size_of(cur.id));
+      writes.push_back(std::move(cur));  // write-behind; the buffer returns when it is done
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (Slot& s : reads) {
+    try {
+      s.io.wait();
+    } catch (...) {
+    }
+  }
+  for (Slot& s : writes) {
+    try {
+      s.io.wait();
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void OptimizerStates::read_master(int id, float* dst) {
+  if (options_.device == OffloadDevice::cpu || !finalized_) {
+    std::memcpy(dst, host_[id].data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
+    return;
+  }
+  PinnedBuffer b = pool_->acquire_wait();
+  store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
+  std::memcpy(dst, b.data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
+}
+
+std::int64_t OptimizerStates::host_state_bytes() const {
+  if (options_.device != OffloadDevice::cpu) return 0;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < numels_.size(); ++i) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));
+  return total;
+}
+
+std::int64_t OptimizerStates::nvme_state_bytes() const {
+  if (options_.device != OffloadDevice::nvme) return 0;
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < numels_.size(); ++i) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));
+  return total;
+}
+
+std::int64_t OptimizerStates::staging_bytes() const {
+  return pool_ ? static_cast<std::int64_t>(pool_->total_bytes()) : 0;
+}
+
+}  // namespace zoe::offload
