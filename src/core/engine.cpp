@@ -9,12 +9,6 @@
 
 namespace zoe {
 
-std::int64_t TensorView::numel() const {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
-}
-
 namespace core {
 
 EngineImpl::EngineImpl(const Config& c, RankContext r)
