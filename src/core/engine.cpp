@@ -145,7 +145,7 @@ void EngineImpl::finalize() {
   finalized = true;
   std::int64_t live = 0;
   for (const Group& g : groups) live += g.layout->live_numel();
-  ZOE_LOG_INFO("rank {}: {} parameters ({} elements) in {} groups, stage {}, {} on {}", rank, params.size(), live,
+  ZOE_LOG_DEBUG("rank {}: {} parameters ({} elements) in {} groups, stage {}, {} on {}", rank, params.size(), live,
                groups.size(), stage, dtype_name(dtype), device.name());
 }
 

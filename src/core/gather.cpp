@@ -14,6 +14,8 @@ namespace zoe::core {
 void EngineImpl::gather(Group& g) {
   if (g.param_full) return;  // gathered or in flight
   const FlatLayout& L = *g.layout;
+  // Released buffers whose last use may still be queued are returned before the cap is passed.
+  if (live_elements + L.padded_numel() > config.zero_optimization.stage3_max_live_parameters) reap_frees(true);
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
   all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
   device.record(*g.param_ready, *side);
@@ -67,7 +69,8 @@ bool EngineImpl::in_prefetch_window(int group) const {
   std::int64_t distance = 0;
   for (std::size_t i = trace_pos; i < last_trace.size(); ++i) {
     const ModuleInfo& m = modules[last_trace[i].module];
-    if (std::find(m.groups.begin(), m.groups.end(), group) != m.groups.end()) return true;
+    if (std::find(m.groups.begin(), m.groups.end(), group) != m.groups.end())
+      return distance < config.zero_optimization.stage3_max_reuse_distance;
     for (int gi : m.groups) distance += groups[gi].layout->live_numel();
     if (distance > config.zero_optimization.stage3_max_reuse_distance) return false;
   }

@@ -62,9 +62,9 @@ class TestNet {
 
   const std::vector<ParamId>& params() const { return params_; }
 
-  /// Deterministic sample k of a global stream: x in [-1,1]^in, y = sin(sum x * j).
+  /// Deterministic sample k of a 256-sample data set: x in [-1,1]^in, y = sin(sum x * j).
   void sample(std::int64_t k, float* x, float* y) const {
-    std::mt19937 gen(static_cast<std::uint32_t>(k * 7919 + 17));
+    std::mt19937 gen(static_cast<std::uint32_t>((k % 256) * 7919 + 17));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     float s = 0;
     for (int i = 0; i < spec_.widths.front(); ++i) s += (x[i] = u(gen));
