@@ -14,8 +14,9 @@ namespace zoe::core {
 void EngineImpl::gather(Group& g) {
   if (g.param_full) return;  // gathered or in flight
   const FlatLayout& L = *g.layout;
-  // Released buffers whose last use may still be queued are returned before the cap is passed.
-  if (live_elements + L.padded_numel() > config.zero_optimization.stage3_max_live_parameters) reap_frees(true);
+  // Buffers released earlier are returned first, so memory, not only the count of live
+  // elements, stays within stage3_max_live_parameters.
+  reap_frees(true);
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
   all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
   device.record(*g.param_ready, *side);
