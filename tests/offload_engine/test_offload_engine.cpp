@@ -1,0 +1,113 @@
+// Optimizer offload to host memory and NVMe: the same parameters, bit for bit, as the run
+// without offload, for stages 1-3 and world sizes 1, 2 and 4; accounting per tier; files.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "tests/core/test_net.hpp"
+
+using namespace zoe;
+using zoe::test::NetSpec;
+using zoe::test::RunResult;
+using zoe::test::train;
+
+namespace {
+
+std::string temp_dir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() / ("zoe-offload-" + tag + "-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+Config config(int stage, OffloadDevice offload, const std::string& dir) {
+  Config c;
+  c.zero_optimization.stage = stage;
+  c.bf16.enabled = true;
+  c.optimizer.lr = 1e-2;
+  c.zoe.optimizer_threads = 1;
+  c.zero_optimization.sub_group_size = 64;  // several sub-groups per group: the pipeline runs
+  c.zero_optimization.offload_optimizer.device = offload;
+  c.zero_optimization.offload_optimizer.nvme_path = dir;
+  c.zero_optimization.offload_optimizer.buffer_count = 3;
+  return c;
+}
+
+bool bitwise_equal(const RunResult& a, const RunResult& b) {
+  if (a.params.size() != b.params.size()) return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    if (a.params[i].size() != b.params[i].size() ||
+        std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * 4) != 0)
+      return false;
+  return true;
+}
+
+const NetSpec kNet{{16, 32, 32, 8}, true, 5};
+
+}  // namespace
+
+class OptimizerOffload : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(OptimizerOffload, TwentyStepsBitwiseEqualToNoOffload) {
+  auto [stage, world] = GetParam();
+  std::string dir = temp_dir("eq");
+  RunResult ref = train(config(stage, OffloadDevice::none, dir), kNet, world, 20, 16);
+  for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    RunResult r = train(config(stage, d, dir), kNet, world, 20, 16);
+    EXPECT_TRUE(bitwise_equal(r, ref)) << "offload " << (d == OffloadDevice::cpu ? "cpu" : "nvme") << " stage "
+                                       << stage << " world " << world;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Engine, OptimizerOffload,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(1, 2, 4)));
+
+TEST(OptimizerOffload, FourMicroBatchesEqualTheNoOffloadReference) {
+  std::string dir = temp_dir("gas");
+  Config none = config(3, OffloadDevice::none, dir);
+  none.gradient_accumulation_steps = 4;
+  Config nvme = none;
+  nvme.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
+  EXPECT_TRUE(bitwise_equal(train(nvme, kNet, 2, 5, 32), train(none, kNet, 2, 5, 32)));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OptimizerOffload, StatesAreAccountedPerTier) {
+  std::string dir = temp_dir("acct");
+  const int world = 2;
+  RunResult none = train(config(3, OffloadDevice::none, dir), kNet, world, 1, 16);
+  RunResult cpu = train(config(3, OffloadDevice::cpu, dir), kNet, world, 1, 16);
+  RunResult nvme = train(config(3, OffloadDevice::nvme, dir), kNet, world, 1, 16);
+  for (int r = 0; r < world; ++r) {
+    // Without offload the 12 bytes/element of states are device model states.
+    std::int64_t states = none.memory[r].device_model_states - cpu.memory[r].device_model_states;
+    EXPECT_GT(states, 0);
+    EXPECT_EQ(cpu.memory[r].host_model_states, states);
+    EXPECT_EQ(nvme.memory[r].nvme_model_states, states);
+    EXPECT_EQ(nvme.memory[r].host_model_states, 0);
+    // Host memory holds only the staging buffers: buffer_count x the largest sub-group
+    // (64 elements x 12 bytes, rounded up to 4 KiB).
+    EXPECT_EQ(nvme.memory[r].host_buffers, 3 * 4096);
+    EXPECT_EQ(nvme.memory[r].device_model_states, cpu.memory[r].device_model_states);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OptimizerOffload, TwoEnginesOnOneNvmePathDoNotClobberEachOther) {
+  std::string dir = temp_dir("two");
+  Config c = config(2, OffloadDevice::nvme, dir);
+  RunResult ref = train(config(2, OffloadDevice::none, dir), kNet, 2, 10, 16);
+  RunResult a, b;
+  std::thread ta([&] { a = train(c, kNet, 2, 10, 16); });
+  std::thread tb([&] { b = train(c, kNet, 2, 10, 16); });
+  ta.join();
+  tb.join();
+  EXPECT_TRUE(bitwise_equal(a, ref));
+  EXPECT_TRUE(bitwise_equal(b, ref));
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
