@@ -37,17 +37,21 @@ HostDevice::~HostDevice() {
 void* HostDevice::allocate(std::size_t bytes) {
   std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
   {
+    // Reserve the bytes first so concurrent allocations cannot both pass the capacity check.
     std::lock_guard lock(mutex_);
     if (capacity_ && static_cast<std::size_t>(stats_.current_bytes) + bytes > capacity_)
       ZOE_THROW(OutOfMemoryError, "HostDevice: allocating ", bytes, " bytes would exceed the capacity of ",
                 capacity_, " bytes (", stats_.current_bytes, " in use)");
+    stats_.current_bytes += static_cast<std::int64_t>(bytes);
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
   }
   void* ptr = std::aligned_alloc(kAlignment, rounded);
-  if (!ptr) ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
   std::lock_guard lock(mutex_);
+  if (!ptr) {
+    stats_.current_bytes -= static_cast<std::int64_t>(bytes);
+    ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
+  }
   sizes_.emplace(ptr, bytes);
-  stats_.current_bytes += static_cast<std::int64_t>(bytes);
-  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
   return ptr;
 }
 

@@ -8,6 +8,9 @@
 // compute_stream() runs on that stream's thread; synchronize(compute_stream()) or an
 // event recorded there makes its results visible to the calling thread, and work queued
 // after the trainer's writes sees those writes (queuing orders memory).
+// Errors: an exception thrown by queued work (a host_func, a collective) is kept by its
+// stream: synchronize(stream) rethrows and clears it; synchronize(event) rethrows it
+// without clearing when it happened at or before the event's point.
 // Thread-safety: every method may be called from any thread.
 #pragma once
 

@@ -93,9 +93,10 @@ void HostQueue::run() {
       std::lock_guard lock(mutex_);
       ++completed_;
       if (error && !error_) {
-        error_ = error;
+        error_ = std::move(error);
         error_ticket_ = completed_;
       }
+      error = nullptr;  // drop this thread's reference under the lock the readers take
     }
     done_cv_.notify_all();
   }
