@@ -69,7 +69,9 @@ void Handle::wait() const {
 class Engine::Ring {
  public:
   Ring(const EngineOptions& options, Counters& counters) : options_(options), counters_(counters) {
-    unsigned entries = options.queue_depth + 1;  // + the armed eventfd read
+    // One entry per request in flight plus the armed eventfd read; io_uring allows 32768
+    // entries at most, so a depth of 32768 keeps 32767 requests in flight.
+    unsigned entries = std::min(options.queue_depth + 1, 32768u);
     if (int rc = io_uring_queue_init(entries, &ring_, 0); rc < 0)
       ZOE_THROW_ERRNO(-rc, "io_uring_queue_init(", entries, " entries) failed");
     event_fd_ = ::eventfd(0, EFD_CLOEXEC);
@@ -78,8 +80,8 @@ class Engine::Ring {
       io_uring_queue_exit(&ring_);
       ZOE_THROW_ERRNO(err, "eventfd() failed");
     }
-    slots_.resize(options.queue_depth);
-    for (unsigned i = options.queue_depth; i-- > 0;) free_.push_back(i);
+    slots_.resize(entries - 1);
+    for (unsigned i = entries - 1; i-- > 0;) free_.push_back(i);
   }
 
   ~Ring() {
@@ -332,8 +334,8 @@ Engine::Engine(const EngineOptions& options, std::vector<std::span<std::byte>> f
     : options_(options), counters_(std::make_unique<Counters>()) {
   ZOE_CHECK_USAGE(options.block_size > 0 && aligned(options.block_size) && options.block_size <= (1u << 30),
                   "aio.block_size must be a positive multiple of 4096 up to 1 GiB, got ", options.block_size);
-  ZOE_CHECK_USAGE(options.queue_depth >= 1 && options.queue_depth <= 4096,
-                  "aio.queue_depth must be 1..4096, got ", options.queue_depth);
+  ZOE_CHECK_USAGE(options.queue_depth >= 1 && options.queue_depth <= 32768,
+                  "aio.queue_depth must be 1..32768, got ", options.queue_depth);
   ZOE_CHECK_USAGE(options.threads >= 1 && options.threads <= 64,
                   "aio.intra_op_parallelism must be 1..64, got ", options.threads);
   for (unsigned i = 0; i < options.threads; ++i) rings_.push_back(std::make_unique<Ring>(options_, *counters_));

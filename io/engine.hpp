@@ -59,7 +59,7 @@ using FaultInjector = std::function<int(const Completion& c)>;
 struct EngineOptions {
   /// Bytes per request; a multiple of 4096 (default 1 MiB, see zoe-nvme-bench).
   std::size_t block_size = 1 << 20;
-  /// Requests in flight per ring (1..4096).
+  /// Requests in flight per ring (1..32768; 32768 keeps 32767, io_uring's ring limit).
   unsigned queue_depth = 32;
   /// I/O threads, one ring each (1..64).
   unsigned threads = 1;

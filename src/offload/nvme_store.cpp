@@ -70,6 +70,24 @@ struct SwapHandle::State {
   }
 };
 
+NvmeStoreOptions NvmeStoreOptions::from_config(const Config& config, const std::string& nvme_path, int rank) {
+  NvmeStoreOptions o;
+  o.dir = nvme_path;
+  o.rank = rank;
+  const AioConfig& aio = config.aio;
+  if (aio.block_size <= 0 || aio.block_size % 4096 != 0 || aio.block_size > (1 << 30))
+    ZOE_THROW_CONFIG("aio.block_size", "must be a positive multiple of 4096 up to 1 GiB, got ", aio.block_size);
+  if (aio.queue_depth < 1 || aio.queue_depth > 32768)
+    ZOE_THROW_CONFIG("aio.queue_depth", "must be 1..32768, got ", aio.queue_depth);
+  if (aio.intra_op_parallelism < 1 || aio.intra_op_parallelism > 64)
+    ZOE_THROW_CONFIG("aio.intra_op_parallelism", "must be 1..64, got ", aio.intra_op_parallelism);
+  o.aio.block_size = static_cast<std::size_t>(aio.block_size);
+  o.aio.queue_depth = static_cast<unsigned>(aio.queue_depth);
+  o.aio.threads = static_cast<unsigned>(aio.intra_op_parallelism);
+  o.require_direct_io = config.zoe.require_direct_io;
+  return o;
+}
+
 bool SwapHandle::ready() const noexcept { return !state_ || state_->io.ready(); }
 
 void SwapHandle::wait() const {
@@ -157,16 +175,19 @@ void NvmeStore::wait_previous(Tensor& t, std::unique_lock<std::mutex>& lock) {
 }
 
 SwapHandle NvmeStore::swap_out(const std::string& name, const void* src, std::size_t bytes) {
-  std::unique_lock lock(mutex_);
-  Tensor& t = find(name, "swap_out");
-  ZOE_CHECK_USAGE(bytes == t.extent.bytes, "NVMe store swap_out: tensor '", name, "' is registered with ",
-                  t.extent.bytes, " bytes, got ", bytes);
+  Extent extent;
+  {
+    std::lock_guard lock(mutex_);
+    extent = find(name, "swap_out").extent;
+  }
+  ZOE_CHECK_USAGE(bytes == extent.bytes, "NVMe store swap_out: tensor '", name, "' is registered with ",
+                  extent.bytes, " bytes, got ", bytes);
   ZOE_CHECK_USAGE(aligned(src), "NVMe store swap_out: tensor '", name, "': source ", src, " is not 4096-aligned");
-  wait_previous(t, lock);
 
+  // CRC and tail block outside the lock: other threads' swaps need not wait for them.
   auto state = std::make_shared<SwapHandle::State>();
   state->body = round_down(bytes, kBlock);
-  std::size_t tail_region = t.extent.capacity - state->body;
+  std::size_t tail_region = extent.capacity - state->body;
   state->bounce = AlignedBuffer(tail_region);
   auto* bounce = static_cast<std::byte*>(state->bounce.data());
   std::size_t tail = bytes - state->body;
@@ -174,9 +195,12 @@ SwapHandle NvmeStore::swap_out(const std::string& name, const void* src, std::si
   std::memset(bounce + tail, 0, tail_region - tail);
   Trailer trailer{kMagic, bytes, io::crc32c(src, bytes), name_crc(name), 0};
   std::memcpy(bounce + tail_region - sizeof trailer, &trailer, sizeof trailer);
+  io::Segment segments[2] = {{const_cast<void*>(src), extent.offset, state->body},
+                             {bounce, extent.offset + state->body, tail_region}};
 
-  io::Segment segments[2] = {{const_cast<void*>(src), t.extent.offset, state->body},
-                             {bounce, t.extent.offset + state->body, tail_region}};
+  std::unique_lock lock(mutex_);
+  Tensor& t = find(name, "swap_out");
+  wait_previous(t, lock);
   state->io = engine_->submit(io::Op::write, ref_, segments, state);
   t.last = state->io;
   t.written = true;

@@ -15,7 +15,7 @@
 // Extent layout for a tensor of B bytes: the data, padded to a 4 KiB boundary, with a
 // 32-byte trailer in the last 4 KiB block holding a magic number, B, the CRC32C of the B
 // data bytes and the CRC32C of the tensor's name. Extent size = round_up(B + 32, 4096).
-// swap_out computes the CRC (on the calling thread, ~10 GB/s) and writes data and trailer
+// swap_out computes the CRC (on the calling thread, see zoe-nvme-bench) and writes data and trailer
 // in one transfer; swap_in reads them and checks everything in wait(): a mismatch is a
 // CorruptionError naming the tensor, the file and the extent.
 //
@@ -43,6 +43,7 @@
 
 #include "io/direct_file.hpp"
 #include "io/engine.hpp"
+#include "zoe/config.hpp"
 
 namespace zoe::offload {
 
@@ -60,6 +61,12 @@ struct NvmeStoreOptions {
   std::vector<std::span<std::byte>> fixed_buffers;
   /// Test hook: behave as if the filesystem refused O_DIRECT.
   bool simulate_direct_refusal = false;
+
+  /// Options from the engine config: `aio` (block_size, queue_depth, intra_op_parallelism;
+  /// single_submit and overlap_events do not apply to io_uring and are ignored),
+  /// zoe.require_direct_io, and `nvme_path` (offload_optimizer's or offload_param's).
+  /// Throws ConfigError naming the aio key whose value the engine cannot use.
+  static NvmeStoreOptions from_config(const Config& config, const std::string& nvme_path, int rank);
 };
 
 /// Where a tensor lives in the file (bytes).

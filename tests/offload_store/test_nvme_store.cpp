@@ -317,3 +317,25 @@ TEST(NvmeStore, MisuseIsAUsageErrorAndMissingDiskAnIoError) {
   store.register_tensor("after", 100);  // the store is still usable
   EXPECT_EQ(store.extent("after").offset, 8192u);
 }
+
+TEST(NvmeStore, OptionsFromTheEngineConfig) {
+  Config config;
+  config.aio.block_size = 512 << 10;
+  config.aio.queue_depth = 8;
+  config.aio.intra_op_parallelism = 2;
+  config.zoe.require_direct_io = true;
+  NvmeStoreOptions o = NvmeStoreOptions::from_config(config, "/tmp/somewhere", 5);
+  EXPECT_EQ(o.dir, "/tmp/somewhere");
+  EXPECT_EQ(o.rank, 5);
+  EXPECT_EQ(o.aio.block_size, 512u << 10);
+  EXPECT_EQ(o.aio.queue_depth, 8u);
+  EXPECT_EQ(o.aio.threads, 2u);
+  EXPECT_TRUE(o.require_direct_io);
+  config.aio.block_size = 4097;
+  try {
+    NvmeStoreOptions::from_config(config, "/tmp/x", 0);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.key(), "aio.block_size");
+  }
+}
