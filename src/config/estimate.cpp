@@ -1,0 +1,215 @@
+#include "src/config/estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "src/common/check.hpp"
+
+namespace zoe::estimate {
+namespace {
+constexpr std::int64_t kOptimizerBytes = 12;  // K: fp32 master + exp_avg + exp_avg_sq
+constexpr std::int64_t kHostGradBytes = 4;    // fp32 gradient shard on the host
+
+// Adds `bytes` to the tier where `device` puts it (none = the device).
+void put(TierBytes& t, OffloadDevice device, std::int64_t bytes) {
+  (device == OffloadDevice::cpu ? t.host : device == OffloadDevice::nvme ? t.nvme : t.device) += bytes;
+}
+
+const char* device_name(OffloadDevice d) {
+  return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
+}
+
+}  // namespace
+
+TierBytes& TierBytes::operator+=(const TierBytes& o) {
+  device += o.device;
+  host += o.host;
+  nvme += o.nvme;
+  return *this;
+}
+
+std::string format_bytes(std::int64_t bytes, bool binary) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2f %s", static_cast<double>(bytes) / (binary ? 1073741824.0 : 1e9),
+                binary ? "GiB" : "GB");
+  return buf;
+}
+
+RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config) {
+  if (model.parameters < 1) ZOE_THROW_CONFIG("parameters", "must be >= 1, got ", model.parameters);
+  if (model.largest_layer < 0) ZOE_THROW_CONFIG("largest_layer", "must be >= 0, got ", model.largest_layer);
+  if (world_size < 1) ZOE_THROW_CONFIG("world_size", "must be >= 1, got ", world_size);
+  config.validate();
+  const auto& z = config.zero_optimization;
+  const std::int64_t psi = model.parameters;
+  const std::int64_t nd = world_size;
+  const std::int64_t B = static_cast<std::int64_t>(dtype_size(config.compute_dtype()));
+
+  RankEstimate r;
+  r.stage = z.stage;
+  r.offload_optimizer = z.offload_optimizer.device;
+  r.offload_param = z.offload_param.device;
+  r.compute_bytes = static_cast<int>(B);
+  r.shard_elements = (psi + nd - 1) / nd;
+  const std::int64_t s = r.shard_elements;
+
+  // Parameters: full at stages 0-2, the shard at 3 (where offload_param may move it).
+  if (z.stage == 3) put(r.params, z.offload_param.device, B * s);
+  else r.params.device = B * psi;
+
+  // Optimizer states: the whole model at stage 0, else the shard; `ratio` of it offloaded.
+  const bool offloaded = z.stage >= 1 && z.offload_optimizer.device != OffloadDevice::none;
+  const std::int64_t state_elements = z.stage == 0 ? psi : s;
+  const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(s)) : 0;
+  put(r.optimizer_states, z.offload_optimizer.device, kOptimizerBytes * off);
+  r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
+
+  // Gradients: full on the device at stages 0-1; the shard at 2-3, whose offloaded part
+  // lives as fp32 in host memory instead (also at stage 1, beside the full device copy).
+  const std::int64_t device_grad_elements = z.stage <= 1 ? psi : s - off;
+  r.gradients.device = B * device_grad_elements;
+  r.gradients.host = kHostGradBytes * off;
+
+  r.model_states = r.params;
+  r.model_states += r.gradients;
+  r.model_states += r.optimizer_states;
+
+  // Buffers, by the rules documented in the header.
+  r.buffers.device = B * std::min(z.reduce_bucket_size, psi);
+  if (z.stage == 3) {
+    const std::int64_t L = std::min(model.largest_layer, psi);
+    const std::int64_t P = std::min(z.stage3_prefetch_bucket_size, psi);
+    const std::int64_t gathered = std::min(psi, std::max(L, std::min(z.stage3_max_live_parameters, L + P)));
+    r.buffers.device += B * gathered + B * L;
+  }
+  if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme)
+    r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} * kOptimizerBytes * std::min(z.sub_group_size, off);
+  if (z.stage == 3 && z.offload_param.device == OffloadDevice::nvme)
+    r.buffers.host += std::int64_t{z.offload_param.buffer_count} * z.offload_param.buffer_size * B +
+                      B * std::min(z.offload_param.max_in_cpu, s);
+
+  r.traffic_elements = (z.stage == 3 ? 3 : 2) * psi;
+  // elements * B * (Nd-1)/Nd without overflow for Ψ up to ~1e15.
+  r.traffic_bytes_sent = static_cast<std::int64_t>(
+      std::llround(static_cast<double>(r.traffic_elements) * static_cast<double>(B) * static_cast<double>(nd - 1) /
+                   static_cast<double>(nd)));
+  return r;
+}
+
+std::int64_t Cluster::usable_gpu_bytes() const {
+  return static_cast<std::int64_t>(static_cast<double>(gpu_bytes) * (1.0 - gpu_headroom));
+}
+
+std::int64_t Cluster::usable_host_bytes() const {
+  return static_cast<std::int64_t>(static_cast<double>(host_bytes_per_node) * (1.0 - host_headroom));
+}
+
+Config mixed_precision_knobs() {
+  Config c;
+  c.bf16.enabled = true;
+  return c;
+}
+
+namespace {
+struct Choice {
+  int stage;
+  OffloadDevice optimizer, param;
+};
+
+std::string label_of(const Choice& c) {
+  if (c.stage == 0) return "stage 0 (plain DP)";
+  std::string l = "stage " + std::to_string(c.stage);
+  if (c.optimizer != OffloadDevice::none) l += std::string(", optimizer ") + device_name(c.optimizer);
+  if (c.param != OffloadDevice::none) l += std::string(", params ") + device_name(c.param);
+  return l;
+}
+
+PlanRow make_row(const ModelShape& model, const Cluster& cl, Config knobs, const Choice& c, bool binary) {
+  auto gib = [binary](std::int64_t bytes) { return format_bytes(bytes, binary); };
+  auto& z = knobs.zero_optimization;
+  z.stage = c.stage;
+  z.offload_optimizer.device = c.optimizer;
+  z.offload_optimizer.ratio = 1.0;
+  z.offload_param.device = c.param;
+  PlanRow row;
+  row.rank = estimate_rank(model, cl.world_size, knobs);
+  row.label = label_of(c);
+  const auto& r = row.rank;
+  const std::int64_t per_node = cl.ranks_per_node();
+  row.device_bytes = r.model_states.device + r.buffers.device;
+  row.host_bytes_per_node = per_node * (r.model_states.host + r.buffers.host);
+  row.nvme_bytes_per_node = per_node * r.model_states.nvme;
+  row.fits_device = row.device_bytes <= cl.usable_gpu_bytes();
+  row.fits_host = row.host_bytes_per_node <= cl.usable_host_bytes();
+  row.fits_nvme = row.nvme_bytes_per_node <= cl.nvme_bytes_per_node;
+  std::string s;
+  auto add = [&s](const std::string& part) { s += (s.empty() ? "" : "; ") + part; };
+  if (!row.fits_device)
+    add("needs " + gib(row.device_bytes) + " per GPU, " + gib(cl.usable_gpu_bytes()) + " usable");
+  if (!row.fits_host)
+    add("needs " + gib(row.host_bytes_per_node) + " host memory per node, " + gib(cl.usable_host_bytes()) + " usable");
+  if (!row.fits_nvme)
+    add("needs " + gib(row.nvme_bytes_per_node) + " NVMe per node, " + gib(cl.nvme_bytes_per_node) + " free");
+  row.shortfall = s;
+  return row;
+}
+
+std::string fit_summary(const PlanRow& row, const Cluster& cl, bool binary) {
+  auto gib = [binary](std::int64_t bytes) { return format_bytes(bytes, binary); };
+  std::string s = gib(row.device_bytes) + " of " + gib(cl.usable_gpu_bytes()) + " usable per GPU";
+  if (row.host_bytes_per_node > 0) s += ", " + gib(row.host_bytes_per_node) + " host memory per node";
+  if (row.nvme_bytes_per_node > 0) s += ", " + gib(row.nvme_bytes_per_node) + " NVMe per node";
+  return s;
+}
+}  // namespace
+
+Plan plan(const ModelShape& model, const Cluster& cluster, const Config& knobs, bool binary_units) {
+  if (cluster.world_size < 1) ZOE_THROW_CONFIG("world_size", "must be >= 1, got ", cluster.world_size);
+  if (cluster.gpus_per_node < 1) ZOE_THROW_CONFIG("gpus_per_node", "must be >= 1, got ", cluster.gpus_per_node);
+  if (cluster.gpu_bytes < 0) ZOE_THROW_CONFIG("gpu_bytes", "must be >= 0, got ", cluster.gpu_bytes);
+  if (cluster.host_bytes_per_node < 0)
+    ZOE_THROW_CONFIG("host_bytes_per_node", "must be >= 0, got ", cluster.host_bytes_per_node);
+  if (cluster.nvme_bytes_per_node < 0)
+    ZOE_THROW_CONFIG("nvme_bytes_per_node", "must be >= 0, got ", cluster.nvme_bytes_per_node);
+  if (!(cluster.gpu_headroom >= 0.0 && cluster.gpu_headroom < 1.0))
+    ZOE_THROW_CONFIG("gpu_headroom", "must be in [0, 1), got ", cluster.gpu_headroom);
+  if (!(cluster.host_headroom >= 0.0 && cluster.host_headroom < 1.0))
+    ZOE_THROW_CONFIG("host_headroom", "must be in [0, 1), got ", cluster.host_headroom);
+  knobs.validate();
+
+  using D = OffloadDevice;
+  const std::vector<Choice> choices = {
+      {0, D::none, D::none}, {1, D::none, D::none}, {1, D::cpu, D::none},  {1, D::nvme, D::none},
+      {2, D::none, D::none}, {2, D::cpu, D::none},  {2, D::nvme, D::none}, {3, D::none, D::none},
+      {3, D::cpu, D::none},  {3, D::cpu, D::cpu},   {3, D::nvme, D::none}, {3, D::nvme, D::cpu},
+      {3, D::nvme, D::nvme}};
+  // The rule, as indices into `choices`.
+  const std::vector<std::size_t> order = {1, 4, 7, 8, 9, 10, 11, 12};
+
+  Plan p;
+  p.model = model;
+  p.cluster = cluster;
+  for (const auto& c : choices) p.rows.push_back(make_row(model, cluster, knobs, c, binary_units));
+
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const PlanRow& row = p.rows[order[k]];
+    if (!row.fits()) continue;
+    p.recommended = order[k];
+    std::string why = row.label + ": fits (" + fit_summary(row, cluster, binary_units) + ")";
+    if (k == 0) {
+      why += "; the whole model state fits on one GPU and stage 1 sends no more than plain DP (2 Psi per step)";
+    } else {
+      const PlanRow& prev = p.rows[order[k - 1]];
+      why += "; " + prev.label + " does not (" + prev.shortfall + ")";
+      if (row.rank.stage == 3 && prev.rank.stage == 2) why += "; stage 3 sends 1.5x the traffic (3 Psi per step)";
+    }
+    p.why = why;
+    return p;
+  }
+  const PlanRow& last = p.rows[order.back()];
+  p.why = "nothing fits: even " + last.label + " " + last.shortfall;
+  return p;
+}
+
+}  // namespace zoe::estimate

@@ -1,0 +1,147 @@
+// Memory and traffic model of ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+// Toward Training Trillion Parameter Models", arXiv 1910.02054, §5 and §7) with zoe's offload
+// tiers, for zoe-estimate and for comparing a plan with Engine::memory_report().
+//
+// Model states per rank, mixed precision with Adam, Ψ parameters, Nd ranks, K = 12 (fp32
+// master weights, exp_avg, exp_avg_sq): stage 0 (2+2+K)Ψ = 16Ψ; stage 1 4Ψ + 12Ψ/Nd;
+// stage 2 2Ψ + 14Ψ/Nd; stage 3 16Ψ/Nd (paper §5.3, Figure 1). Shards are ceil(Ψ/Nd) elements.
+// Offload moves states off the device (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
+// Rajbhandari et al. 2021): offload_optimizer moves the 12-byte optimizer-state shard to host
+// (cpu) or disk (nvme) and keeps an fp32 gradient shard (4 bytes/element) in host memory
+// instead of the device gradient shard; offload_param (stage 3) moves the parameter shard.
+// Buffers (gradient buckets, gathered layers, pinned NVMe staging) are counted separately by
+// the rules documented on RankEstimate::buffers.
+//
+// Pure functions of their arguments; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zoe/config.hpp"
+
+namespace zoe::estimate {
+
+/// Bytes on each tier: device (GPU memory, or host memory on the host device), host (RAM,
+/// pinned where pin_memory), nvme (files).
+struct TierBytes {
+  std::int64_t device = 0, host = 0, nvme = 0;
+  std::int64_t total() const { return device + host + nvme; }
+  TierBytes& operator+=(const TierBytes& o);
+  bool operator==(const TierBytes&) const = default;
+};
+
+/// What is trained: parameter count Ψ (elements) and the largest module's parameter count
+/// (elements; 0 = unknown, then stage 3's gathered-layer buffers are not counted).
+struct ModelShape {
+  std::int64_t parameters = 0;
+  std::int64_t largest_layer = 0;
+};
+
+/// One rank's bytes for one configuration.
+struct RankEstimate {
+  int stage = 0;
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  OffloadDevice offload_param = OffloadDevice::none;
+  /// Bytes per element of the compute dtype (2 for fp16/bf16, 4 for fp32).
+  int compute_bytes = 2;
+  /// Elements of this rank's shard: ceil(Ψ / Nd).
+  std::int64_t shard_elements = 0;
+
+  /// Model states, each by tier. params: compute-dtype parameters (full at stages 0-2, the
+  /// shard at stage 3). gradients: compute-dtype gradients on the device (full at stages
+  /// 0-1, the shard at 2-3; none at 2-3 for the offloaded part) plus the 4-byte fp32
+  /// gradient shard in host memory for the offloaded part. optimizer_states: 12 bytes per
+  /// element of the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq.
+  TierBytes params, gradients, optimizer_states;
+  /// params + gradients + optimizer_states: what Engine's MemoryReport calls model states.
+  TierBytes model_states;
+
+  /// Working buffers, by these rules (B = compute_bytes, s = shard_elements, Ψ):
+  ///  device: one gradient bucket B·min(reduce_bucket_size, Ψ); at stage 3 also the gathered
+  ///    parameters B·min(Ψ, max(L, min(stage3_max_live_parameters, L + P))) with L the
+  ///    largest layer and P = min(stage3_prefetch_bucket_size, Ψ), and the gradient of the
+  ///    layer in backward B·L.
+  ///  host: offload_optimizer nvme: buffer_count pinned buffers of 12·min(sub_group_size, o)
+  ///    bytes (a sub-group's three fp32 states; o = offloaded shard elements);
+  ///    offload_param nvme: buffer_count·buffer_size·B staging plus the host cache
+  ///    B·min(max_in_cpu, s).
+  TierBytes buffers;
+
+  /// Collective traffic per rank per step of one micro-batch, in elements, as the paper
+  /// counts it (§7): 2Ψ at stages 0-2 (reduce-scatter + all-gather, or all-reduce), 3Ψ at
+  /// stage 3 (parameters all-gathered in forward and in backward, gradients reduce-scattered).
+  std::int64_t traffic_elements = 0;
+  /// traffic_elements · B · (Nd-1)/Nd: the bytes a ring sends (what TrafficReport counts).
+  std::int64_t traffic_bytes_sent = 0;
+};
+
+/// Estimate for an engine configuration: stage, offload devices, ratio, buffer knobs and
+/// compute dtype are taken from `config` (validated first). Throws ConfigError if `config` is
+/// invalid or if
+/// model.parameters < 1, model.largest_layer < 0 or world_size < 1.
+RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config);
+
+/// The machines: `world_size` ranks, `gpus_per_node` per node. Memory sizes in bytes.
+struct Cluster {
+  int world_size = 1;
+  int gpus_per_node = 1;
+  std::int64_t gpu_bytes = 0;             // per GPU
+  std::int64_t host_bytes_per_node = 0;   // RAM per node
+  std::int64_t nvme_bytes_per_node = 0;   // free NVMe per node
+  /// Fraction of GPU memory left for activations, workspace and fragmentation.
+  double gpu_headroom = 0.2;
+  /// Fraction of host memory left for the OS, the data loader and the page cache.
+  double host_headroom = 0.1;
+
+  int ranks_per_node() const { return gpus_per_node < world_size ? gpus_per_node : world_size; }
+  std::int64_t usable_gpu_bytes() const;
+  std::int64_t usable_host_bytes() const;
+};
+
+/// One row of the planner's table: a configuration and whether it fits.
+struct PlanRow {
+  RankEstimate rank;
+  std::string label;                 // "stage 3, optimizer cpu, params nvme"
+  std::int64_t device_bytes = 0;     // model states + buffers on one GPU
+  std::int64_t host_bytes_per_node = 0;
+  std::int64_t nvme_bytes_per_node = 0;
+  bool fits_device = false, fits_host = false, fits_nvme = false;
+  bool fits() const { return fits_device && fits_host && fits_nvme; }
+  /// "" when it fits, else e.g. "needs 30.18 GiB per GPU, 23.84 GiB usable".
+  std::string shortfall;
+};
+
+struct Plan {
+  ModelShape model;
+  Cluster cluster;
+  /// Stage 0; stages 1 and 2 with offload_optimizer none/cpu/nvme; stage 3 with
+  /// (optimizer, params) none/none, cpu/none, cpu/cpu, nvme/none, nvme/cpu, nvme/nvme.
+  std::vector<PlanRow> rows;
+  /// Index into rows of the recommendation; nullopt when nothing fits.
+  std::optional<std::size_t> recommended;
+  /// One line saying why.
+  std::string why;
+};
+
+/// Every row for `model` on `cluster`, buffer knobs from `knobs` (its stage and offload
+/// devices are replaced per row, ratio set to 1; fp16/bf16 stays, so compute bytes follow
+/// it: use mixed_precision_knobs() for the paper's numbers), and the
+/// recommendation by the rule of the issue: stage 1 if its whole model state fits on one
+/// GPU; else stage 2 if parameters, gradients and the sharded rest fit; else stage 3; then
+/// stage 3 with CPU offload (optimizer, then also parameters); then NVMe offload (optimizer,
+/// then parameters to host, then both to NVMe). Throws ConfigError for an invalid cluster
+/// (world_size or gpus_per_node < 1, negative bytes, headroom outside [0, 1)).
+/// Sizes in `why` and shortfalls are GiB, or GB (1e9 bytes) when binary_units is false.
+Plan plan(const ModelShape& model, const Cluster& cluster, const Config& knobs, bool binary_units = true);
+
+/// Config{} with bf16 enabled: the paper's mixed-precision setting (2-byte parameters and
+/// gradients) and zoe's default buffer knobs.
+Config mixed_precision_knobs();
+
+/// "7.50 GB" style: bytes / 1e9 with 2 decimals (the ZeRO paper's GB) or / 2^30 ("GiB").
+std::string format_bytes(std::int64_t bytes, bool binary);
+
+}  // namespace zoe::estimate

@@ -1,0 +1,95 @@
+// Where each model state goes under offload, the ratio, fp32 compute, and the buffer rules.
+#include <gtest/gtest.h>
+
+#include "tests/estimate/estimate_test_util.hpp"
+#include "zoe/error.hpp"
+
+namespace {
+using namespace zoe::estimate;
+using zoe::OffloadDevice;
+using zoe::estimate::testing::knobs;
+
+constexpr std::int64_t kPsi = 1'000'000'000;
+constexpr int kNd = 8;
+constexpr std::int64_t kShard = 125'000'000;
+
+TEST(EstimatePlacement, OptimizerOffloadMovesStatesAndTheFp32GradientShard) {
+  for (auto dev : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    SCOPED_TRACE(dev == OffloadDevice::cpu ? "cpu" : "nvme");
+    const auto r = estimate_rank({kPsi, 0}, kNd, knobs(2, dev));
+    EXPECT_EQ(r.params, (TierBytes{2 * kPsi, 0, 0}));
+    EXPECT_EQ(r.gradients, (TierBytes{0, 4 * kShard, 0}));
+    const TierBytes opt = dev == OffloadDevice::cpu ? TierBytes{0, 12 * kShard, 0} : TierBytes{0, 0, 12 * kShard};
+    EXPECT_EQ(r.optimizer_states, opt);
+  }
+  // Stage 1 keeps the full device gradients beside the host shard.
+  const auto s1 = estimate_rank({kPsi, 0}, kNd, knobs(1, OffloadDevice::cpu));
+  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 4 * kShard, 0}));
+}
+
+TEST(EstimatePlacement, ParamOffloadMovesTheStage3ParameterShard) {
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, knobs(3)).params, (TierBytes{2 * kShard, 0, 0}));
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, knobs(3, OffloadDevice::cpu, OffloadDevice::cpu)).params,
+            (TierBytes{0, 2 * kShard, 0}));
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, knobs(3, OffloadDevice::nvme, OffloadDevice::nvme)).params,
+            (TierBytes{0, 0, 2 * kShard}));
+}
+
+TEST(EstimatePlacement, RatioSplitsTheShard) {
+  auto c = knobs(3, OffloadDevice::cpu);
+  c.zero_optimization.offload_optimizer.ratio = 0.4;  // 50,000,000 of the 125,000,000 elements
+  const auto r = estimate_rank({kPsi, 0}, kNd, c);
+  EXPECT_EQ(r.optimizer_states, (TierBytes{12 * 75'000'000, 12 * 50'000'000, 0}));
+  EXPECT_EQ(r.gradients, (TierBytes{2 * 75'000'000, 4 * 50'000'000, 0}));
+}
+
+TEST(EstimatePlacement, ShardsRoundUp) {
+  const auto r = estimate_rank({1001, 0}, 10, knobs(3));
+  EXPECT_EQ(r.shard_elements, 101);
+  EXPECT_EQ(r.model_states.total(), 16 * 101);
+}
+
+TEST(EstimatePlacement, Fp32ComputeUsesFourByteParamsAndGradients) {
+  zoe::Config c;  // neither fp16 nor bf16
+  c.zero_optimization.stage = 1;
+  const auto r = estimate_rank({kPsi, 0}, kNd, c);
+  EXPECT_EQ(r.compute_bytes, 4);
+  EXPECT_EQ(r.model_states.total(), 8 * kPsi + 12 * kShard);
+}
+
+TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
+  // Stages 0-2: one gradient bucket, capped by the model.
+  auto c = knobs(2);
+  c.zero_optimization.reduce_bucket_size = 200'000'000;
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers, (TierBytes{2 * 200'000'000, 0, 0}));
+  EXPECT_EQ(estimate_rank({1000, 0}, kNd, c).buffers, (TierBytes{2 * 1000, 0, 0}));
+  // Stage 3: bucket + gathered (largest layer + prefetch) + the gradient of the largest layer.
+  c = knobs(3);
+  c.zero_optimization.reduce_bucket_size = 100;
+  c.zero_optimization.stage3_prefetch_bucket_size = 30'000'000;
+  const std::int64_t L = 20'000'000;
+  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + (L + 30'000'000) + L));
+  c.zero_optimization.stage3_max_live_parameters = 25'000'000;  // caps the gathered part, not below L
+  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + 25'000'000 + L));
+  c.zero_optimization.stage3_max_live_parameters = 1;
+  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + L + L));
+  // NVMe optimizer: buffer_count sub-group buffers of 12 bytes per element.
+  c = knobs(3, OffloadDevice::nvme);
+  c.zero_optimization.sub_group_size = 10'000'000;
+  c.zero_optimization.offload_optimizer.buffer_count = 3;
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 12 * 10'000'000);
+  // NVMe parameters: staging buffers plus the host cache (max_in_cpu, capped by the shard).
+  c.zero_optimization.offload_param.device = OffloadDevice::nvme;
+  c.zero_optimization.offload_param.buffer_count = 2;
+  c.zero_optimization.offload_param.buffer_size = 1'000'000;
+  c.zero_optimization.offload_param.max_in_cpu = 5'000'000;
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 12 * 10'000'000 + 2 * 1'000'000 * 2 + 2 * 5'000'000);
+}
+
+TEST(EstimatePlacement, RejectsBadInputs) {
+  EXPECT_THROW(estimate_rank({0, 0}, 8, knobs(1)), zoe::ConfigError);
+  EXPECT_THROW(estimate_rank({kPsi, -1}, 8, knobs(1)), zoe::ConfigError);
+  EXPECT_THROW(estimate_rank({kPsi, 0}, 0, knobs(1)), zoe::ConfigError);
+  EXPECT_THROW(estimate_rank({kPsi, 0}, 8, knobs(1, OffloadDevice::none, OffloadDevice::cpu)), zoe::ConfigError);
+}
+}  // namespace

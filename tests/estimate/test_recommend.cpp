@@ -1,0 +1,117 @@
+// The recommendation rule: stage 1, else 2, else 3, then CPU offload, then NVMe; one line why.
+// 7.5B parameters on 64 ranks, 8 per node, shard s = 117,187,500 elements. Needs worked out by
+// hand (bytes): GPU, stage 1 31.40625e9 + 1e9 bucket; stage 2 16.640625e9 + 1e9; stage 3
+// 1.875e9 + 1.1e9 (bucket + prefetch); stage 3 optimizer offloaded 2s + 1.1e9 = 1.334375e9;
+// parameters offloaded too 1.1e9.
+#include <gtest/gtest.h>
+
+#include "tests/estimate/estimate_test_util.hpp"
+#include "zoe/error.hpp"
+
+namespace {
+using namespace zoe::estimate;
+
+constexpr std::int64_t kPsi = 7'500'000'000;
+
+Cluster cluster(std::int64_t gpu, std::int64_t host, std::int64_t nvme) {
+  Cluster c;
+  c.world_size = 64;
+  c.gpus_per_node = 8;
+  c.gpu_bytes = gpu;
+  c.host_bytes_per_node = host;
+  c.nvme_bytes_per_node = nvme;
+  c.gpu_headroom = 0;
+  c.host_headroom = 0;
+  return c;
+}
+
+// Small NVMe staging so the NVMe rows need less host memory than the CPU rows: optimizer
+// buffers 2 x 12 x 1e7 bytes, parameter staging 5 x 1e6 x 2 bytes, no host parameter cache.
+zoe::Config small_nvme_buffers() {
+  zoe::Config c = mixed_precision_knobs();
+  c.zero_optimization.sub_group_size = 10'000'000;
+  c.zero_optimization.offload_optimizer.buffer_count = 2;
+  c.zero_optimization.offload_param.buffer_size = 1'000'000;
+  c.zero_optimization.offload_param.max_in_cpu = 0;
+  return c;
+}
+
+std::string recommended(const Plan& p) { return p.recommended ? p.rows[*p.recommended].label : "none"; }
+
+TEST(EstimateRecommend, RowsCoverEveryStageAndOffload) {
+  const Plan p = plan({kPsi, 0}, cluster(80e9, 1e12, 0), mixed_precision_knobs());
+  ASSERT_EQ(p.rows.size(), 13u);
+  EXPECT_EQ(p.rows[0].label, "stage 0 (plain DP)");
+  EXPECT_EQ(p.rows[3].label, "stage 1, optimizer nvme");
+  EXPECT_EQ(p.rows[12].label, "stage 3, optimizer nvme, params nvme");
+  EXPECT_EQ(p.rows[1].device_bytes, 32'406'250'000);
+  EXPECT_EQ(p.rows[4].device_bytes, 17'640'625'000);
+  EXPECT_EQ(p.rows[7].device_bytes, 2'975'000'000);
+  EXPECT_EQ(p.rows[8].device_bytes, 1'334'375'000);
+  EXPECT_EQ(p.rows[9].device_bytes, 1'100'000'000);
+  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 16 * 117'187'500);  // 8 ranks x (4 + 12) bytes x s
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 18 * 117'187'500);
+  EXPECT_EQ(p.rows[10].nvme_bytes_per_node, 8LL * 12 * 117'187'500);
+}
+
+TEST(EstimateRecommend, StageOneWhenTheWholeStateFits) {
+  const Plan p = plan({kPsi, 0}, cluster(40e9, 1e12, 0), mixed_precision_knobs());
+  EXPECT_EQ(recommended(p), "stage 1");
+  EXPECT_NE(p.why.find("whole model state fits on one GPU"), std::string::npos) << p.why;
+}
+
+TEST(EstimateRecommend, StageTwoWhenParamsAndGradientsFit) {
+  const Plan p = plan({kPsi, 0}, cluster(20e9, 1e12, 0), mixed_precision_knobs());
+  EXPECT_EQ(recommended(p), "stage 2");
+  EXPECT_NE(p.why.find("stage 1 does not (needs 30.18 GiB per GPU, 18.63 GiB usable)"), std::string::npos) << p.why;
+}
+
+TEST(EstimateRecommend, HeadroomIsLeftForActivations) {
+  Cluster c = cluster(40e9, 1e12, 0);
+  c.gpu_headroom = 0.2;  // 32e9 usable < stage 1's 32.41e9
+  EXPECT_EQ(recommended(plan({kPsi, 0}, c, mixed_precision_knobs())), "stage 2");
+}
+
+TEST(EstimateRecommend, StageThreeThenCpuThenNvme) {
+  const Plan s3 = plan({kPsi, 0}, cluster(5e9, 1e12, 0), mixed_precision_knobs());
+  EXPECT_EQ(recommended(s3), "stage 3");
+  EXPECT_NE(s3.why.find("1.5x the traffic"), std::string::npos) << s3.why;
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(2e9, 1e12, 0), mixed_precision_knobs())), "stage 3, optimizer cpu");
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.2e9, 1e12, 0), mixed_precision_knobs())),
+            "stage 3, optimizer cpu, params cpu");
+  // Host memory too small for the CPU tier (16.875e9 per node): NVMe.
+  const Plan n1 = plan({kPsi, 0}, cluster(1.2e9, 10e9, 100e9), small_nvme_buffers());
+  EXPECT_EQ(recommended(n1), "stage 3, optimizer nvme, params cpu");
+  EXPECT_NE(n1.why.find("stage 3, optimizer nvme does not (needs 1.24 GiB per GPU, 1.12 GiB usable)"),
+            std::string::npos) << n1.why;
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.2e9, 7e9, 100e9), small_nvme_buffers())),
+            "stage 3, optimizer nvme, params nvme");
+}
+
+TEST(EstimateRecommend, NothingFitsSaysWhy) {
+  const Plan p = plan({kPsi, 0}, cluster(1e9, 1e12, 1e12), mixed_precision_knobs());
+  EXPECT_FALSE(p.recommended.has_value());
+  EXPECT_EQ(p.why.rfind("nothing fits: even stage 3, optimizer nvme, params nvme", 0), 0u) << p.why;
+  EXPECT_NE(p.why.find("per GPU"), std::string::npos) << p.why;
+}
+
+TEST(EstimateRecommend, FewerRanksThanGpusPerNodeShareOneNode) {
+  Cluster c = cluster(1.2e9, 1e12, 0);
+  c.world_size = 4;
+  const Plan p = plan({kPsi, 0}, c, mixed_precision_knobs());
+  const std::int64_t s = kPsi / 4;
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 18 * s);
+}
+
+TEST(EstimateRecommend, RejectsAnInvalidCluster) {
+  const zoe::Config k = mixed_precision_knobs();
+  Cluster c = cluster(1e9, 1e9, 0);
+  c.world_size = 0;
+  EXPECT_THROW(plan({kPsi, 0}, c, k), zoe::ConfigError);
+  c = cluster(-1, 1e9, 0);
+  EXPECT_THROW(plan({kPsi, 0}, c, k), zoe::ConfigError);
+  c = cluster(1e9, 1e9, 0);
+  c.gpu_headroom = 1.0;
+  EXPECT_THROW(plan({kPsi, 0}, c, k), zoe::ConfigError);
+}
+}  // namespace
