@@ -9,7 +9,10 @@
 namespace zoe::estimate {
 namespace {
 constexpr std::int64_t kOptimizerBytes = 12;  // K: fp32 master + exp_avg + exp_avg_sq
-constexpr std::int64_t kHostGradBytes = 4;    // fp32 gradient shard on the host
+constexpr std::int64_t kAlign = 16;           // the engine's shard alignment (elements)
+constexpr std::int64_t kPage = 4096;          // pinned buffers are whole pages
+
+std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
 
 // Adds `bytes` to the tier where `device` puts it (none = the device).
 void put(TierBytes& t, OffloadDevice device, std::int64_t bytes) {
@@ -65,11 +68,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   put(r.optimizer_states, z.offload_optimizer.device, kOptimizerBytes * off);
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
-  // Gradients: full on the device at stages 0-1; the shard at 2-3, whose offloaded part
-  // lives as fp32 in host memory instead (also at stage 1, beside the full device copy).
-  const std::int64_t device_grad_elements = z.stage <= 1 ? psi : s - off;
-  r.gradients.device = B * device_grad_elements;
-  r.gradients.host = kHostGradBytes * off;
+  // Gradients stay on the device in the compute dtype, offload or not (as the engine keeps
+  // them): full at stages 0-1, the shard at 2-3.
+  r.gradients.device = B * (z.stage <= 1 ? psi : s);
 
   r.model_states = r.params;
   r.model_states += r.gradients;
@@ -83,8 +84,15 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     const std::int64_t gathered = std::min(psi, std::max(L, std::min(z.stage3_max_live_parameters, L + P)));
     r.buffers.device += B * gathered + B * L;
   }
-  if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme)
-    r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} * kOptimizerBytes * std::min(z.sub_group_size, off);
+  if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
+    // Sub-groups never span modules: the largest is bounded by the largest module's shard.
+    const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
+    const std::int64_t module_shard =
+        model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : s;
+    const std::int64_t largest = std::min({sub_group, module_shard, off});
+    r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} *
+                      round_up(std::max(kPage, kOptimizerBytes * largest), kPage);
+  }
   if (z.stage == 3 && z.offload_param.device == OffloadDevice::nvme)
     r.buffers.host += std::int64_t{z.offload_param.buffer_count} * z.offload_param.buffer_size * B +
                       B * std::min(z.offload_param.max_in_cpu, s);

@@ -7,8 +7,8 @@
 // stage 2 2Ψ + 14Ψ/Nd; stage 3 16Ψ/Nd (paper §5.3, Figure 1). Shards are ceil(Ψ/Nd) elements.
 // Offload moves states off the device (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
 // Rajbhandari et al. 2021): offload_optimizer moves the 12-byte optimizer-state shard to host
-// (cpu) or disk (nvme) and keeps an fp32 gradient shard (4 bytes/element) in host memory
-// instead of the device gradient shard; offload_param (stage 3) moves the parameter shard.
+// (cpu) or disk (nvme); gradients stay on the device in the compute dtype, as zoe's Engine
+// keeps them; offload_param (stage 3) moves the parameter shard.
 // Buffers (gradient buckets, gathered layers, pinned NVMe staging) are counted separately by
 // the rules documented on RankEstimate::buffers.
 //
@@ -51,10 +51,10 @@ struct RankEstimate {
   std::int64_t shard_elements = 0;
 
   /// Model states, each by tier. params: compute-dtype parameters (full at stages 0-2, the
-  /// shard at stage 3). gradients: compute-dtype gradients on the device (full at stages
-  /// 0-1, the shard at 2-3; none at 2-3 for the offloaded part) plus the 4-byte fp32
-  /// gradient shard in host memory for the offloaded part. optimizer_states: 12 bytes per
-  /// element of the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq.
+  /// shard at stage 3, on offload_param's tier). gradients: compute-dtype gradients on the
+  /// device (full at stages 0-1, the shard at 2-3). optimizer_states: 12 bytes per element of
+  /// the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq; `ratio` of them
+  /// on offload_optimizer's tier, the rest on the device.
   TierBytes params, gradients, optimizer_states;
   /// params + gradients + optimizer_states: what Engine's MemoryReport calls model states.
   TierBytes model_states;
@@ -64,8 +64,10 @@ struct RankEstimate {
   ///    parameters B·min(Ψ, max(L, min(stage3_max_live_parameters, L + P))) with L the
   ///    largest layer and P = min(stage3_prefetch_bucket_size, Ψ), and the gradient of the
   ///    layer in backward B·L.
-  ///  host: offload_optimizer nvme: buffer_count pinned buffers of 12·min(sub_group_size, o)
-  ///    bytes (a sub-group's three fp32 states; o = offloaded shard elements);
+  ///  host: offload_optimizer nvme: buffer_count pinned buffers, each the largest sub-group's
+  ///    three fp32 states, 12·min(sub_group_size, module shard, o) bytes rounded up to whole
+  ///    4096-byte pages (module shard = ceil(L/Nd) rounded up to 16, or s if L is unknown;
+  ///    o = offloaded shard elements);
   ///    offload_param nvme: buffer_count·buffer_size·B staging plus the host cache
   ///    B·min(max_in_cpu, s).
   TierBytes buffers;

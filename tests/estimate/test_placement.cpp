@@ -13,18 +13,19 @@ constexpr std::int64_t kPsi = 1'000'000'000;
 constexpr int kNd = 8;
 constexpr std::int64_t kShard = 125'000'000;
 
-TEST(EstimatePlacement, OptimizerOffloadMovesStatesAndTheFp32GradientShard) {
+TEST(EstimatePlacement, OptimizerOffloadMovesOnlyTheOptimizerStates) {
   for (auto dev : {OffloadDevice::cpu, OffloadDevice::nvme}) {
     SCOPED_TRACE(dev == OffloadDevice::cpu ? "cpu" : "nvme");
     const auto r = estimate_rank({kPsi, 0}, kNd, knobs(2, dev));
     EXPECT_EQ(r.params, (TierBytes{2 * kPsi, 0, 0}));
-    EXPECT_EQ(r.gradients, (TierBytes{0, 4 * kShard, 0}));
+    EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 0, 0}));
     const TierBytes opt = dev == OffloadDevice::cpu ? TierBytes{0, 12 * kShard, 0} : TierBytes{0, 0, 12 * kShard};
     EXPECT_EQ(r.optimizer_states, opt);
   }
-  // Stage 1 keeps the full device gradients beside the host shard.
+  // Stage 1 keeps the full device gradients.
   const auto s1 = estimate_rank({kPsi, 0}, kNd, knobs(1, OffloadDevice::cpu));
-  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 4 * kShard, 0}));
+  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 0, 0}));
+  EXPECT_EQ(s1.optimizer_states, (TierBytes{0, 12 * kShard, 0}));
 }
 
 TEST(EstimatePlacement, ParamOffloadMovesTheStage3ParameterShard) {
@@ -40,7 +41,7 @@ TEST(EstimatePlacement, RatioSplitsTheShard) {
   c.zero_optimization.offload_optimizer.ratio = 0.4;  // 50,000,000 of the 125,000,000 elements
   const auto r = estimate_rank({kPsi, 0}, kNd, c);
   EXPECT_EQ(r.optimizer_states, (TierBytes{12 * 75'000'000, 12 * 50'000'000, 0}));
-  EXPECT_EQ(r.gradients, (TierBytes{2 * 75'000'000, 4 * 50'000'000, 0}));
+  EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 0, 0}));
 }
 
 TEST(EstimatePlacement, ShardsRoundUp) {
@@ -73,17 +74,25 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + 25'000'000 + L));
   c.zero_optimization.stage3_max_live_parameters = 1;
   EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + L + L));
-  // NVMe optimizer: buffer_count sub-group buffers of 12 bytes per element.
+  // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element,
+  // in whole pages: 120,000,000 bytes -> 29,297 pages = 120,000,512 bytes.
   c = knobs(3, OffloadDevice::nvme);
   c.zero_optimization.sub_group_size = 10'000'000;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 12 * 10'000'000);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 120'000'512LL);
+  // A known largest layer bounds the sub-group: ceil(8e6 / 8) = 1e6 elements, 12,000,000 bytes
+  // -> 2,930 pages = 12,001,280 bytes.
+  EXPECT_EQ(estimate_rank({kPsi, 8'000'000}, kNd, c).buffers.host, 3 * 12'001'280LL);
+  // Tiny sub-groups still take one page each.
+  c.zero_optimization.sub_group_size = 7;  // rounds to the 16-element alignment
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 4096);
+  c.zero_optimization.sub_group_size = 10'000'000;
   // NVMe parameters: staging buffers plus the host cache (max_in_cpu, capped by the shard).
   c.zero_optimization.offload_param.device = OffloadDevice::nvme;
   c.zero_optimization.offload_param.buffer_count = 2;
   c.zero_optimization.offload_param.buffer_size = 1'000'000;
   c.zero_optimization.offload_param.max_in_cpu = 5'000'000;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 12 * 10'000'000 + 2 * 1'000'000 * 2 + 2 * 5'000'000);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 120'000'512LL + 2 * 1'000'000 * 2 + 2 * 5'000'000);
 }
 
 TEST(EstimatePlacement, RejectsBadInputs) {

@@ -1,8 +1,8 @@
 // The recommendation rule: stage 1, else 2, else 3, then CPU offload, then NVMe; one line why.
 // 7.5B parameters on 64 ranks, 8 per node, shard s = 117,187,500 elements. Needs worked out by
 // hand (bytes): GPU, stage 1 31.40625e9 + 1e9 bucket; stage 2 16.640625e9 + 1e9; stage 3
-// 1.875e9 + 1.1e9 (bucket + prefetch); stage 3 optimizer offloaded 2s + 1.1e9 = 1.334375e9;
-// parameters offloaded too 1.1e9.
+// 1.875e9 + 1.1e9 (bucket + prefetch); stage 3 optimizer offloaded 4s + 1.1e9 = 1.56875e9
+// (parameter and gradient shards); parameters offloaded too 2s + 1.1e9 = 1.334375e9.
 #include <gtest/gtest.h>
 
 #include "tests/estimate/estimate_test_util.hpp"
@@ -26,7 +26,9 @@ Cluster cluster(std::int64_t gpu, std::int64_t host, std::int64_t nvme) {
 }
 
 // Small NVMe staging so the NVMe rows need less host memory than the CPU rows: optimizer
-// buffers 2 x 12 x 1e7 bytes, parameter staging 5 x 1e6 x 2 bytes, no host parameter cache.
+// buffers 2 x 240,001,024 bytes (12 x 1e7 in whole pages), parameter staging 5 x 1e6 x 2
+// bytes, no host parameter cache. Host per node: optimizer nvme 1,920,008,192; + params cpu
+// 3,795,008,192; params nvme 2,000,008,192 (CPU rows: 11.25e9 and 13.125e9).
 zoe::Config small_nvme_buffers() {
   zoe::Config c = mixed_precision_knobs();
   c.zero_optimization.sub_group_size = 10'000'000;
@@ -47,10 +49,10 @@ TEST(EstimateRecommend, RowsCoverEveryStageAndOffload) {
   EXPECT_EQ(p.rows[1].device_bytes, 32'406'250'000);
   EXPECT_EQ(p.rows[4].device_bytes, 17'640'625'000);
   EXPECT_EQ(p.rows[7].device_bytes, 2'975'000'000);
-  EXPECT_EQ(p.rows[8].device_bytes, 1'334'375'000);
-  EXPECT_EQ(p.rows[9].device_bytes, 1'100'000'000);
-  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 16 * 117'187'500);  // 8 ranks x (4 + 12) bytes x s
-  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 18 * 117'187'500);
+  EXPECT_EQ(p.rows[8].device_bytes, 1'568'750'000);
+  EXPECT_EQ(p.rows[9].device_bytes, 1'334'375'000);
+  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 12 * 117'187'500);  // 8 ranks x 12 bytes x s
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 14 * 117'187'500);
   EXPECT_EQ(p.rows[10].nvme_bytes_per_node, 8LL * 12 * 117'187'500);
 }
 
@@ -77,14 +79,14 @@ TEST(EstimateRecommend, StageThreeThenCpuThenNvme) {
   EXPECT_EQ(recommended(s3), "stage 3");
   EXPECT_NE(s3.why.find("1.5x the traffic"), std::string::npos) << s3.why;
   EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(2e9, 1e12, 0), mixed_precision_knobs())), "stage 3, optimizer cpu");
-  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.2e9, 1e12, 0), mixed_precision_knobs())),
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.4e9, 1e12, 0), mixed_precision_knobs())),
             "stage 3, optimizer cpu, params cpu");
-  // Host memory too small for the CPU tier (16.875e9 per node): NVMe.
-  const Plan n1 = plan({kPsi, 0}, cluster(1.2e9, 10e9, 100e9), small_nvme_buffers());
+  // Host memory too small for the CPU tier (13.125e9 per node): NVMe.
+  const Plan n1 = plan({kPsi, 0}, cluster(1.4e9, 10e9, 100e9), small_nvme_buffers());
   EXPECT_EQ(recommended(n1), "stage 3, optimizer nvme, params cpu");
-  EXPECT_NE(n1.why.find("stage 3, optimizer nvme does not (needs 1.24 GiB per GPU, 1.12 GiB usable)"),
+  EXPECT_NE(n1.why.find("stage 3, optimizer nvme does not (needs 1.46 GiB per GPU, 1.30 GiB usable)"),
             std::string::npos) << n1.why;
-  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.2e9, 7e9, 100e9), small_nvme_buffers())),
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.4e9, 3e9, 100e9), small_nvme_buffers())),
             "stage 3, optimizer nvme, params nvme");
 }
 
@@ -100,7 +102,7 @@ TEST(EstimateRecommend, FewerRanksThanGpusPerNodeShareOneNode) {
   c.world_size = 4;
   const Plan p = plan({kPsi, 0}, c, mixed_precision_knobs());
   const std::int64_t s = kPsi / 4;
-  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 18 * s);
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 14 * s);
 }
 
 TEST(EstimateRecommend, RejectsAnInvalidCluster) {
