@@ -36,8 +36,11 @@ std::size_t stream_threshold_bytes() {
     if (*end != '\0') ZOE_THROW_CONFIG("ZOE_ADAM_STREAM_BYTES", "'", env, "' is not a byte count");
     return static_cast<std::size_t>(v);
   }
+  // The reported L3 is often the sum over all core complexes (a VM here reports 508 MiB) while one
+  // core reaches only its own slice (32-96 MiB on current x86 server parts): clamp it.
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return std::max<std::size_t>(l3 > 0 ? static_cast<std::size_t>(l3) : 0, std::size_t{32} << 20);
+  return std::clamp<std::size_t>(l3 > 0 ? static_cast<std::size_t>(l3) : 0, std::size_t{32} << 20,
+                                 std::size_t{128} << 20);
 }
 
 const detail::KernelTable& kernels_for(Isa isa) {

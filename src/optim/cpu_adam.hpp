@@ -79,9 +79,9 @@ class CpuAdam {
   /// One update of n elements in place: master, exp_avg, exp_avg_sq (fp32, n each). grad has n
   /// elements of grad_dtype. If out_half is not null it receives the updated weights as out_dtype
   /// (bf16 or fp16, n elements, round to nearest even, NaN stays NaN). step is t >= 1.
-  /// Arrays must not overlap. Updates whose bytes moved exceed the last-level cache (at least
-  /// 32 MiB; env ZOE_ADAM_STREAM_BYTES, read by the constructor, overrides it) and whose fp32
-  /// arrays are 64-byte aligned (out_half 32-byte) use non-temporal stores.
+  /// Arrays must not overlap. Updates whose bytes moved exceed the last-level cache (its reported
+  /// size clamped to [32, 128] MiB; env ZOE_ADAM_STREAM_BYTES, read by the constructor, overrides
+  /// it) and whose fp32 arrays are 64-byte aligned (out_half 32-byte) use non-temporal stores.
   /// Throws zoe::UsageError for step < 1, a null array with n > 0, or out_dtype fp32.
   void step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, float* exp_avg,
             float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n, void* out_half = nullptr,
