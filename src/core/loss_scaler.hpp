@@ -18,6 +18,18 @@ class LossScaler {
   /// Records one step's outcome and updates the scale.
   void update(bool overflow);
 
+  /// Everything that changes over training (for checkpoints).
+  struct State {
+    double scale;
+    int good_steps, hysteresis_left;
+  };
+  State state() const { return {scale_, good_steps_, hysteresis_left_}; }
+  void restore(const State& s) {
+    scale_ = s.scale;
+    good_steps_ = s.good_steps;
+    hysteresis_left_ = s.hysteresis_left;
+  }
+
  private:
   bool dynamic_;
   double scale_, min_scale_;

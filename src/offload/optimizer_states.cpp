@@ -150,6 +150,26 @@ void OptimizerStates::read_master(int id, float* dst) {
   std::memcpy(dst, b.data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
 }
 
+void OptimizerStates::read_all(int id, float* data) {
+  if (options_.device == OffloadDevice::cpu || !finalized_) {
+    std::memcpy(data, host_[id].data(), bytes(id));
+    return;
+  }
+  PinnedBuffer b = pool_->acquire_wait();
+  store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
+  std::memcpy(data, b.data(), bytes(id));
+}
+
+void OptimizerStates::write_all(int id, const float* data) {
+  if (options_.device == OffloadDevice::cpu || !finalized_) {
+    std::memcpy(host_[id].data(), data, bytes(id));
+    return;
+  }
+  PinnedBuffer b = pool_->acquire_wait();
+  std::memcpy(b.data(), data, bytes(id));
+  store_->swap_out(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
+}
+
 std::int64_t OptimizerStates::host_state_bytes() const {
   if (options_.device != OffloadDevice::cpu) return 0;
   std::int64_t total = 0;

@@ -66,6 +66,10 @@ class OptimizerStates {
   void for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn);
   /// Copies sub-group `id`'s master weights (numel floats) into dst.
   void read_master(int id, float* dst);
+  /// Copies all three arrays of sub-group `id` ([master | exp_avg | exp_avg_sq], 3 * numel
+  /// floats) into / from `data` (checkpoints).
+  void read_all(int id, float* data);
+  void write_all(int id, const float* data);
 
   std::int64_t numel(int id) const { return numels_[id]; }
   std::size_t count() const { return numels_.size(); }

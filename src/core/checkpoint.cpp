@@ -1,0 +1,178 @@
+// Checkpoints: each rank writes its optimizer range of every group (fp32 master weights,
+// exp_avg, exp_avg_sq) plus the step count, learning rate and loss-scaler state to
+// <dir>/rank<R>.zoe, CRC32C-checked. Compute parameters are not stored: they are the
+// master weights cast to the compute dtype, recomputed on load.
+//
+// Atomicity: all ranks write into <dir>.tmp; after a barrier rank 0 swaps it into place
+// (the old checkpoint is renamed to <dir>.old first and removed last), so a failure at any
+// point leaves the last good checkpoint readable at <dir> or <dir>.old.
+#include <filesystem>
+#include <fstream>
+
+#include "io/crc32c.hpp"
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/core/engine_impl.hpp"
+
+namespace zoe {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr std::uint64_t kMagic = 0x31504b43454f5aull;  // "ZOECKP1"
+
+struct Header {
+  std::uint64_t magic = kMagic;
+  std::int32_t world = 0, stage = 0, rank = 0, groups = 0;
+  std::int64_t step = 0;
+  double lr = 0, scale = 1;
+  std::int32_t good_steps = 0, hysteresis_left = 0;
+};
+
+void barrier(core::EngineImpl& I) {
+  I.comm.barrier(*I.side);
+  I.device.synchronize(*I.side);
+}
+
+std::string rank_file(const fs::path& dir, int rank) { return (dir / ("rank" + std::to_string(rank) + ".zoe")).string(); }
+
+// All three state arrays of the group's range, [master | exp_avg | exp_avg_sq].
+std::vector<float> read_states(core::EngineImpl& I, core::Group& g) {
+  const std::size_t n = static_cast<std::size_t>(g.opt_numel);
+  std::vector<float> all(3 * n);
+  if (I.states) {
+    std::vector<float> sg;
+    for (std::size_t k = 0; k < g.subgroups.size(); ++k) {
+      const std::size_t len = static_cast<std::size_t>(I.states->numel(g.subgroups[k]));
+      sg.resize(3 * len);
+      I.states->read_all(g.subgroups[k], sg.data());
+      for (int a = 0; a < 3; ++a)
+        std::copy_n(sg.data() + a * len, len, all.data() + a * n + g.subgroup_begin[k]);
+    }
+  } else {
+    const core::DeviceBuffer* bufs[3] = {&g.master, &g.exp_avg, &g.exp_avg_sq};
+    for (int a = 0; a < 3; ++a) I.device.copy(all.data() + a * n, bufs[a]->data(), n * sizeof(float), *I.side);
+    I.device.synchronize(*I.side);
+  }
+  return all;
+}
+
+void write_states(core::EngineImpl& I, core::Group& g, const std::vector<float>& all) {
+  const std::size_t n = static_cast<std::size_t>(g.opt_numel);
+  if (I.states) {
+    std::vector<float> sg;
+    for (std::size_t k = 0; k < g.subgroups.size(); ++k) {
+      const std::size_t len = static_cast<std::size_t>(I.states->numel(g.subgroups[k]));
+      sg.resize(3 * len);
+      for (int a = 0; a < 3; ++a)
+        std::copy_n(all.data() + a * n + g.subgroup_begin[k], len, sg.data() + a * len);
+      I.states->write_all(g.subgroups[k], sg.data());
+    }
+  } else {
+    core::DeviceBuffer* bufs[3] = {&g.master, &g.exp_avg, &g.exp_avg_sq};
+    for (int a = 0; a < 3; ++a) I.device.copy(bufs[a]->data(), all.data() + a * n, n * sizeof(float), *I.side);
+    I.device.synchronize(*I.side);
+  }
+  // The compute parameters are the master weights in the compute dtype.
+  core::DeviceBuffer master = I.alloc(core::MemKind::buffer, DType::f32, g.opt_numel);
+  I.device.copy(master.data(), all.data(), n * sizeof(float), *I.side);
+  void* dst = I.stage == 3 ? g.param_shard.data() : g.param_full.at(g.opt_begin);
+  if (I.dtype == DType::f32) {
+    I.device.copy(dst, master.data(), n * sizeof(float), *I.side);
+  } else {
+    I.device.cast(master.data(), DType::f32, dst, I.dtype, n, *I.side);
+  }
+  if (I.stage == 1 || I.stage == 2) {
+    core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, I.dtype, g.opt_numel);
+    I.device.copy(shard.data(), dst, shard.bytes(), *I.side);
+    I.comm.all_gather(shard.data(), g.param_full.data(), n, I.dtype, *I.side);
+    I.device.synchronize(*I.side);
+  }
+  I.device.synchronize(*I.side);
+}
+}  // namespace
+
+void Engine::save_checkpoint(const std::string& dir) {
+  core::EngineImpl& I = *impl_;
+  I.finalize();
+  synchronize();
+  const fs::path final_dir(dir), tmp = dir + ".tmp", old = dir + ".old";
+  if (I.rank == 0) {
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+  }
+  barrier(I);
+  const std::string path = rank_file(tmp, I.rank);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    if (!out) ZOE_THROW_ERRNO(errno, "cannot create checkpoint file '", path, "'");
+    auto st = I.scaler.state();
+    Header h;
+    h.world = I.world;
+    h.stage = I.stage;
+    h.rank = I.rank;
+    h.groups = static_cast<std::int32_t>(I.groups.size());
+    h.step = I.step_count;
+    h.lr = I.lr;
+    h.scale = st.scale;
+    h.good_steps = st.good_steps;
+    h.hysteresis_left = st.hysteresis_left;
+    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
+    for (core::Group& g : I.groups) {
+      std::vector<float> all = read_states(I, g);
+      std::int64_t n = g.opt_numel;
+      std::uint32_t crc = io::crc32c(all.data(), all.size() * sizeof(float));
+      out.write(reinterpret_cast<const char*>(&n), sizeof(n));
+      out.write(reinterpret_cast<const char*>(&crc), sizeof(crc));
+      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+    }
+    out.flush();
+    if (!out) throw IoError(path, 0, 0, EIO, "checkpoint write", __FILE__, __LINE__);
+  }
+  barrier(I);
+  if (I.rank == 0) {
+    fs::remove_all(old);
+    if (fs::exists(final_dir)) fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  }
+  barrier(I);
+  ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+}
+
+void Engine::load_checkpoint(const std::string& dir) {
+  core::EngineImpl& I = *impl_;
+  I.finalize();
+  synchronize();
+  fs::path from(dir);
+  if (!fs::exists(rank_file(from, I.rank)) && fs::exists(rank_file(dir + ".old", I.rank))) from = dir + ".old";
+  const std::string path = rank_file(from, I.rank);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZOE_THROW_ERRNO(ENOENT, "cannot open checkpoint file '", path, "'");
+  Header h;
+  in.read(reinterpret_cast<char*>(&h), sizeof(h));
+  if (!in || h.magic != kMagic) ZOE_THROW(CorruptionError, "'", path, "' is not a zoe checkpoint");
+  if (h.world != I.world || h.stage != I.stage || h.groups != static_cast<std::int32_t>(I.groups.size()))
+    ZOE_THROW(UsageError, "checkpoint '", path, "' has world size ", h.world, ", stage ", h.stage, ", ", h.groups,
+              " module groups; this engine has ", I.world, ", ", I.stage, ", ", I.groups.size());
+  for (core::Group& g : I.groups) {
+    std::int64_t n = 0;
+    std::uint32_t crc = 0;
+    in.read(reinterpret_cast<char*>(&n), sizeof(n));
+    in.read(reinterpret_cast<char*>(&crc), sizeof(crc));
+    if (!in || n != g.opt_numel)
+      ZOE_THROW(UsageError, "checkpoint '", path, "': group '", g.name, "' holds ", n, " elements, expected ",
+                g.opt_numel);
+    std::vector<float> all(3 * static_cast<std::size_t>(n));
+    in.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+    if (!in || io::crc32c(all.data(), all.size() * sizeof(float)) != crc)
+      ZOE_THROW(CorruptionError, "checkpoint '", path, "': group '", g.name, "' is truncated or corrupt");
+    write_states(I, g, all);
+  }
+  I.step_count = h.step;
+  I.lr = h.lr;
+  I.scaler.restore({h.scale, h.good_steps, h.hysteresis_left});
+  if (I.stage == 3) I.drop_all_gathered();
+  barrier(I);
+}
+
+}  // namespace zoe
