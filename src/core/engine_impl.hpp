@@ -5,8 +5,13 @@
 // Not thread-safe: one thread drives an Engine.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,7 +68,22 @@ struct Group {
   DeviceBuffer master, exp_avg, exp_avg_sq;
   std::vector<int> subgroups;
   std::vector<std::int64_t> subgroup_begin;
+
+  // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
+  // param_full (lazily, before the group's next use, in module order on every rank).
+  DeviceBuffer updated;
+  bool params_stale = false;
+  /// Recorded on the update stream after this group's optimizer update.
+  std::unique_ptr<Event> update_done;
 };
+
+/// The optimizer update of one step (Adam hyper-parameters, step number, gradient factor).
+struct UpdatePlan {
+  optim::AdamHyper hyper;
+  std::int64_t step;
+  float grad_scale;  // 1 / (loss_scale * world * micro_batches) * clip_coef
+};
+
 
 struct ModuleInfo {
   std::string name;
@@ -83,6 +103,7 @@ struct TraceEntry {
 struct PendingFree {
   DeviceBuffer buffer;
   std::unique_ptr<Event> after;
+  std::int64_t gathered_elements = 0;  // a released stage-3 gather buffer's elements
 };
 
 struct EngineImpl {
@@ -101,6 +122,7 @@ struct EngineImpl {
   LossScaler scaler;
   std::unique_ptr<optim::CpuAdam> adam;
   std::unique_ptr<offload::OptimizerStates> states;  // optimizer offload (cpu / nvme)
+  std::unique_ptr<Stream> update_stream;             // the optimizer update, group by group
   double lr;
   std::int64_t step_count = 0;
 
@@ -113,7 +135,8 @@ struct EngineImpl {
   std::vector<TraceEntry> trace, last_trace;
   std::size_t trace_pos = 0;    // position in last_trace of the current call
   bool trace_valid = false;     // this step follows last_trace so far
-  std::int64_t live_elements = 0;
+  std::int64_t live_elements = 0;       // gathered parameter elements in use or prefetched
+  std::int64_t releasing_elements = 0;  // released gather buffers not yet returned
   std::deque<PendingFree> pending_frees;
 
   // Traffic of the current / last step.
@@ -129,7 +152,7 @@ struct EngineImpl {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
-  void free_after_side(DeviceBuffer buffer);
+  void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0);
   void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
@@ -154,8 +177,27 @@ struct EngineImpl {
   // step.cpp
   StepResult step();
   std::int64_t sub_group_numel() const;
+  const void* grad_of(const Group& g) const;
+  /// Adam over the group's range: reads `grad` (compute dtype), writes the new compute-dtype
+  /// parameters to `out` (opt_numel elements each).
+  void update_group(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
+
+  // async_update.cpp
+  /// Queues the update of every group on the update stream (zoe.overlap_step) or runs it now.
+  void start_update(const UpdatePlan& plan);
+  /// Makes `side` wait for group g's update and, stages 1-2, all-gathers its new shard.
+  void after_update(Group& g);
+  /// Blocks until the whole update is done (rethrows its error), then all-gathers every
+  /// stale group (stages 1-2).
+  void finish_update();
   /// This rank's fp32 master weights of the group's range (opt_numel floats), host memory.
   std::vector<float> master_range(Group& g);
 };
 
 }  // namespace zoe::core
+
+namespace zoe {
+struct Engine::Impl : core::EngineImpl {
+  using EngineImpl::EngineImpl;
+};
+}  // namespace zoe

@@ -14,9 +14,11 @@ namespace zoe::core {
 void EngineImpl::gather(Group& g) {
   if (g.param_full) return;  // gathered or in flight
   const FlatLayout& L = *g.layout;
-  // Buffers released earlier are returned first, so memory, not only the count of live
-  // elements, stays within stage3_max_live_parameters.
-  reap_frees(true);
+  // Released buffers still in flight count against stage3_max_live_parameters too: past
+  // the cap they are returned first, so memory stays within it.
+  if (live_elements + releasing_elements + L.padded_numel() > config.zero_optimization.stage3_max_live_parameters)
+    reap_frees(true);
+  after_update(g);  // the all-gather reads the shard the last update wrote
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
   all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
   device.record(*g.param_ready, *side);
@@ -27,7 +29,8 @@ void EngineImpl::acquire(int module, bool backward) {
   ModuleInfo& m = modules[module];
   if (stage < 3) {
     for (int gi : m.groups) {
-      ready_for_compute(*groups[gi].param_ready);
+      after_update(groups[gi]);  // the previous step's update of this group (and its all-gather)
+      ready_for_compute(stage == 0 ? *groups[gi].update_done : *groups[gi].param_ready);
       ++groups[gi].active;
     }
     return;
@@ -91,7 +94,7 @@ void EngineImpl::release(int module) {
     if (!any_freed) side_waits_for_compute();  // the trainer's reads of the buffer come first
     any_freed = true;
     live_elements -= g.layout->padded_numel();
-    free_after_side(std::move(g.param_full));
+    free_after_side(std::move(g.param_full), g.layout->padded_numel());
   }
 }
 
@@ -100,7 +103,7 @@ void EngineImpl::drop_all_gathered() {
   for (Group& g : groups) {
     if (!g.param_full || g.active > 0) continue;
     live_elements -= g.layout->padded_numel();
-    free_after_side(std::move(g.param_full));
+    free_after_side(std::move(g.param_full), g.layout->padded_numel());
   }
 }
 

@@ -26,6 +26,7 @@ struct GradSource {
 }  // namespace
 
 StepResult EngineImpl::step() {
+  finish_update();  // the previous step's update, if it still runs
   const int gas = config.gradient_accumulation_steps;
   for (const ModuleInfo& m : modules) {
     ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module '", m.name, "' is still in ",
@@ -54,13 +55,9 @@ StepResult EngineImpl::step() {
   const std::size_t G = groups.size();
   DeviceBuffer sums = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * parts * G));  // doubles
   DeviceBuffer finite = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));            // ints
-  auto grad_of = [&](const Group& g) -> GradSource {
-    if (stage == 0) return {g.grad_full.data(), g.layout->padded_numel()};
-    return {g.grad_shard.data(), g.layout->shard_numel()};
-  };
   for (std::size_t gi = 0; gi < G; ++gi) {
     const Group& g = groups[gi];
-    GradSource src = grad_of(g);
+    GradSource src{grad_of(g), stage == 0 ? g.layout->padded_numel() : g.layout->shard_numel()};
     const std::int64_t S = g.layout->shard_numel();
     for (int r = 0; r < parts; ++r) {
       const char* base = static_cast<const char*>(src.data) + r * S * dtype_size(dtype);
@@ -94,6 +91,7 @@ StepResult EngineImpl::step() {
     nonfinite = local[1];
   }
 
+  if (stage == 3) drop_all_gathered();  // persistent groups too: their shards change
   StepResult result;
   result.loss_scale = scaler.scale();
   const bool overflow = nonfinite > 0 || !std::isfinite(total);
@@ -109,82 +107,24 @@ StepResult EngineImpl::step() {
     ZOE_CHECK_USAGE(device.kind() == DeviceKind::host || states,
                     "the optimizer runs on the CPU: on a CUDA device set zero_optimization.offload_optimizer.device "
                     "to cpu or nvme");
-    const float grad_scale = static_cast<float>(inv * result.clip_coef);
     const auto& oc = config.optimizer;
-    optim::AdamHyper hyper{static_cast<float>(lr), static_cast<float>(oc.betas[0]), static_cast<float>(oc.betas[1]),
-                           static_cast<float>(oc.eps), static_cast<float>(oc.weight_decay),
-                           oc.type == OptimizerType::adamw};
-    const std::size_t esz = dtype_size(dtype);
-    const bool host = device.kind() == DeviceKind::host;
-    std::vector<std::byte> grad_stage, out_stage;  // only off the host device
-    for (Group& g : groups) {
-      const std::int64_t S = g.layout->shard_numel();
-      DeviceBuffer updated;
-      char* out;
-      if (stage == 0) {
-        out = static_cast<char*>(g.param_full.data());
-      } else if (stage == 3) {
-        out = static_cast<char*>(g.param_shard.data());
-      } else {
-        updated = alloc(MemKind::buffer, dtype, S);
-        out = static_cast<char*>(updated.data());
-      }
-      const char* grad = static_cast<const char*>(grad_of(g).data);
-      // Adam on elements [c, c + n) of this rank's range; the device is idle (synchronized).
-      auto update = [&](std::int64_t c, std::int64_t n, float* master, float* m, float* v) {
-        const void* gp = grad + c * esz;
-        void* op = out + c * esz;
-        const std::size_t bytes = static_cast<std::size_t>(n) * esz;
-        if (!host) {
-          grad_stage.resize(bytes);
-          out_stage.resize(bytes);
-          device.copy(grad_stage.data(), gp, bytes, s);
-          device.synchronize(s);
-          gp = grad_stage.data();
-          op = out_stage.data();
-        }
-        adam->step(hyper, step_count + 1, grad_scale, master, m, v, gp, dtype, static_cast<std::size_t>(n),
-                   dtype == DType::f32 ? nullptr : op, dtype);
-        if (dtype == DType::f32) std::memcpy(op, master, bytes);
-        if (!host) {
-          device.copy(out + c * esz, out_stage.data(), bytes, s);
-          device.synchronize(s);
-        }
-      };
-      if (states) {
-        states->for_each(g.subgroups, [&](const offload::SubGroupStates& sg) {
-          const std::size_t k = static_cast<std::size_t>(sg.id - g.subgroups.front());
-          update(g.subgroup_begin[k], sg.numel, sg.master, sg.exp_avg, sg.exp_avg_sq);
-        });
-      } else {
-        auto* master = static_cast<float*>(g.master.data());
-        auto* m = static_cast<float*>(g.exp_avg.data());
-        auto* v = static_cast<float*>(g.exp_avg_sq.data());
-        for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
-          const std::int64_t n = std::min(sub_group_numel(), g.opt_numel - c);
-          update(c, n, master + c, m + c, v + c);
-        }
-      }
-      if (stage == 1 || stage == 2) {
-        all_gather(out, g.param_full.data(), S, dtype);
-        device.record(*g.param_ready, s);
-        free_after_side(std::move(updated));
-      }
-    }
+    UpdatePlan plan{optim::AdamHyper{lr, oc.betas[0], oc.betas[1], oc.eps, oc.weight_decay,
+                                     oc.type == OptimizerType::adamw},
+                    step_count + 1, static_cast<float>(inv * result.clip_coef)};
     ++step_count;
+    start_update(plan);
   }
   scaler.update(overflow);
 
-  // ---- reset for the next step
+  // ---- reset for the next step (the update, if running, owns the groups until it is done)
   for (Group& g : groups) {
-    if (stage <= 1) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
-    if (stage == 1) free_after_side(std::move(g.grad_shard));
+    if (overflow && stage <= 1) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
+    if (overflow && stage == 1) free_after_side(std::move(g.grad_shard));
     g.micro_batches = 0;
     g.pending_users = static_cast<int>(g.users.size());
   }
   for (ModuleInfo& m : modules) m.backward_count = 0;
   if (stage == 3) {
-    drop_all_gathered();  // persistent groups too: their shards changed
     last_trace = std::move(trace);
     trace.clear();
     trace_pos = 0;
@@ -203,6 +143,63 @@ StepResult EngineImpl::step() {
   elements_at_step_start = elements_sent;
   result.step = step_count;
   return result;
+}
+
+const void* EngineImpl::grad_of(const Group& g) const {
+  return stage == 0 ? g.grad_full.data() : g.grad_shard.data();
+}
+
+void EngineImpl::update_group(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data, Stream& s) {
+  const std::size_t esz = dtype_size(dtype);
+  const bool host = device.kind() == DeviceKind::host;
+  char* out = static_cast<char*>(out_data);
+  const char* grad = static_cast<const char*>(grad_data);
+  std::vector<std::byte> grad_stage, out_stage;  // only off the host device
+  // Adam on elements [c, c + n) of this rank's range.
+  auto update = [&](std::int64_t c, std::int64_t n, float* master, float* m, float* v) {
+    const void* gp = grad + c * esz;
+    void* op = out + c * esz;
+    const std::size_t bytes = static_cast<std::size_t>(n) * esz;
+    if (!host) {
+      grad_stage.resize(bytes);
+      out_stage.resize(bytes);
+      device.copy(grad_stage.data(), gp, bytes, s);
+      device.synchronize(s);
+      gp = grad_stage.data();
+      op = out_stage.data();
+    }
+    adam->step(plan.hyper, plan.step, plan.grad_scale, master, m, v, gp, dtype, static_cast<std::size_t>(n),
+               dtype == DType::f32 ? nullptr : op, dtype);
+    if (dtype == DType::f32) std::memcpy(op, master, bytes);
+    if (!host) {
+      device.copy(out + c * esz, out_stage.data(), bytes, s);
+      device.synchronize(s);
+    }
+  };
+  if (states) {
+    states->for_each(g.subgroups, [&](const offload::SubGroupStates& sg) {
+      const std::size_t k = static_cast<std::size_t>(sg.id - g.subgroups.front());
+      update(g.subgroup_begin[k], sg.numel, sg.master, sg.exp_avg, sg.exp_avg_sq);
+    });
+  } else {
+    auto* master = static_cast<float*>(g.master.data());
+    auto* m = static_cast<float*>(g.exp_avg.data());
+    auto* v = static_cast<float*>(g.exp_avg_sq.data());
+    for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
+      const std::int64_t n = std::min(sub_group_numel(), g.opt_numel - c);
+      update(c, n, master + c, m + c, v + c);
+    }
+  }
+  // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step
+  // (zero bits are 0.0 in every dtype).
+  if (stage <= 1) {
+    if (host) {
+      std::memset(g.grad_full.data(), 0, g.grad_full.bytes());
+    } else {
+      device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
+      device.synchronize(s);
+    }
+  }
 }
 
 std::int64_t EngineImpl::sub_group_numel() const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -61,6 +62,8 @@ class TestNet {
   }
 
   const std::vector<ParamId>& params() const { return params_; }
+  /// Called right after each layer's begin_forward returns (tests of overlap).
+  std::function<void(int layer)> on_forward;
 
   /// Deterministic sample k of a 256-sample data set: x in [-1,1]^in, y = sin(sum x * j).
   void sample(std::int64_t k, float* x, float* y) const {
@@ -84,6 +87,7 @@ class TestNet {
     for (int s = 0; s < count; ++s) sample(first + s, &acts[0][s * in0], &y[s * outw]);
     for (int l = 0; l < L; ++l) {
       ForwardScope scope(e_, layers_[l].module);
+      if (on_forward) on_forward(l);
       forward(l, scope.tensors(), acts[l], acts[l + 1], count);
     }
     double loss = 0;

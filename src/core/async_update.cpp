@@ -1,0 +1,68 @@
+// The optimizer update overlapping the next forward (ZeRO-Offload's CPU step, without its
+// one-step delay). step() computes the norm and clip factor, then queues each group's Adam
+// update, in registration (= forward) order, on the update stream and returns. An event
+// after each group lets the side stream, not the trainer's thread, wait for exactly the
+// groups the next collective reads, so begin_forward(module k) waits only for the groups of
+// module k and prefetching stays ahead. The math is the synchronous step's: nothing reads
+// a group before its update is done.
+//
+// Collectives stay on the engine's thread and in program order (every rank issues them in
+// the same order): the update only writes memory; stages 1-2 leave the new shard in
+// Group::updated and after_update() all-gathers it before the group's next use.
+//
+// On the host device the update runs as host functions on the update stream (an executor
+// thread); on other devices it runs synchronously on the calling thread.
+#include <cstring>
+
+#include "src/common/check.hpp"
+#include "src/core/engine_impl.hpp"
+#include "src/core/test_hooks.hpp"
+
+namespace zoe::core {
+
+void EngineImpl::start_update(const UpdatePlan& plan) {
+  const bool queue = config.zoe.overlap_step && device.kind() == DeviceKind::host;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    Group& g = groups[gi];
+    if (stage == 1 || stage == 2) {
+      g.updated = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
+      g.params_stale = true;
+    }
+    // Pointers are taken now: the buffers may change hands before the work runs.
+    const void* grad = grad_of(g);
+    void* out = stage == 0 ? g.param_full.data() : stage == 3 ? g.param_shard.data() : g.updated.data();
+    auto work = [this, &g, gi, plan, grad, out] {
+      update_group(g, plan, grad, out, *update_stream);
+      if (test_hooks::after_group_update) test_hooks::after_group_update(static_cast<int>(gi));
+    };
+    if (queue) {
+      device.host_func(*update_stream, std::move(work));
+    } else {
+      work();
+    }
+    device.record(*g.update_done, *update_stream);
+    // Stage 1 reads the reduce-scatter output in the update; it is freed after it.
+    if (stage == 1) {
+      PendingFree f{std::move(g.grad_shard), device.create_event()};
+      device.record(*f.after, *update_stream);
+      pending_frees.push_back(std::move(f));
+    }
+  }
+  if (!queue) finish_update();
+}
+
+void EngineImpl::after_update(Group& g) {
+  device.wait(*side, *g.update_done);
+  if (!g.params_stale) return;
+  g.params_stale = false;
+  all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype);
+  device.record(*g.param_ready, *side);
+  free_after_side(std::move(g.updated));
+}
+
+void EngineImpl::finish_update() {
+  device.synchronize(*update_stream);  // rethrows an error of the update
+  for (Group& g : groups) after_update(g);
+}
+
+}  // namespace zoe::core
