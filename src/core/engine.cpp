@@ -15,6 +15,7 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     : config(c), ctx(std::move(r)), device(*ctx.device), comm(*ctx.comm), rank(comm.rank()),
       world(comm.world_size()), stage(c.zero_optimization.stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr) {
+  update_stream = device.create_stream();
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   const auto& oo = c.zero_optimization.offload_optimizer;
   if (oo.device != OffloadDevice::none) {
@@ -34,6 +35,10 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
 }
 
 EngineImpl::~EngineImpl() {
+  try {
+    device.synchronize(*update_stream);
+  } catch (...) {
+  }
   try {
     device.synchronize(*side);
   } catch (...) {
@@ -132,6 +137,7 @@ void EngineImpl::finalize() {
       device.fill(g.grad_shard.data(), dtype, L.shard_numel(), 0.0f, s);
     }
     g.param_ready = device.create_event();
+    g.update_done = device.create_event();
     device.synchronize(s);  // staging and `full` die here
   }
   for (ParamInfo& p : params) std::vector<float>().swap(p.initial);
@@ -175,9 +181,10 @@ void EngineImpl::side_waits_for_compute() {
   device.wait(*side, *e);
 }
 
-void EngineImpl::free_after_side(DeviceBuffer buffer) {
+void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements) {
   if (!buffer) return;
-  PendingFree f{std::move(buffer), device.create_event()};
+  releasing_elements += gathered_elements;
+  PendingFree f{std::move(buffer), device.create_event(), gathered_elements};
   device.record(*f.after, *side);
   pending_frees.push_back(std::move(f));
 }
@@ -190,6 +197,7 @@ void EngineImpl::reap_frees(bool wait_all) {
     } else if (!device.query(*f.after)) {
       break;
     }
+    releasing_elements -= f.gathered_elements;
     pending_frees.pop_front();
   }
 }
@@ -214,13 +222,22 @@ void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt) {
 // ---------------------------------------------------------------- public API
 using core::ModuleInfo;
 
-struct Engine::Impl : core::EngineImpl {
-  using EngineImpl::EngineImpl;
-};
 
 Engine::Engine(const Config& config, RankContext rank) {
   config.validate();
   ZOE_CHECK_USAGE(rank.device && rank.comm, "Engine needs a RankContext with a device and a communicator");
+  config.check_batch_size(rank.comm->world_size());
+  // Accepted by the config (DeepSpeed's keys) but not built in the engine yet: refuse them
+  // rather than ignore them.
+  const auto& z = config.zero_optimization;
+  if (z.offload_param.device != OffloadDevice::none)
+    ZOE_THROW_CONFIG("zero_optimization.offload_param.device",
+                     "parameter offload is not supported by this engine yet; use \"none\"");
+  if (z.offload_optimizer.ratio != 1.0)
+    ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.ratio", "only 1.0 (all sub-groups on the host "
+                     "optimizer) is supported by this engine yet, got ", z.offload_optimizer.ratio);
+  if (config.zoe.delayed_update)
+    ZOE_THROW_CONFIG("zoe.delayed_update", "the one-step-delayed update is not supported by this engine yet");
   impl_ = std::make_unique<Impl>(config, std::move(rank));
 }
 
@@ -309,6 +326,7 @@ StepResult Engine::step() {
 }
 
 void Engine::synchronize() {
+  impl_->finish_update();
   impl_->device.synchronize(*impl_->side);
   impl_->device.synchronize(impl_->device.compute_stream());
   impl_->reap_frees(true);
@@ -326,6 +344,7 @@ std::vector<float> Engine::gather_parameter(ParamId id) {
   Impl& I = *impl_;
   I.finalize();
   ZOE_CHECK_USAGE(id.index < I.params.size(), "unknown parameter id ", id.index);
+  I.finish_update();
   const core::ParamInfo& p = I.params[id.index];
   core::Group& g = I.groups[p.group];
   const core::FlatLayout& L = *g.layout;

@@ -232,4 +232,12 @@ TEST(Engine, BadUsageIsAClearError) {
   Config bad = c;
   bad.zero_optimization.stage = 5;
   EXPECT_THROW(Engine(bad, ranks[0]), ConfigError);
+  Config param_offload = base_config(3, DType::f32);
+  param_offload.zero_optimization.offload_param.device = OffloadDevice::cpu;
+  try {
+    Engine e2(param_offload, ranks[0]);
+    ADD_FAILURE() << "offload_param accepted";
+  } catch (const ConfigError& err) {
+    EXPECT_EQ(err.key(), "zero_optimization.offload_param.device");
+  }
 }
