@@ -1,0 +1,16 @@
+# zoe_gpt_core: the trainer's model, tokenizer and data code, without the engine, so that
+# tests/gpt can test it on its own. Included by examples/gpt and tests/gpt (once).
+include_guard(GLOBAL)
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
+set(_gpt ${PROJECT_SOURCE_DIR}/examples/gpt)
+add_library(zoe_gpt_core STATIC
+  ${_gpt}/unicode.cpp ${_gpt}/pretokenize.cpp ${_gpt}/tokenizer.cpp ${_gpt}/dataset.cpp
+  ${_gpt}/model_spec.cpp)
+target_include_directories(zoe_gpt_core PUBLIC ${PROJECT_SOURCE_DIR})
+target_compile_options(zoe_gpt_core PRIVATE -Wall -Wextra -Wno-unused-parameter)
+# The trainer sees zoe through its public headers only (include/zoe, zoe::zoe).
+target_link_libraries(zoe_gpt_core PUBLIC zoe::zoe Eigen3::Eigen nlohmann_json::nlohmann_json
+  OpenMP::OpenMP_CXX Threads::Threads)

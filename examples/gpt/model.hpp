@@ -1,0 +1,257 @@
+// GPT-2 forward and backward over the modules of model_spec.hpp, with parameters supplied
+// module by module by a ParamProvider (zoe's Engine in the trainer, plain memory in tests), so the
+// model holds no parameters itself, only its activations.
+//
+// One micro-batch: forward() walks embeddings, blocks, head, asking the provider for each
+// module's parameters in turn; in training mode the head's fused softmax-cross-entropy already
+// produces the gradient of the loss w.r.t. its input and wte (kept until backward()).
+// backward() walks the modules in reverse, adding gradients into the provider's buffers. With
+// activation checkpointing only each block's input is kept and the block's forward is recomputed
+// inside its backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost").
+// Thread-safety: one GptModel per thread (it owns mutable activation buffers).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "examples/gpt/error.hpp"
+#include "examples/gpt/model_spec.hpp"
+#include "examples/gpt/ops.hpp"
+
+namespace gpt {
+
+/// A module's parameters (full, in ModuleSpec::params order) and, during backward, its gradient
+/// buffers (same order and sizes, zero-filled by the provider; the model adds into them).
+template <class T>
+struct ModuleView {
+  std::vector<const T*> params;
+  std::vector<T*> grads;
+};
+
+/// Supplies parameters module by module (indices into ModelSpec::modules). Calls come in the
+/// order begin_forward(m) end_forward(m) ... and begin_backward(m) end_backward(m) ...
+template <class T>
+class ParamProvider {
+ public:
+  virtual ~ParamProvider() = default;
+  virtual ModuleView<T> begin_forward(int module) = 0;
+  virtual void end_forward(int module) = 0;
+  virtual ModuleView<T> begin_backward(int module) = 0;
+  virtual void end_backward(int module) = 0;
+};
+
+template <class T>
+class GptModel {
+ public:
+  GptModel(const GptConfig& cfg, bool checkpoint_activations)
+      : cfg_(cfg), spec_(make_model_spec(cfg)), checkpoint_(checkpoint_activations) {}
+
+  const GptConfig& config() const { return cfg_; }
+  const ModelSpec& spec() const { return spec_; }
+
+  /// Forward of a micro-batch: inputs and targets [B*T] token ids, 1 <= T <= context. Returns
+  /// the mean cross-entropy (nats). With `train`, prepares backward() for this micro-batch.
+  double forward(ParamProvider<T>& pp, const std::int32_t* inputs, const std::int32_t* targets,
+                 int B, int Tn, bool train) {
+    run_trunk(pp, inputs, B, Tn);
+    const int head = head_module();
+    const ModuleView<T> v = pp.begin_forward(head);
+    final_layernorm(v);
+    const int C = cfg_.n_embd, V = cfg_.vocab_size;
+    T* dlnf = nullptr;
+    T* dwte = nullptr;
+    if (train) {
+      dlnf_.assign(static_cast<std::size_t>(N_) * C, T(0));
+      dwte_.assign(static_cast<std::size_t>(V) * C, T(0));
+      dlnf = dlnf_.data();
+      dwte = dwte_.data();
+    }
+    const double loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets,
+                                                      N_, C, V, dlnf, dwte, logits_, head_chunk_);
+    pp.end_forward(head);
+    backward_ready_ = train;
+    return loss;
+  }
+
+  /// Logits of the last position of each sequence, [B, V] row-major (for sampling).
+  void last_logits(ParamProvider<T>& pp, const std::int32_t* inputs, int B, int Tn,
+                   std::vector<T>& out) {
+    run_trunk(pp, inputs, B, Tn);
+    const int head = head_module();
+    const ModuleView<T> v = pp.begin_forward(head);
+    final_layernorm(v);
+    const int C = cfg_.n_embd, V = cfg_.vocab_size;
+    std::vector<T> last(static_cast<std::size_t>(B) * C);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(lnf_.data() + (static_cast<std::int64_t>(b) * Tn + Tn - 1) * C, C,
+                  last.data() + static_cast<std::int64_t>(b) * C);
+    out.resize(static_cast<std::size_t>(B) * V);
+    ops::lm_head_logits<T>(last.data(), v.params[kHeadWte], B, C, V, out.data());
+    pp.end_forward(head);
+    backward_ready_ = false;
+  }
+
+  /// Backward of the micro-batch of the last forward(train=true): adds d(mean loss)/d(param)
+  /// into the provider's gradient buffers. Throws zoe::Error without a training forward.
+  void backward(ParamProvider<T>& pp) {
+    GPT_CHECK(backward_ready_, "GptModel::backward without a preceding forward(train=true)");
+    backward_ready_ = false;
+    const int C = cfg_.n_embd, L = cfg_.n_layer;
+    const std::size_t NC = static_cast<std::size_t>(N_) * C;
+    dx_.assign(NC, T(0));
+    {
+      const int head = head_module();
+      const ModuleView<T> v = pp.begin_backward(head);
+      ops::Map<T>(v.grads[kHeadWte], cfg_.vocab_size, C) +=
+          ops::CMap<T>(dwte_.data(), cfg_.vocab_size, C);
+      ops::layernorm_backward<T>(dlnf_.data(), x_[L].data(), v.params[kLnfW], lnf_mean_.data(),
+                                 lnf_rstd_.data(), N_, C, dx_.data(), v.grads[kLnfW],
+                                 v.grads[kLnfB]);
+      pp.end_backward(head);
+    }
+    for (int l = L - 1; l >= 0; --l) {
+      const ModuleView<T> v = pp.begin_backward(1 + l);
+      LayerActs& a = checkpoint_ ? scratch_ : acts_[l];
+      if (checkpoint_) block_forward(v.params, x_[l].data(), a, x_recompute_);
+      dx_prev_.resize(NC);
+      block_backward(v, x_[l].data(), a, dx_.data(), dx_prev_.data());
+      std::swap(dx_, dx_prev_);
+      pp.end_backward(1 + l);
+    }
+    const ModuleView<T> v = pp.begin_backward(0);
+    ops::embedding_backward<T>(inputs_.data(), B_, T_, C, dx_.data(), v.grads[kEmbWte],
+                               v.grads[kEmbWpe]);
+    pp.end_backward(0);
+  }
+
+  /// Rows per chunk of the fused lm_head + cross-entropy (memory chunk*V elements).
+  void set_head_chunk(int rows) { head_chunk_ = rows; }
+
+ private:
+  // What a block's backward needs from its forward. x_mid = x_in + attention branch.
+  struct LayerActs {
+    std::vector<T> ln1, ln1_mean, ln1_rstd, qkv, att, atty, x_mid, ln2, ln2_mean, ln2_rstd, fc,
+        fc_gelu;
+  };
+
+  int head_module() const { return cfg_.n_layer + 1; }
+
+  void run_trunk(ParamProvider<T>& pp, const std::int32_t* inputs, int B, int Tn) {
+    GPT_CHECK(B > 0 && Tn > 0 && Tn <= cfg_.context, "batch ", B, " x sequence ", Tn,
+              " not allowed: need B > 0 and 0 < T <= context ", cfg_.context);
+    const int C = cfg_.n_embd, L = cfg_.n_layer;
+    B_ = B;
+    T_ = Tn;
+    N_ = B * Tn;
+    const std::size_t NC = static_cast<std::size_t>(N_) * C;
+    inputs_.assign(inputs, inputs + N_);
+    for (int i = 0; i < N_; ++i)
+      GPT_CHECK(inputs[i] >= 0 && inputs[i] < cfg_.vocab_size, "token id ", inputs[i],
+                " at position ", i, " is outside the vocabulary of ", cfg_.vocab_size);
+    x_.resize(L + 1);
+    for (auto& x : x_) x.resize(NC);
+    if (!checkpoint_) acts_.resize(L);
+    {
+      const ModuleView<T> v = pp.begin_forward(0);
+      ops::embedding_forward<T>(inputs, B, Tn, C, v.params[kEmbWte], v.params[kEmbWpe],
+                                x_[0].data());
+      pp.end_forward(0);
+    }
+    for (int l = 0; l < L; ++l) {
+      const ModuleView<T> v = pp.begin_forward(1 + l);
+      block_forward(v.params, x_[l].data(), checkpoint_ ? scratch_ : acts_[l], x_[l + 1]);
+      pp.end_forward(1 + l);
+    }
+  }
+
+  // ln_f of the last block's output, inside the head module's forward scope.
+  void final_layernorm(const ModuleView<T>& v) {
+    const int C = cfg_.n_embd;
+    lnf_.resize(static_cast<std::size_t>(N_) * C);
+    lnf_mean_.resize(N_);
+    lnf_rstd_.resize(N_);
+    ops::layernorm_forward<T>(x_[cfg_.n_layer].data(), v.params[kLnfW], v.params[kLnfB], N_, C,
+                              lnf_.data(), lnf_mean_.data(), lnf_rstd_.data());
+  }
+
+  // x_out = x_in + attn(ln_1(x_in)); x_out += mlp(ln_2(x_out)), saving what backward needs.
+  void block_forward(const std::vector<const T*>& p, const T* x_in, LayerActs& a,
+                     std::vector<T>& x_out) {
+    const int N = N_, C = cfg_.n_embd, H = cfg_.n_head;
+    const std::size_t NC = static_cast<std::size_t>(N) * C;
+    a.ln1.resize(NC);
+    a.ln1_mean.resize(N);
+    a.ln1_rstd.resize(N);
+    a.qkv.resize(3 * NC);
+    a.att.resize(static_cast<std::size_t>(B_) * H * T_ * T_);
+    a.atty.resize(NC);
+    a.x_mid.resize(NC);
+    a.ln2.resize(NC);
+    a.ln2_mean.resize(N);
+    a.ln2_rstd.resize(N);
+    a.fc.resize(4 * NC);
+    a.fc_gelu.resize(4 * NC);
+    x_out.resize(NC);
+    ops::layernorm_forward<T>(x_in, p[kLn1W], p[kLn1B], N, C, a.ln1.data(), a.ln1_mean.data(),
+                              a.ln1_rstd.data());
+    ops::linear_forward<T>(a.ln1.data(), p[kAttnW], p[kAttnB], N, C, 3 * C, a.qkv.data());
+    ops::attention_forward<T>(a.qkv.data(), B_, T_, C, H, a.atty.data(), a.att.data());
+    ops::linear_forward<T>(a.atty.data(), p[kAttnProjW], p[kAttnProjB], N, C, C, a.x_mid.data());
+    ops::Map<T>(a.x_mid.data(), N, C) += ops::CMap<T>(x_in, N, C);
+    ops::layernorm_forward<T>(a.x_mid.data(), p[kLn2W], p[kLn2B], N, C, a.ln2.data(),
+                              a.ln2_mean.data(), a.ln2_rstd.data());
+    ops::linear_forward<T>(a.ln2.data(), p[kFcW], p[kFcB], N, C, 4 * C, a.fc.data());
+    ops::gelu_forward<T>(a.fc.data(), 4 * static_cast<std::int64_t>(NC), a.fc_gelu.data());
+    ops::linear_forward<T>(a.fc_gelu.data(), p[kMlpProjW], p[kMlpProjB], N, 4 * C, C,
+                           x_out.data());
+    ops::Map<T>(x_out.data(), N, C) += ops::CMap<T>(a.x_mid.data(), N, C);
+  }
+
+  // dx_in = d(loss)/d(x_in) from dx_out; parameter gradients added into v.grads.
+  void block_backward(const ModuleView<T>& v, const T* x_in, const LayerActs& a, const T* dx_out,
+                      T* dx_in) {
+    const auto& p = v.params;
+    const auto& g = v.grads;
+    const int N = N_, C = cfg_.n_embd, H = cfg_.n_head;
+    const std::size_t NC = static_cast<std::size_t>(N) * C;
+    d4_.assign(4 * NC, T(0));
+    d4b_.assign(4 * NC, T(0));
+    ops::linear_backward<T>(dx_out, a.fc_gelu.data(), p[kMlpProjW], N, 4 * C, C, d4_.data(),
+                            g[kMlpProjW], g[kMlpProjB]);
+    ops::gelu_backward<T>(d4_.data(), a.fc.data(), 4 * static_cast<std::int64_t>(NC), d4b_.data());
+    dC_.assign(NC, T(0));
+    ops::linear_backward<T>(d4b_.data(), a.ln2.data(), p[kFcW], N, C, 4 * C, dC_.data(), g[kFcW],
+                            g[kFcB]);
+    dmid_.assign(dx_out, dx_out + NC);  // residual
+    ops::layernorm_backward<T>(dC_.data(), a.x_mid.data(), p[kLn2W], a.ln2_mean.data(),
+                               a.ln2_rstd.data(), N, C, dmid_.data(), g[kLn2W], g[kLn2B]);
+    dC_.assign(NC, T(0));
+    ops::linear_backward<T>(dmid_.data(), a.atty.data(), p[kAttnProjW], N, C, C, dC_.data(),
+                            g[kAttnProjW], g[kAttnProjB]);
+    d4_.assign(3 * NC, T(0));
+    ops::attention_backward<T>(dC_.data(), a.qkv.data(), a.att.data(), B_, T_, C, H, d4_.data());
+    dC_.assign(NC, T(0));
+    ops::linear_backward<T>(d4_.data(), a.ln1.data(), p[kAttnW], N, C, 3 * C, dC_.data(),
+                            g[kAttnW], g[kAttnB]);
+    std::copy_n(dmid_.data(), NC, dx_in);  // residual
+    ops::layernorm_backward<T>(dC_.data(), x_in, p[kLn1W], a.ln1_mean.data(), a.ln1_rstd.data(),
+                               N, C, dx_in, g[kLn1W], g[kLn1B]);
+  }
+
+  GptConfig cfg_;
+  ModelSpec spec_;
+  bool checkpoint_;
+  int head_chunk_ = 256;
+  int B_ = 0, T_ = 0, N_ = 0;
+  bool backward_ready_ = false;
+  std::vector<std::int32_t> inputs_;
+  std::vector<std::vector<T>> x_;  // x_[l]: input of block l; x_[L]: input of ln_f
+  std::vector<LayerActs> acts_;    // per block (without checkpointing)
+  LayerActs scratch_;              // the one block's activations (with checkpointing)
+  std::vector<T> x_recompute_;     // recomputed block output (discarded)
+  std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_;
+  std::vector<T> dlnf_, dwte_;     // head gradients computed by the fused forward
+  std::vector<T> dx_, dx_prev_, dmid_, dC_, d4_, d4b_;
+};
+
+}  // namespace gpt

@@ -1,0 +1,175 @@
+// Every op's backward against central finite differences in double precision (small shapes),
+// plus forward values against direct formulas.
+#include <gtest/gtest.h>
+
+#include "examples/gpt/ops.hpp"
+#include "tests/gpt/fd_check.hpp"
+
+namespace gpt {
+namespace {
+
+using test::dot;
+using test::expect_gradient;
+using test::random_vector;
+using Vec = std::vector<double>;
+
+TEST(Ops, EmbeddingGradient) {
+  std::mt19937_64 rng(1);
+  const int B = 2, T = 3, C = 4, V = 5;
+  const std::vector<std::int32_t> tok{0, 3, 3, 4, 1, 3};
+  Vec wte = random_vector(V * C, rng), wpe = random_vector(T * C, rng), g = random_vector(B * T * C, rng);
+  Vec out(B * T * C);
+  auto f = [&] {
+    ops::embedding_forward<double>(tok.data(), B, T, C, wte.data(), wpe.data(), out.data());
+    return dot(g, out);
+  };
+  f();
+  EXPECT_DOUBLE_EQ(out[(1 * T + 2) * C + 1], wte[3 * C + 1] + wpe[2 * C + 1]);
+  Vec dwte(V * C, 0.0), dwpe(T * C, 0.0);
+  ops::embedding_backward<double>(tok.data(), B, T, C, g.data(), dwte.data(), dwpe.data());
+  expect_gradient("dwte", wte, dwte, f);
+  expect_gradient("dwpe", wpe, dwpe, f);
+}
+
+TEST(Ops, LayerNormForwardAndGradient) {
+  std::mt19937_64 rng(2);
+  const int N = 3, C = 8;
+  Vec x = random_vector(N * C, rng), w = random_vector(C, rng), b = random_vector(C, rng);
+  Vec g = random_vector(N * C, rng), out(N * C), mean(N), rstd(N);
+  auto f = [&] {
+    ops::layernorm_forward<double>(x.data(), w.data(), b.data(), N, C, out.data(), mean.data(),
+                                   rstd.data());
+    return dot(g, out);
+  };
+  f();
+  // Row 1 by the definition: (x - mu) / sqrt(var + eps) * w + b.
+  double mu = 0, var = 0;
+  for (int c = 0; c < C; ++c) mu += x[C + c] / C;
+  for (int c = 0; c < C; ++c) var += (x[C + c] - mu) * (x[C + c] - mu) / C;
+  EXPECT_NEAR(out[C + 5], (x[C + 5] - mu) / std::sqrt(var + 1e-5) * w[5] + b[5], 1e-12);
+  Vec dx(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
+  ops::layernorm_backward<double>(g.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C,
+                                  dx.data(), dw.data(), db.data());
+  expect_gradient("dx", x, dx, f);
+  expect_gradient("dw", w, dw, f);
+  expect_gradient("db", b, db, f);
+}
+
+TEST(Ops, LinearForwardAndGradient) {
+  std::mt19937_64 rng(3);
+  const int N = 4, in = 3, out_dim = 5;
+  Vec x = random_vector(N * in, rng), W = random_vector(in * out_dim, rng);
+  Vec b = random_vector(out_dim, rng), g = random_vector(N * out_dim, rng), y(N * out_dim);
+  auto f = [&] {
+    ops::linear_forward<double>(x.data(), W.data(), b.data(), N, in, out_dim, y.data());
+    return dot(g, y);
+  };
+  f();
+  double ref = b[4];
+  for (int k = 0; k < in; ++k) ref += x[2 * in + k] * W[k * out_dim + 4];
+  EXPECT_NEAR(y[2 * out_dim + 4], ref, 1e-12);
+  Vec dx(N * in, 0.0), dW(in * out_dim, 0.0), db(out_dim, 0.0);
+  ops::linear_backward<double>(g.data(), x.data(), W.data(), N, in, out_dim, dx.data(), dW.data(),
+                               db.data());
+  expect_gradient("dx", x, dx, f);
+  expect_gradient("dW", W, dW, f);
+  expect_gradient("db", b, db, f);
+}
+
+TEST(Ops, GeluForwardAndGradient) {
+  std::mt19937_64 rng(4);
+  Vec x = random_vector(20, rng, 2.0), g = random_vector(20, rng), y(20);
+  auto f = [&] {
+    ops::gelu_forward<double>(x.data(), 20, y.data());
+    return dot(g, y);
+  };
+  f();
+  const double v = x[7];
+  EXPECT_NEAR(y[7], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))),
+              1e-15);
+  Vec dx(20, 0.0);
+  ops::gelu_backward<double>(g.data(), x.data(), 20, dx.data());
+  expect_gradient("dx", x, dx, f);
+}
+
+TEST(Ops, AttentionIsCausalAndItsGradientMatches) {
+  std::mt19937_64 rng(5);
+  const int B = 2, T = 5, C = 6, H = 2;
+  Vec qkv = random_vector(B * T * 3 * C, rng), g = random_vector(B * T * C, rng);
+  Vec out(B * T * C), att(B * H * T * T);
+  auto f = [&] {
+    ops::attention_forward<double>(qkv.data(), B, T, C, H, out.data(), att.data());
+    return dot(g, out);
+  };
+  f();
+  // Row 0 attends only to position 0: its output is v_0 of the head.
+  for (int b = 0; b < B; ++b)
+    for (int c = 0; c < C; ++c)
+      EXPECT_NEAR(out[b * T * C + c], qkv[b * T * 3 * C + 2 * C + c], 1e-12);
+  // Probabilities: rows sum to 1, zero above the diagonal.
+  for (int r = 0; r < B * H * T; ++r) {
+    double s = 0;
+    for (int c = 0; c < T; ++c) s += att[r * T + c];
+    EXPECT_NEAR(s, 1.0, 1e-12);
+    EXPECT_EQ(att[r * T + T - 1] == 0.0, r % T != T - 1);
+  }
+  // Changing a later token does not change earlier outputs.
+  const Vec before = out;
+  qkv[(0 * T + 4) * 3 * C + 2 * C + 1] += 1.0;
+  f();
+  for (int i = 0; i < 4 * C; ++i) EXPECT_EQ(out[i], before[i]);
+  Vec dqkv(qkv.size(), 0.0);
+  f();
+  ops::attention_backward<double>(g.data(), qkv.data(), att.data(), B, T, C, H, dqkv.data());
+  expect_gradient("dqkv", qkv, dqkv, f);
+}
+
+TEST(Ops, LmHeadCrossEntropyGradientAndChunking) {
+  std::mt19937_64 rng(6);
+  const int N = 7, C = 4, V = 11;
+  Vec x = random_vector(N * C, rng), wte = random_vector(V * C, rng);
+  const std::vector<std::int32_t> y{0, 10, 3, 3, 7, 1, 5};
+  std::vector<double> scratch;
+  auto f = [&] {
+    return ops::lm_head_cross_entropy<double>(x.data(), wte.data(), y.data(), N, C, V, nullptr,
+                                              nullptr, scratch, 3);
+  };
+  // Reference loss by the definition.
+  double ref = 0;
+  for (int n = 0; n < N; ++n) {
+    std::vector<double> l(V);
+    double mx = -1e300;
+    for (int v = 0; v < V; ++v) {
+      l[v] = 0;
+      for (int c = 0; c < C; ++c) l[v] += x[n * C + c] * wte[v * C + c];
+      mx = std::max(mx, l[v]);
+    }
+    double s = 0;
+    for (int v = 0; v < V; ++v) s += std::exp(l[v] - mx);
+    ref += (std::log(s) + mx - l[y[n]]) / N;
+  }
+  EXPECT_NEAR(f(), ref, 1e-12);
+  for (int chunk : {1, 3, 7, 100}) {
+    Vec dx(N * C, 0.0), dwte(V * C, 0.0);
+    const double loss = ops::lm_head_cross_entropy<double>(x.data(), wte.data(), y.data(), N, C,
+                                                           V, dx.data(), dwte.data(), scratch, chunk);
+    EXPECT_NEAR(loss, ref, 1e-12) << "chunk " << chunk;
+    expect_gradient("dx chunk " + std::to_string(chunk), x, dx, f);
+    expect_gradient("dwte chunk " + std::to_string(chunk), wte, dwte, f);
+  }
+}
+
+TEST(Ops, FloatAttentionMatchesDouble) {
+  // The float instantiation the trainer uses agrees with double to float precision.
+  std::mt19937_64 rng(7);
+  const int B = 1, T = 16, C = 8, H = 2;
+  Vec qkv = random_vector(B * T * 3 * C, rng);
+  std::vector<float> qkvf(qkv.begin(), qkv.end()), outf(B * T * C), attf(B * H * T * T);
+  Vec out(B * T * C), att(B * H * T * T);
+  ops::attention_forward<double>(qkv.data(), B, T, C, H, out.data(), att.data());
+  ops::attention_forward<float>(qkvf.data(), B, T, C, H, outf.data(), attf.data());
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(outf[i], out[i], 1e-5);
+}
+
+}  // namespace
+}  // namespace gpt
