@@ -14,3 +14,13 @@ target_compile_options(zoe_gpt_core PRIVATE -Wall -Wextra -Wno-unused-parameter)
 # The trainer sees zoe through its public headers only (include/zoe, zoe::zoe).
 target_link_libraries(zoe_gpt_core PUBLIC zoe::zoe Eigen3::Eigen nlohmann_json::nlohmann_json
   OpenMP::OpenMP_CXX Threads::Threads)
+
+# Eigen's GEMM is the trainer's hot loop: build it for this CPU (AVX2/AVX-512, FMA) unless
+# ZOE_GPT_NATIVE=OFF (for binaries that must run on other machines). PUBLIC, so every
+# translation unit instantiating the ops templates agrees.
+option(ZOE_GPT_NATIVE "Build the GPT trainer with -march=native" ON)
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-march=native ZOE_GPT_HAS_MARCH_NATIVE)
+if(ZOE_GPT_NATIVE AND ZOE_GPT_HAS_MARCH_NATIVE)
+  target_compile_options(zoe_gpt_core PUBLIC -march=native)
+endif()

@@ -1,0 +1,107 @@
+#include "examples/gpt/options.hpp"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <map>
+
+#include "examples/gpt/error.hpp"
+
+namespace gpt {
+namespace {
+
+zoe::OffloadDevice offload_device(const std::string& s) {
+  if (s == "none") return zoe::OffloadDevice::none;
+  if (s == "cpu") return zoe::OffloadDevice::cpu;
+  return zoe::OffloadDevice::nvme;  // CLI11 checked the value
+}
+
+std::string default_data_dir() {
+  if (const char* env = std::getenv("ZOE_GPT_DATA")) return env;
+  return "data/gpt";
+}
+
+}  // namespace
+
+TrainOptions parse_options(int argc, char** argv) {
+  TrainOptions o;
+  CLI::App app{"Train a GPT-2 model on 18 public-domain books with zoe (ZeRO, offload)."};
+  // Engine-side values, applied to zoe::Config below when given (or when there is no --config).
+  int batch = 8, micro_batches = 1, stage = 3;
+  double weight_decay = 0.1, grad_clip = 1.0;
+  std::string offload_opt = "nvme", offload_param = "none";
+  std::string nvme_path = (std::filesystem::temp_directory_path() / "zoe_gpt_nvme").string();
+  std::string config_path;
+  const auto offload_check = CLI::IsMember({"none", "cpu", "nvme"});
+
+  app.add_option("--layers", o.model.n_layer, "transformer blocks")->capture_default_str();
+  app.add_option("--heads", o.model.n_head, "attention heads")->capture_default_str();
+  app.add_option("--width", o.model.n_embd, "embedding width C")->capture_default_str();
+  app.add_option("--context", o.model.context, "sequence length T")->capture_default_str();
+  auto* o_batch = app.add_option("--batch", batch, "sequences per micro-batch per rank")->capture_default_str();
+  auto* o_micro = app.add_option("--micro-batches", micro_batches, "micro-batches per step (gradient accumulation)")->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  auto* o_lr = app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr-ratio", o.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
+  auto* o_wd = app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  auto* o_clip = app.add_option("--grad-clip", grad_clip, "global gradient-norm clip (0 = off)")->capture_default_str();
+  auto* o_stage = app.add_option("--zero-stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3))->capture_default_str();
+  auto* o_offopt = app.add_option("--offload-optimizer", offload_opt, "optimizer states: none|cpu|nvme")->check(offload_check)->capture_default_str();
+  auto* o_offpar = app.add_option("--offload-param", offload_param, "parameters (stage 3): none|cpu|nvme")->check(offload_check)->capture_default_str();
+  auto* o_nvme = app.add_option("--nvme-path", nvme_path, "directory of the NVMe tier's files")->capture_default_str();
+  app.add_option("--world-size", o.world_size, "ranks (threads of this process)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--launcher", o.from_environment, "one rank per process from torchrun/mpirun/srun variables");
+  app.add_option("--threads-per-rank", o.threads_per_rank, "compute threads per rank (0 = cores / world size)")->capture_default_str();
+  app.add_option("--config", config_path, "DeepSpeed-style JSON config; flags given override it")->check(CLI::ExistingFile);
+  app.add_option("--data-dir", o.data_dir, "data from scripts/fetch-data.sh (default $ZOE_GPT_DATA or data/gpt)");
+  app.add_option("--cache-dir", o.cache_dir, "token cache (default <data-dir>/tokens)");
+  app.add_option("--val-fraction", o.val_fraction, "last fraction of each book held out")->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save the model states here at the end");
+  app.add_flag("--resume", o.resume, "load --checkpoint-dir first if it holds a checkpoint");
+  app.add_option("--seed", o.seed, "initialization, data order and sampling")->capture_default_str();
+  app.add_option("--metrics", o.metrics_file, "per-step metrics file (.csv, else JSON Lines)");
+  app.add_option("--eval-interval", o.eval_interval, "steps between validation losses (0 = end only)")->capture_default_str();
+  app.add_option("--eval-batches", o.eval_batches, "validation micro-batches per evaluation")->capture_default_str();
+  app.add_flag("--activation-checkpointing", o.activation_checkpointing, "recompute each block's forward in backward");
+  app.add_option("--sample-length", o.sample_length, "tokens generated at the end")->capture_default_str();
+  app.add_option("--top-k", o.top_k, "sampling from the k most likely tokens (1 = greedy)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--prompt", o.prompt, "text the sample continues");
+  app.add_option("--log-every", o.log_every, "steps between progress lines when not on a terminal")->capture_default_str();
+  app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(CLI::PositiveNumber)->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e));
+  }
+
+  if (o.data_dir.empty()) o.data_dir = default_data_dir();
+  if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
+  o.model.vocab_size = 50257;
+  o.model.validate();
+
+  const bool from_file = !config_path.empty();
+  zoe::Config& c = o.engine;
+  if (from_file) c = zoe::Config::from_json_file(config_path);
+  auto given = [&](CLI::Option* opt) { return !from_file || opt->count() > 0; };
+  if (given(o_batch)) c.train_micro_batch_size_per_gpu = batch;
+  if (given(o_micro)) c.gradient_accumulation_steps = micro_batches;
+  if (given(o_lr)) c.optimizer.lr = o.lr;
+  else o.lr = c.optimizer.lr;
+  if (given(o_wd)) c.optimizer.weight_decay = weight_decay;
+  if (given(o_clip)) c.gradient_clipping = grad_clip;
+  if (given(o_stage)) c.zero_optimization.stage = stage;
+  if (given(o_offopt)) c.zero_optimization.offload_optimizer.device = offload_device(offload_opt);
+  if (given(o_offpar)) c.zero_optimization.offload_param.device = offload_device(offload_param);
+  if (given(o_nvme)) {
+    c.zero_optimization.offload_optimizer.nvme_path = nvme_path;
+    c.zero_optimization.offload_param.nvme_path = nvme_path;
+  }
+  if (!from_file) {
+    c.optimizer.type = zoe::OptimizerType::adamw;
+    c.optimizer.betas = {0.9, 0.95};  // GPT-3's betas
+  }
+  c.validate();
+  return o;
+}
+
+}  // namespace gpt

@@ -1,0 +1,47 @@
+// The trainer's command line (CLI11) and how it becomes a zoe::Config.
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "examples/gpt/model_spec.hpp"
+#include "zoe/config.hpp"
+
+namespace gpt {
+
+struct TrainOptions {
+  GptConfig model;               // --layers --heads --width --context
+  int steps = 300;               // optimizer steps
+  double lr = 3e-3;              // peak learning rate
+  double min_lr_ratio = 0.1;     // cosine floor = lr * ratio
+  int warmup = 30;               // warmup steps
+  int world_size = 2;            // ranks as threads (ignored under a launcher)
+  int threads_per_rank = 0;      // OpenMP threads per rank; 0 = cores / world_size
+  std::uint64_t seed = 1234;
+  std::string data_dir;          // fetched data (scripts/fetch-data.sh)
+  std::string cache_dir;         // token cache; default <data_dir>/tokens
+  double val_fraction = 0.05;
+  std::string checkpoint_dir;    // save at the end (and resume from, with --resume)
+  bool resume = false;
+  std::string metrics_file;      // .csv or JSON Lines
+  int eval_interval = 50;        // steps between validation losses (0 = only at the end)
+  int eval_batches = 8;          // micro-batches of validation per evaluation (all ranks)
+  bool activation_checkpointing = false;
+  int sample_length = 64;        // tokens generated at the end (0 = none)
+  int top_k = 40;                // 1 = greedy
+  std::string prompt = "\n";
+  int log_every = 10;            // progress lines when stderr is not a terminal
+  int head_chunk = 256;          // rows per chunk of the fused lm_head + cross-entropy
+  bool from_environment = false; // one process per rank under torchrun / mpirun / srun
+
+  zoe::Config engine;            // the merged engine configuration (--config + flags)
+};
+
+/// Parses argv. --help prints usage and exits 0 through CLI11; a bad flag throws CLI::ParseError
+/// (handled by main). The engine config starts from --config FILE (Config::from_json_file) or,
+/// without one, from the trainer's defaults (stage 3, optimizer on NVMe); every flag given
+/// explicitly overrides the matching key. Throws zoe::ConfigError for invalid values.
+TrainOptions parse_options(int argc, char** argv);
+
+}  // namespace gpt
