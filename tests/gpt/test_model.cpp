@@ -103,7 +103,12 @@ TEST(Model, CheckpointingGivesTheSameGradientsInFloat) {
     model.backward(pp);
     grads[ck] = pp.grads;
   }
-  EXPECT_TRUE(grads[0] == grads[1]);  // recomputation repeats the same float operations
+  // Recomputation repeats the same float operations; only Eigen's vectorized reductions may
+  // associate differently when buffers have another alignment.
+  for (std::size_t p = 0; p < grads[0].size(); ++p)
+    for (std::size_t i = 0; i < grads[0][p].size(); ++i)
+      ASSERT_NEAR(grads[0][p][i], grads[1][p][i], 1e-6 + 1e-5 * std::abs(grads[0][p][i]))
+          << "param " << p << " element " << i;
 }
 
 TEST(Model, ModulesRunInOrderForwardThenReverse) {
