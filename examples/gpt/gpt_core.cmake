@@ -24,3 +24,12 @@ check_cxx_compiler_flag(-march=native ZOE_GPT_HAS_MARCH_NATIVE)
 if(ZOE_GPT_NATIVE AND ZOE_GPT_HAS_MARCH_NATIVE)
   target_compile_options(zoe_gpt_core PUBLIC -march=native)
 endif()
+
+# zoe_gpt_trainer: the training loop on zoe's Engine (src/core must exist).
+if(TARGET zoe_core)
+  find_package(CLI11 REQUIRED)
+  add_library(zoe_gpt_trainer STATIC ${_gpt}/options.cpp ${_gpt}/trainer.cpp ${_gpt}/metrics.cpp
+    ${_gpt}/progress.cpp)
+  target_compile_options(zoe_gpt_trainer PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  target_link_libraries(zoe_gpt_trainer PUBLIC zoe_gpt_core CLI11::CLI11)
+endif()

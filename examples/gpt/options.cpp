@@ -56,8 +56,6 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--data-dir", o.data_dir, "data from scripts/fetch-data.sh (default $ZOE_GPT_DATA or data/gpt)");
   app.add_option("--cache-dir", o.cache_dir, "token cache (default <data-dir>/tokens)");
   app.add_option("--val-fraction", o.val_fraction, "last fraction of each book held out")->capture_default_str();
-  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save the model states here at the end");
-  app.add_flag("--resume", o.resume, "load --checkpoint-dir first if it holds a checkpoint");
   app.add_option("--seed", o.seed, "initialization, data order and sampling")->capture_default_str();
   app.add_option("--metrics", o.metrics_file, "per-step metrics file (.csv, else JSON Lines)");
   app.add_option("--eval-interval", o.eval_interval, "steps between validation losses (0 = end only)")->capture_default_str();

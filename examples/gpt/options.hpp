@@ -22,8 +22,6 @@ struct TrainOptions {
   std::string data_dir;          // fetched data (scripts/fetch-data.sh)
   std::string cache_dir;         // token cache; default <data_dir>/tokens
   double val_fraction = 0.05;
-  std::string checkpoint_dir;    // save at the end (and resume from, with --resume)
-  bool resume = false;
   std::string metrics_file;      // .csv or JSON Lines
   int eval_interval = 50;        // steps between validation losses (0 = only at the end)
   int eval_batches = 8;          // micro-batches of validation per evaluation (all ranks)

@@ -6,9 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "examples/gpt/error.hpp"
@@ -63,7 +61,7 @@ class EngineProvider final : public ParamProvider<float> {
   std::vector<zoe::ModuleId> modules_;
 };
 
-// Per-(seed, rank, step) data stream: the batches do not depend on where a run resumed.
+// Per-(seed, rank, step) data stream: a step's batches depend on nothing else.
 std::uint64_t stream(std::uint64_t seed, int rank, int step) {
   std::uint64_t x = seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(rank) * 0xBF58476D1CE4E5B9ull +
                     static_cast<std::uint64_t>(step) * 0x94D049BB133111EBull;
@@ -114,14 +112,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
   const int GA = engine.config().gradient_accumulation_steps;
   const int T = opt.model.context;
 
-  int start = 0;
-  const fs::path ckpt(opt.checkpoint_dir);
-  if (opt.resume && !opt.checkpoint_dir.empty() && fs::exists(ckpt / "trainer.json")) {
-    engine.load_checkpoint((ckpt / "engine").string());
-    std::ifstream in(ckpt / "trainer.json");
-    start = nlohmann::json::parse(in).at("step").get<int>();
-    if (lead) std::printf("resumed from %s at step %d\n", opt.checkpoint_dir.c_str(), start);
-  }
+  const int start = 0;
 
   auto evaluate = [&] {
     const int per_rank = std::max(1, (opt.eval_batches + world - 1) / world);
@@ -169,7 +160,6 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
       }
     }
   }
-  if (start >= opt.steps) val = evaluate();
   if (lead) bar.finish();
   if (rank == 0) {
     sh.summary.final_val_loss = val;
@@ -182,16 +172,6 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
     std::printf("rank 0 model states: host %s, nvme %s, device %s; buffers: host %s\n",
                 gib(m.host_model_states).c_str(), gib(m.nvme_model_states).c_str(),
                 gib(m.device_model_states).c_str(), gib(m.host_buffers).c_str());
-  }
-
-  if (!opt.checkpoint_dir.empty()) {
-    engine.save_checkpoint((ckpt / "engine").string());
-    if (rank == 0) {
-      const fs::path tmp = ckpt / "trainer.json.tmp";
-      std::ofstream(tmp) << nlohmann::json{{"step", opt.steps}, {"seed", opt.seed}}.dump() << '\n';
-      fs::rename(tmp, ckpt / "trainer.json");
-      if (lead) std::printf("checkpoint saved to %s\n", opt.checkpoint_dir.c_str());
-    }
   }
 
   if (opt.sample_length > 0) {  // every rank generates (stage 3 gathers are collectives)
