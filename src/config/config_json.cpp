@@ -44,7 +44,7 @@ void read_optimizer(Section s, OptimizerConfig& c) {
   bool adam_w_mode = true;
   p.boolean("adam_w_mode", adam_w_mode);
   p.fixed("bias_correction", true, "zoe's Adam always corrects the moment bias");
-  p.fixed("amsgrad", false, "AMSGrad is not implemented");
+  p.fixed("amsgrad", false, "AMSGrad is not supported by zoe");
   p.unsupported("torch_adam", "zoe always uses its own CPU/GPU Adam");
   if (typed || p.has("adam_w_mode"))
     c.type = (name == Name::adamw || adam_w_mode) ? OptimizerType::adamw : OptimizerType::adam;
@@ -94,16 +94,16 @@ void read_zero(Section s, ZeroConfig& c) {
   s.unsupported("gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
   s.unsupported("load_from_fp32_weights", "zoe checkpoints always restore the fp32 master weights");
   s.unsupported("elastic_checkpoint", "checkpoints load at the world size that saved them");
-  s.unsupported("round_robin_gradients", "not implemented");
+  s.unsupported("round_robin_gradients", "not supported by zoe");
   s.unsupported("ignore_unused_parameters", "every registered parameter takes part in every step");
-  s.unsupported("legacy_stage1", "not implemented");
-  s.unsupported("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning is not implemented");
-  s.unsupported("zero_quantized_weights", "ZeRO++ quantization is not implemented");
-  s.unsupported("zero_quantized_gradients", "ZeRO++ quantization is not implemented");
-  s.unsupported("mics_shard_size", "MiCS is not implemented");
-  s.unsupported("mics_hierarchical_params_gather", "MiCS is not implemented");
+  s.unsupported("legacy_stage1", "not supported by zoe");
+  s.unsupported("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning is not supported by zoe");
+  s.unsupported("zero_quantized_weights", "ZeRO++ quantization is not supported by zoe");
+  s.unsupported("zero_quantized_gradients", "ZeRO++ quantization is not supported by zoe");
+  s.unsupported("mics_shard_size", "MiCS is not supported by zoe");
+  s.unsupported("mics_hierarchical_params_gather", "MiCS is not supported by zoe");
   s.unsupported("memory_efficient_linear", "zoe does not wrap the trainer's layers");
-  s.unsupported("stage3_model_persistence_threshold", "not implemented");
+  s.unsupported("stage3_model_persistence_threshold", "not supported by zoe");
 }
 
 void read_aio(Section s, AioConfig& c) {
@@ -113,7 +113,7 @@ void read_aio(Section s, AioConfig& c) {
   s.boolean("single_submit", c.single_submit);
   s.boolean("overlap_events", c.overlap_events);
   s.unsupported("thread_count", "renamed intra_op_parallelism in DeepSpeed");
-  s.unsupported("use_gds", "GPUDirect Storage is not implemented");
+  s.unsupported("use_gds", "GPUDirect Storage is not supported by zoe");
 }
 
 void read_zoe(Section s, ZoeConfig& c) {
@@ -148,15 +148,15 @@ void read_root(Section s, Config& c) {
   s.unsupported("wandb", kNoMonitor);
   s.unsupported("csv_monitor", kNoMonitor);
   s.unsupported("comms_logger", "use Engine::last_step_traffic()");
-  s.unsupported("flops_profiler", "not implemented");
+  s.unsupported("flops_profiler", "not supported by zoe");
   s.unsupported("activation_checkpointing", "activations belong to the trainer");
-  s.unsupported("sparse_attention", "not implemented");
-  s.unsupported("sparse_gradients", "not implemented");
-  s.unsupported("pipeline", "pipeline parallelism is not implemented");
+  s.unsupported("sparse_attention", "not supported by zoe");
+  s.unsupported("sparse_gradients", "not supported by zoe");
+  s.unsupported("pipeline", "pipeline parallelism is not supported by zoe");
   s.unsupported("data_efficiency", "data loading belongs to the trainer");
   s.unsupported("curriculum_learning", "data loading belongs to the trainer");
-  s.unsupported("compression_training", "not implemented");
-  s.unsupported("elasticity", "not implemented");
+  s.unsupported("compression_training", "not supported by zoe");
+  s.unsupported("elasticity", "not supported by zoe");
   s.unsupported("autotuning", "use zoe-estimate");
   s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
   s.unsupported("prescale_gradients", "zoe averages gradients in the reduction");
@@ -165,8 +165,8 @@ void read_root(Section s, Config& c) {
   s.unsupported("data_types", "gradients are reduced in the compute dtype");
   s.unsupported("zero_allow_untested_optimizer", "only Adam and AdamW exist");
   s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
-  s.unsupported("disable_allgather", "not implemented");
-  s.unsupported("optimizer_legacy_fusion", "not implemented");
+  s.unsupported("disable_allgather", "not supported by zoe");
+  s.unsupported("optimizer_legacy_fusion", "not supported by zoe");
 }
 }  // namespace
 
