@@ -278,46 +278,43 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>&
   return ModuleId{static_cast<std::uint32_t>(I.modules.size() - 1)};
 }
 
-ModuleTensors Engine::begin_forward(ModuleId id) {
-  Impl& I = *impl_;
-  I.finalize();
+// Checks that module `id` is in phase `from` (naming `call` otherwise) and moves it to `to`.
+static ModuleInfo& transition(core::EngineImpl& I, ModuleId id, ModuleInfo::Phase from, ModuleInfo::Phase to,
+                              const char* call, const char* needs) {
   I.check_module(id);
   ModuleInfo& m = I.modules[id.index];
-  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "begin_forward('", m.name, "') while it is already active");
-  I.acquire(static_cast<int>(id.index), false);
-  m.phase = ModuleInfo::Phase::forward;
-  return I.views(m, false);
+  ZOE_CHECK_USAGE(m.phase == from, call, "('", m.name, "') ", needs);
+  m.phase = to;
+  return m;
+}
+
+ModuleTensors Engine::begin_forward(ModuleId id) {
+  impl_->finalize();
+  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
+                             "while it is already active");
+  impl_->acquire(static_cast<int>(id.index), false);
+  return impl_->views(m, false);
 }
 
 void Engine::end_forward(ModuleId id) {
-  Impl& I = *impl_;
-  I.check_module(id);
-  ModuleInfo& m = I.modules[id.index];
-  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::forward, "end_forward('", m.name, "') without begin_forward");
-  m.phase = ModuleInfo::Phase::idle;
-  I.release(static_cast<int>(id.index));
+  transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
+  impl_->release(static_cast<int>(id.index));
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
-  Impl& I = *impl_;
-  I.finalize();
-  I.check_module(id);
-  ModuleInfo& m = I.modules[id.index];
-  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "begin_backward('", m.name, "') while it is already active");
-  I.acquire(static_cast<int>(id.index), true);
-  I.prepare_grads(m);
-  m.phase = ModuleInfo::Phase::backward;
-  return I.views(m, true);
+  impl_->finalize();
+  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
+                             "while it is already active");
+  impl_->acquire(static_cast<int>(id.index), true);
+  impl_->prepare_grads(m);
+  return impl_->views(m, true);
 }
 
 void Engine::end_backward(ModuleId id) {
-  Impl& I = *impl_;
-  I.check_module(id);
-  ModuleInfo& m = I.modules[id.index];
-  ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::backward, "end_backward('", m.name, "') without begin_backward");
-  m.phase = ModuleInfo::Phase::idle;
-  I.finish_backward(m);
-  I.release(static_cast<int>(id.index));
+  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
+                             "without begin_backward");
+  impl_->finish_backward(m);
+  impl_->release(static_cast<int>(id.index));
 }
 
 StepResult Engine::step() {
