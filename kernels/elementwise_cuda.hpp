@@ -7,6 +7,7 @@
 
 #include <cstddef>
 
+#include "kernels/adam_math.hpp"
 #include "zoe/dtype.hpp"
 
 namespace zoe::kernels::cuda {
@@ -31,5 +32,10 @@ int reduce_ranks(const void* base, DType t, int world, std::size_t count, void* 
 
 /// out[i] = fp64 sum over ranks r, in rank order, of base[r*count + i]. `out` must not overlap `base`.
 int reduce_ranks_f64(const double* base, int world, std::size_t count, double* out, void* stream);
+
+/// Device::adam_step: kernels::adam_update per element (grid-stride), then out = master in
+/// out_t (skipped when out is null). Compiled with --fmad=false so it matches the host bitwise.
+int adam_step(const AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad, DType grad_t,
+              void* out, DType out_t, std::size_t n, void* stream);
 
 }  // namespace zoe::kernels::cuda

@@ -71,8 +71,9 @@ struct OffloadOptimizerConfig {
   bool pin_memory = true;
   /// Pinned staging buffers for NVMe sub-group swaps (>= 2 for read-ahead/write-behind).
   int buffer_count = 4;
-  /// Fraction (0..1] of sub-groups whose optimizer step runs on the host; the rest stay on
-  /// the device optimizer.
+  /// Fraction (0..1] of sub-groups whose optimizer step runs on the host (rounded up to whole
+  /// sub-groups; the last ones in forward order); the rest stay on the device optimizer.
+  /// Only used with device cpu or nvme.
   double ratio = 1.0;
 
   bool operator==(const OffloadOptimizerConfig&) const = default;

@@ -10,8 +10,9 @@
 // the same order): the update only writes memory; stages 1-2 leave the new shard in
 // Group::updated and after_update() all-gathers it before the group's next use.
 //
-// On the host device the update runs as host functions on the update stream (an executor
-// thread); on other devices it runs synchronously on the calling thread.
+// Sub-groups on the device optimizer are Device::adam_step calls queued on the update stream.
+// Offloaded ones run the CPU optimizer: on the host device as host functions on the update
+// stream (an executor thread); on other devices synchronously on the calling thread.
 #include <cstring>
 
 #include "src/common/check.hpp"
@@ -31,15 +32,18 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
     // Pointers are taken now: the buffers may change hands before the work runs.
     const void* grad = grad_of(g);
     void* out = stage == 0 ? g.param_full.data() : stage == 3 ? g.param_shard.data() : g.updated.data();
-    auto work = [this, &g, gi, plan, grad, out] {
-      update_group(g, plan, grad, out, *update_stream);
+    update_on_device(g, plan, grad, out, *update_stream);
+    auto host_work = [this, &g, gi, plan, grad, out] {
+      update_offloaded(g, plan, grad, out, *update_stream);
       if (test_hooks::after_group_update) test_hooks::after_group_update(static_cast<int>(gi));
     };
     if (queue) {
-      device.host_func(*update_stream, std::move(work));
+      device.host_func(*update_stream, std::move(host_work));
     } else {
-      work();
+      host_work();
     }
+    // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
+    if (stage <= 1) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
     device.record(*g.update_done, *update_stream);
     // Stage 1 reads the reduce-scatter output in the update; it is freed after it.
     if (stage == 1) {

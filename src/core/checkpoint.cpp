@@ -35,43 +35,10 @@ void barrier(core::EngineImpl& I) {
 
 std::string rank_file(const fs::path& dir, int rank) { return (dir / ("rank" + std::to_string(rank) + ".zoe")).string(); }
 
-// All three state arrays of the group's range, [master | exp_avg | exp_avg_sq].
-std::vector<float> read_states(core::EngineImpl& I, core::Group& g) {
-  const std::size_t n = static_cast<std::size_t>(g.opt_numel);
-  std::vector<float> all(3 * n);
-  if (I.states) {
-    std::vector<float> sg;
-    for (std::size_t k = 0; k < g.subgroups.size(); ++k) {
-      const std::size_t len = static_cast<std::size_t>(I.states->numel(g.subgroups[k]));
-      sg.resize(3 * len);
-      I.states->read_all(g.subgroups[k], sg.data());
-      for (int a = 0; a < 3; ++a)
-        std::copy_n(sg.data() + a * len, len, all.data() + a * n + g.subgroup_begin[k]);
-    }
-  } else {
-    const core::DeviceBuffer* bufs[3] = {&g.master, &g.exp_avg, &g.exp_avg_sq};
-    for (int a = 0; a < 3; ++a) I.device.copy(all.data() + a * n, bufs[a]->data(), n * sizeof(float), *I.side);
-    I.device.synchronize(*I.side);
-  }
-  return all;
-}
-
+// Writes all three states of the group's range and recomputes its compute parameters.
 void write_states(core::EngineImpl& I, core::Group& g, const std::vector<float>& all) {
   const std::size_t n = static_cast<std::size_t>(g.opt_numel);
-  if (I.states) {
-    std::vector<float> sg;
-    for (std::size_t k = 0; k < g.subgroups.size(); ++k) {
-      const std::size_t len = static_cast<std::size_t>(I.states->numel(g.subgroups[k]));
-      sg.resize(3 * len);
-      for (int a = 0; a < 3; ++a)
-        std::copy_n(all.data() + a * n + g.subgroup_begin[k], len, sg.data() + a * len);
-      I.states->write_all(g.subgroups[k], sg.data());
-    }
-  } else {
-    core::DeviceBuffer* bufs[3] = {&g.master, &g.exp_avg, &g.exp_avg_sq};
-    for (int a = 0; a < 3; ++a) I.device.copy(bufs[a]->data(), all.data() + a * n, n * sizeof(float), *I.side);
-    I.device.synchronize(*I.side);
-  }
+  I.write_states(g, all);
   // The compute parameters are the master weights in the compute dtype.
   core::DeviceBuffer master = I.alloc(core::MemKind::buffer, DType::f32, g.opt_numel);
   I.device.copy(master.data(), all.data(), n * sizeof(float), *I.side);
@@ -118,7 +85,7 @@ void Engine::save_checkpoint(const std::string& dir) {
     h.hysteresis_left = st.hysteresis_left;
     out.write(reinterpret_cast<const char*>(&h), sizeof(h));
     for (core::Group& g : I.groups) {
-      std::vector<float> all = read_states(I, g);
+      std::vector<float> all = I.read_states(g);
       std::int64_t n = g.opt_numel;
       std::uint32_t crc = io::crc32c(all.data(), all.size() * sizeof(float));
       out.write(reinterpret_cast<const char*>(&n), sizeof(n));

@@ -84,7 +84,6 @@ void EngineImpl::finalize() {
     for (int g : gs) groups[g].users.push_back(static_cast<int>(mi));
   }
 
-  Stream& s = *side;
   for (Group& g : groups) {
     std::vector<std::int64_t> numels;
     for (std::uint32_t pi : g.params) numels.push_back(params[pi].numel);
@@ -92,31 +91,23 @@ void EngineImpl::finalize() {
     const FlatLayout& L = *g.layout;
     g.pending_users = static_cast<int>(g.users.size());
     g.persistent = stage == 3 && L.live_numel() < config.zero_optimization.stage3_param_persistence_threshold;
+    g.opt_begin = stage == 0 ? 0 : L.shard_begin(rank);
+    g.opt_numel = stage == 0 ? L.padded_numel() : L.shard_numel();
+  }
+  int device_left = device_sub_group_count();
 
+  Stream& s = *side;
+  for (Group& g : groups) {
+    const FlatLayout& L = *g.layout;
     // The full fp32 initial value (padding zero), staged in host memory.
     std::vector<float> full(static_cast<std::size_t>(L.padded_numel()), 0.0f);
     for (std::size_t i = 0; i < g.params.size(); ++i) {
       const ParamInfo& p = params[g.params[i]];
       std::copy(p.initial.begin(), p.initial.end(), full.begin() + L.offset(i));
     }
-    g.opt_begin = stage == 0 ? 0 : L.shard_begin(rank);
-    g.opt_numel = stage == 0 ? L.padded_numel() : L.shard_numel();
-
-    if (states) {
-      // Sub-groups of sub_group_size elements (a multiple of FlatLayout::kAlign).
-      for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
-        const std::int64_t n = std::min(sub_group_numel(), g.opt_numel - c);
-        g.subgroup_begin.push_back(c);
-        g.subgroups.push_back(states->add(std::span<const float>(full.data() + g.opt_begin + c, n)));
-      }
-    } else {
-      g.master = alloc(MemKind::model_state, DType::f32, g.opt_numel);
-      g.exp_avg = alloc(MemKind::model_state, DType::f32, g.opt_numel);
-      g.exp_avg_sq = alloc(MemKind::model_state, DType::f32, g.opt_numel);
-      device.copy(g.master.data(), full.data() + g.opt_begin, g.master.bytes(), s);
-      device.fill(g.exp_avg.data(), DType::f32, g.opt_numel, 0.0f, s);
-      device.fill(g.exp_avg_sq.data(), DType::f32, g.opt_numel, 0.0f, s);
-    }
+    place_sub_groups(g, std::span<const float>(full).subspan(static_cast<std::size_t>(g.opt_begin),
+                                                             static_cast<std::size_t>(g.opt_numel)),
+                     device_left);
 
     // Compute-dtype parameters: cast from the fp32 staging copy on the device.
     DeviceBuffer staging = alloc(MemKind::buffer, DType::f32, stage == 3 ? L.shard_numel() : L.padded_numel());
@@ -233,9 +224,6 @@ Engine::Engine(const Config& config, RankContext rank) {
   if (z.offload_param.device != OffloadDevice::none)
     ZOE_THROW_CONFIG("zero_optimization.offload_param.device",
                      "parameter offload is not supported by this engine yet; use \"none\"");
-  if (z.offload_optimizer.ratio != 1.0)
-    ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.ratio", "only 1.0 (all sub-groups on the host "
-                     "optimizer) is supported by this engine yet, got ", z.offload_optimizer.ratio);
   if (config.zoe.delayed_update)
     ZOE_THROW_CONFIG("zoe.delayed_update", "the one-step-delayed update is not supported by this engine yet");
   impl_ = std::make_unique<Impl>(config, std::move(rank));

@@ -14,6 +14,7 @@
 #include <thread>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,18 @@ struct ParamInfo {
   std::vector<float> initial;  // dropped once partitioned
   int group = -1;              // owning group
   std::size_t slot = 0;        // index inside the owning group's layout
+};
+
+/// A sub-group: up to sub_group_size elements of a rank's optimizer range whose step runs as
+/// one unit, either on the device optimizer (Device::adam_step; fp32 states in
+/// `device_states`) or on the CPU optimizer (states in the offload tier, id `offload_id`).
+/// offload_optimizer.ratio chooses how many sub-groups are offloaded (the last ones).
+struct SubGroup {
+  std::int64_t begin = 0, numel = 0;  // elements, within the group's optimizer range
+  int offload_id = -1;                // OptimizerStates id; -1 = device optimizer
+  DeviceBuffer device_states;         // device: [master | exp_avg | exp_avg_sq], 3 * numel floats
+  bool offloaded() const { return offload_id >= 0; }
+  float* master() const { return static_cast<float*>(device_states.data()); }
 };
 
 /// The parameters one module owns (the first module that lists them), as one flat buffer.
@@ -61,13 +74,9 @@ struct Group {
   int micro_batches = 0;   // micro-batches whose gradients were reduced into grad_shard/full
 
   // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
-  // buffer: fp32 master weights, exp_avg, exp_avg_sq.
-  // Without optimizer offload they are device buffers; with it they are sub-groups of
-  // `states` (ids in `subgroups`, starting at `subgroup_begin` within the range).
+  // buffer, in sub-groups of sub_group_size elements (see SubGroup).
   std::int64_t opt_begin = 0, opt_numel = 0;
-  DeviceBuffer master, exp_avg, exp_avg_sq;
-  std::vector<int> subgroups;
-  std::vector<std::int64_t> subgroup_begin;
+  std::vector<SubGroup> subgroups;
 
   // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
   // param_full (lazily, before the group's next use, in module order on every rank).
@@ -178,9 +187,23 @@ struct EngineImpl {
   StepResult step();
   std::int64_t sub_group_numel() const;
   const void* grad_of(const Group& g) const;
-  /// Adam over the group's range: reads `grad` (compute dtype), writes the new compute-dtype
-  /// parameters to `out` (opt_numel elements each).
-  void update_group(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
+  /// The CPU optimizer over the group's offloaded sub-groups: reads `grad` (compute dtype,
+  /// the group's range), writes their new compute-dtype parameters into `out`. Runs on the
+  /// calling thread; `stream` orders its device copies (off the host device).
+  void update_offloaded(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
+  /// Queues Device::adam_step for the group's device sub-groups on `stream`.
+  void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
+  // sub_groups.cpp
+  /// How many sub-groups (of all groups, in order) stay on the device optimizer.
+  int device_sub_group_count() const;
+  /// Splits the group's range into sub-groups and stores their initial states (master =
+  /// `range`, the range's fp32 initial values; moments zero): the first `device_left` on
+  /// the device (decremented), the rest in the offload tier.
+  void place_sub_groups(Group& g, std::span<const float> range, int& device_left);
+  /// Fills master / exp_avg / exp_avg_sq ([3 * opt_numel] floats, host memory) of the range.
+  std::vector<float> read_states(Group& g);
+  /// Writes all three states of the range from `all` ([3 * opt_numel] floats).
+  void write_states(Group& g, const std::vector<float>& all);
 
   // async_update.cpp
   /// Queues the update of every group on the update stream (zoe.overlap_step) or runs it now.

@@ -13,6 +13,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "kernels/adam_math.hpp"
 #include "src/core/engine_impl.hpp"
 
 namespace zoe::core {
@@ -104,9 +105,6 @@ StepResult EngineImpl::step() {
     result.skipped = true;
     ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped, loss scale {}", rank, scaler.scale());
   } else {
-    ZOE_CHECK_USAGE(device.kind() == DeviceKind::host || states,
-                    "the optimizer runs on the CPU: on a CUDA device set zero_optimization.offload_optimizer.device "
-                    "to cpu or nvme");
     const auto& oc = config.optimizer;
     UpdatePlan plan{optim::AdamHyper{lr, oc.betas[0], oc.betas[1], oc.eps, oc.weight_decay,
                                      oc.type == OptimizerType::adamw},
@@ -149,17 +147,42 @@ const void* EngineImpl::grad_of(const Group& g) const {
   return stage == 0 ? g.grad_full.data() : g.grad_shard.data();
 }
 
-void EngineImpl::update_group(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data, Stream& s) {
+void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
+                                  Stream& s) {
+  const auto& h = plan.hyper;
+  const kernels::AdamCoeffs c = kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled,
+                                                     plan.step, plan.grad_scale);
+  const std::size_t esz = dtype_size(dtype);
+  for (const SubGroup& sg : g.subgroups) {
+    if (sg.offloaded()) continue;
+    const auto n = static_cast<std::size_t>(sg.numel);
+    float* master = sg.master();
+    device.adam_step(c, master, master + n, master + 2 * n, static_cast<const char*>(grad_data) + sg.begin * esz,
+                     dtype, static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
+  }
+}
+
+void EngineImpl::update_offloaded(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
+                                  Stream& s) {
+  std::vector<int> ids;
+  std::vector<std::int64_t> begins;
+  for (const SubGroup& sg : g.subgroups) {
+    if (!sg.offloaded()) continue;
+    ids.push_back(sg.offload_id);
+    begins.push_back(sg.begin);
+  }
+  if (ids.empty()) return;
   const std::size_t esz = dtype_size(dtype);
   const bool host = device.kind() == DeviceKind::host;
   char* out = static_cast<char*>(out_data);
   const char* grad = static_cast<const char*>(grad_data);
   std::vector<std::byte> grad_stage, out_stage;  // only off the host device
-  // Adam on elements [c, c + n) of this rank's range.
-  auto update = [&](std::int64_t c, std::int64_t n, float* master, float* m, float* v) {
+  std::size_t k = 0;
+  states->for_each(ids, [&](const offload::SubGroupStates& st) {
+    const std::int64_t c = begins[k++];
     const void* gp = grad + c * esz;
     void* op = out + c * esz;
-    const std::size_t bytes = static_cast<std::size_t>(n) * esz;
+    const std::size_t bytes = static_cast<std::size_t>(st.numel) * esz;
     if (!host) {
       grad_stage.resize(bytes);
       out_stage.resize(bytes);
@@ -168,54 +191,19 @@ void EngineImpl::update_group(Group& g, const UpdatePlan& plan, const void* grad
       gp = grad_stage.data();
       op = out_stage.data();
     }
-    adam->step(plan.hyper, plan.step, plan.grad_scale, master, m, v, gp, dtype, static_cast<std::size_t>(n),
-               dtype == DType::f32 ? nullptr : op, dtype);
-    if (dtype == DType::f32) std::memcpy(op, master, bytes);
+    adam->step(plan.hyper, plan.step, plan.grad_scale, st.master, st.exp_avg, st.exp_avg_sq, gp, dtype,
+               static_cast<std::size_t>(st.numel), dtype == DType::f32 ? nullptr : op, dtype);
+    if (dtype == DType::f32) std::memcpy(op, st.master, bytes);
     if (!host) {
       device.copy(out + c * esz, out_stage.data(), bytes, s);
       device.synchronize(s);
     }
-  };
-  if (states) {
-    states->for_each(g.subgroups, [&](const offload::SubGroupStates& sg) {
-      const std::size_t k = static_cast<std::size_t>(sg.id - g.subgroups.front());
-      update(g.subgroup_begin[k], sg.numel, sg.master, sg.exp_avg, sg.exp_avg_sq);
-    });
-  } else {
-    auto* master = static_cast<float*>(g.master.data());
-    auto* m = static_cast<float*>(g.exp_avg.data());
-    auto* v = static_cast<float*>(g.exp_avg_sq.data());
-    for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
-      const std::int64_t n = std::min(sub_group_numel(), g.opt_numel - c);
-      update(c, n, master + c, m + c, v + c);
-    }
-  }
-  // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step
-  // (zero bits are 0.0 in every dtype).
-  if (stage <= 1) {
-    if (host) {
-      std::memset(g.grad_full.data(), 0, g.grad_full.bytes());
-    } else {
-      device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
-      device.synchronize(s);
-    }
-  }
+  });
 }
 
 std::int64_t EngineImpl::sub_group_numel() const {
   return std::max<std::int64_t>(FlatLayout::kAlign,
                                 config.zero_optimization.sub_group_size / FlatLayout::kAlign * FlatLayout::kAlign);
-}
-
-std::vector<float> EngineImpl::master_range(Group& g) {
-  std::vector<float> range(static_cast<std::size_t>(g.opt_numel));
-  if (states) {
-    for (std::size_t k = 0; k < g.subgroups.size(); ++k) states->read_master(g.subgroups[k], range.data() + g.subgroup_begin[k]);
-  } else {
-    device.copy(range.data(), g.master.data(), g.master.bytes(), *side);
-    device.synchronize(*side);
-  }
-  return range;
 }
 
 }  // namespace zoe::core

@@ -264,4 +264,13 @@ void CudaDevice::all_finite(const void* x, DType dtype, std::size_t n, int* out,
   ZOE_CUDA_LAUNCH(kernels::cuda::all_finite(x, dtype, n, out, cuda_stream(stream).stream), "all_finite");
 }
 
+void CudaDevice::adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
+                           const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n,
+                           Stream& stream) {
+  make_current();
+  ZOE_CUDA_LAUNCH(kernels::cuda::adam_step(c, master, exp_avg, exp_avg_sq, grad, grad_dtype, out, out_dtype, n,
+                                           cuda_stream(stream).stream),
+                  "adam_step");
+}
+
 }  // namespace zoe

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "kernels/adam_math.hpp"
 #include "zoe/dtype.hpp"
 
 namespace zoe {
@@ -93,6 +94,17 @@ class Device {
   virtual void sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) = 0;
   /// *out = 1 if every x[i] is finite, else 0. `out` is device memory.
   virtual void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) = 0;
+
+  // ---- the device optimizer ----
+  /// Adam / AdamW on n elements in device memory (kernels::adam_update per element, whose
+  /// comment gives the math and its source): updates the fp32 `master`, `exp_avg`,
+  /// `exp_avg_sq` in place from `grad` (grad_dtype, scaled by c.grad_scale), then stores the
+  /// new master weight rounded to `out_dtype` in `out` (nullptr: no output). Elementwise, so
+  /// the result is bitwise the same on every backend and thread count, and equal to the CPU
+  /// optimizer's (src/optim) for the same coefficients. `out` may not overlap the states.
+  virtual void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
+                         const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n,
+                         Stream& stream) = 0;
 };
 
 }  // namespace zoe

@@ -152,4 +152,11 @@ void HostDevice::all_finite(const void* x, DType dtype, std::size_t n, int* out,
   host_queue(stream).enqueue([=] { *out = host_ops::all_finite(x, dtype, n) ? 1 : 0; });
 }
 
+void HostDevice::adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
+                           const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n,
+                           Stream& stream) {
+  host_queue(stream).enqueue(
+      [=] { host_ops::adam_step(c, master, exp_avg, exp_avg_sq, grad, grad_dtype, out, out_dtype, n); });
+}
+
 }  // namespace zoe

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <type_traits>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include "kernels/elementwise.hpp"
 
 namespace zoe::host_ops {
@@ -70,6 +73,21 @@ bool all_finite(const void* x, DType dtype, std::size_t n) {
       }
   });
   return finite;
+}
+
+void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
+               DType grad_dtype, void* out, DType out_dtype, std::size_t n) {
+  constexpr std::size_t kGrain = 1 << 15;  // elements per task: ~0.5 MiB of states
+  with_dtype(grad_dtype, [&](auto gt) {
+    with_dtype(out_dtype, [&](auto ot) {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, kGrain), [&](const tbb::blocked_range<std::size_t>& r) {
+        for (std::size_t i = r.begin(); i < r.end(); ++i) {
+          k::adam_update(c, k::load_f32(grad, gt, i), master[i], exp_avg[i], exp_avg_sq[i]);
+          if (out) k::store_f32(out, ot, i, master[i]);
+        }
+      });
+    });
+  });
 }
 
 }  // namespace zoe::host_ops

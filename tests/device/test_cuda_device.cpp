@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -121,4 +122,44 @@ TEST(CudaDevice, KernelsMatchTheHostDevice) {
                   static_cast<void*>(dsum), static_cast<void*>(dfin)})
     dev.deallocate(p);
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);
+}
+
+TEST(CudaDevice, AdamKernelMatchesTheHostDeviceBitwise) {
+  Opened o = open_gpu();
+  if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
+  CudaDevice& dev = *o.device;
+  const std::size_t n = 1'000'003;
+  std::mt19937 gen(9);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), g32(n);
+    for (auto& x : p) x = dist(gen);
+    const std::size_t esz = t == DType::f32 ? 4 : 2;
+    std::vector<std::uint16_t> out_host(n * 2), out_dev(n * 2);
+    auto s = dev.create_stream();
+    auto* d = static_cast<float*>(dev.allocate(3 * n * 4));
+    auto* dg = dev.allocate(n * esz);
+    auto* dout = dev.allocate(n * esz);
+    dev.copy(d, p.data(), n * 4, *s);
+    dev.fill(d + n, DType::f32, 2 * n, 0.0f, *s);
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      for (auto& x : g32) x = dist(gen);
+      std::vector<std::uint16_t> g16(n);
+      host_ops::cast(g32.data(), DType::f32, g16.data(), t == DType::f32 ? DType::bf16 : t, n);
+      const void* grad = t == DType::f32 ? static_cast<const void*>(g32.data()) : g16.data();
+      auto c = kernels::adam_coeffs(1e-3, 0.9, 0.999, 1e-8, 0.01, step % 2 == 1, step, 0.5f);
+      dev.copy(dg, grad, n * esz, *s);
+      dev.adam_step(c, d, d + n, d + 2 * n, dg, t, dout, t, n, *s);
+      host_ops::adam_step(c, p.data(), m.data(), v.data(), grad, t, out_host.data(), t, n);
+    }
+    std::vector<float> states(3 * n);
+    dev.copy(states.data(), d, 3 * n * 4, *s);
+    dev.copy(out_dev.data(), dout, n * esz, *s);
+    dev.synchronize(*s);
+    ASSERT_EQ(std::memcmp(states.data(), p.data(), n * 4), 0) << "master, dtype " << dtype_name(t);
+    ASSERT_EQ(std::memcmp(states.data() + n, m.data(), n * 4), 0) << "exp_avg";
+    ASSERT_EQ(std::memcmp(states.data() + 2 * n, v.data(), n * 4), 0) << "exp_avg_sq";
+    ASSERT_EQ(std::memcmp(out_dev.data(), out_host.data(), n * esz), 0) << "output";
+    for (void* q : {static_cast<void*>(d), dg, dout}) dev.deallocate(q);
+  }
 }

@@ -111,3 +111,34 @@ TEST(OptimizerOffload, TwoEnginesOnOneNvmePathDoNotClobberEachOther) {
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
+
+// offload_optimizer.ratio < 1: the first sub-groups stay on the device optimizer, the rest on
+// the CPU optimizer; the two are the same math, so the parameters are those of no offload.
+TEST(OptimizerOffload, PartialRatioSplitsSubGroupsAndKeepsTheBits) {
+  std::string dir = temp_dir("ratio");
+  const int world = 2;
+  for (int stage : {1, 2, 3}) {
+    RunResult ref = train(config(stage, OffloadDevice::none, dir), kNet, world, 20, 16);
+    Config all_cpu = config(stage, OffloadDevice::cpu, dir);
+    RunResult full = train(all_cpu, kNet, world, 1, 16);
+    RunResult none = train(config(stage, OffloadDevice::none, dir), kNet, world, 1, 16);
+    for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+      Config c = config(stage, d, dir);
+      c.zero_optimization.offload_optimizer.ratio = 0.5;
+      RunResult r = train(c, kNet, world, 20, 16);
+      EXPECT_TRUE(bitwise_equal(r, ref)) << "ratio 0.5, stage " << stage;
+      for (int k = 0; k < world; ++k) {
+        const std::int64_t total = none.memory[k].device_model_states - full.memory[k].device_model_states;
+        const std::int64_t on_device = r.memory[k].device_model_states - full.memory[k].device_model_states;
+        const std::int64_t offloaded = d == OffloadDevice::cpu ? r.memory[k].host_model_states
+                                                                : r.memory[k].nvme_model_states;
+        EXPECT_GT(on_device, 0) << "some sub-groups stay on the device";
+        EXPECT_GT(offloaded, 0) << "some sub-groups are offloaded";
+        EXPECT_EQ(on_device + offloaded, total) << "stage " << stage << " rank " << k;
+        EXPECT_EQ(on_device % 12, 0);  // whole sub-groups: master, exp_avg, exp_avg_sq
+      }
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,88 @@
+// Sub-groups: where each part of a rank's optimizer states lives (device memory for the
+// device optimizer, or the offload tier for the CPU optimizer), and reading / writing them as
+// host arrays (gather_parameter and checkpoints; not on the training path: they synchronize).
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "src/core/engine_impl.hpp"
+
+namespace zoe::core {
+
+int EngineImpl::device_sub_group_count() const {
+  std::int64_t total = 0;
+  for (const Group& g : groups) total += (g.opt_numel + sub_group_numel() - 1) / sub_group_numel();
+  if (!states) return static_cast<int>(total);
+  // offload_optimizer.ratio of the sub-groups (rounded up) go to the CPU optimizer: the last
+  // ones in forward order, so the next forward's first modules wait only for the fast
+  // device updates while the CPU works on the last modules.
+  const auto host = static_cast<std::int64_t>(std::ceil(config.zero_optimization.offload_optimizer.ratio *
+                                                        static_cast<double>(total)));
+  return static_cast<int>(total - std::min(total, host));
+}
+
+void EngineImpl::place_sub_groups(Group& g, std::span<const float> range, int& device_left) {
+  for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
+    SubGroup sg;
+    sg.begin = c;
+    sg.numel = std::min(sub_group_numel(), g.opt_numel - c);
+    const auto n = static_cast<std::size_t>(sg.numel);
+    if (device_left > 0) {
+      --device_left;
+      sg.device_states = alloc(MemKind::model_state, DType::f32, 3 * sg.numel);
+      device.copy(sg.master(), range.data() + c, n * sizeof(float), *side);
+      device.fill(sg.master() + n, DType::f32, 2 * n, 0.0f, *side);
+    } else {
+      sg.offload_id = states->add(range.subspan(static_cast<std::size_t>(c), n));
+    }
+    g.subgroups.push_back(std::move(sg));
+  }
+}
+
+std::vector<float> EngineImpl::master_range(Group& g) {
+  std::vector<float> range(static_cast<std::size_t>(g.opt_numel));
+  for (const SubGroup& sg : g.subgroups) {
+    if (sg.offloaded()) {
+      states->read_master(sg.offload_id, range.data() + sg.begin);
+    } else {
+      device.copy(range.data() + sg.begin, sg.master(), static_cast<std::size_t>(sg.numel) * sizeof(float), *side);
+    }
+  }
+  device.synchronize(*side);
+  return range;
+}
+
+std::vector<float> EngineImpl::read_states(Group& g) {
+  const std::size_t n = static_cast<std::size_t>(g.opt_numel);
+  std::vector<float> all(3 * n), sub;
+  for (const SubGroup& sg : g.subgroups) {
+    const std::size_t len = static_cast<std::size_t>(sg.numel);
+    sub.resize(3 * len);
+    if (sg.offloaded()) {
+      states->read_all(sg.offload_id, sub.data());
+    } else {
+      device.copy(sub.data(), sg.device_states.data(), 3 * len * sizeof(float), *side);
+      device.synchronize(*side);
+    }
+    for (std::size_t a = 0; a < 3; ++a) std::copy_n(sub.data() + a * len, len, all.data() + a * n + sg.begin);
+  }
+  return all;
+}
+
+void EngineImpl::write_states(Group& g, const std::vector<float>& all) {
+  const std::size_t n = static_cast<std::size_t>(g.opt_numel);
+  std::vector<float> sub;
+  for (const SubGroup& sg : g.subgroups) {
+    const std::size_t len = static_cast<std::size_t>(sg.numel);
+    sub.resize(3 * len);
+    for (std::size_t a = 0; a < 3; ++a) std::copy_n(all.data() + a * n + sg.begin, len, sub.data() + a * len);
+    if (sg.offloaded()) {
+      states->write_all(sg.offload_id, sub.data());
+    } else {
+      device.copy(sg.device_states.data(), sub.data(), 3 * len * sizeof(float), *side);
+      device.synchronize(*side);
+    }
+  }
+}
+
+}  // namespace zoe::core
