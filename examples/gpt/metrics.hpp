@@ -18,9 +18,11 @@ struct StepMetrics {
 
 class MetricsWriter {
  public:
-  /// Opens (truncates) `path`; an empty path writes nothing. Throws zoe::Error if it cannot be
-  /// created.
-  explicit MetricsWriter(const std::string& path);
+  /// Opens `path`; an empty path writes nothing. A fresh run (`resume_step` 0) truncates it; a
+  /// resumed run keeps the rows of steps <= `resume_step` (rows after it, from a run that went on
+  /// past its last checkpoint, are dropped) and appends. Throws zoe::Error naming the file if it
+  /// cannot be read or created.
+  explicit MetricsWriter(const std::string& path, int resume_step = 0);
   void write(const StepMetrics& m);
 
  private:

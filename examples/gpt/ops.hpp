@@ -237,18 +237,24 @@ void attention_backward(const T* dout, const T* qkv, const T* att, int B, int Tn
 //   logits = x wte^T (lm_head tied to wte), loss = mean_n (logsumexp(logits_n) - logits_n[y_n]).
 // x [N, C]; wte [V, C]; targets [N] in [0, V). Returns the mean loss. When dx and dwte are given
 // it also adds the gradients of the mean loss: with G = (softmax(logits) - onehot(y)) / N,
-// dx += G wte and dwte += G^T x. `scratch` is resized to chunk*V elements (reused across calls).
+// dx += G wte and dwte += G^T x. `scratch` is resized to chunk*V elements plus 64 bytes
+// (reused across calls); the logits start at its first 64-byte boundary, because Eigen's
+// vectorized exp and sum treat a row's unaligned head with scalar code: a fixed alignment makes
+// the result a function of the values only, the same bits in every process (checkpoint/resume).
 template <class T>
 double lm_head_cross_entropy(const T* x, const T* wte, const std::int32_t* targets, int N, int C,
                              int V, T* dx, T* dwte, std::vector<T>& scratch, int chunk = 256) {
+  constexpr std::size_t kAlign = 64;
   chunk = std::max(1, std::min(chunk, N));
-  scratch.resize(static_cast<std::size_t>(chunk) * V);
+  scratch.resize(static_cast<std::size_t>(chunk) * V + kAlign / sizeof(T));
+  const auto address = reinterpret_cast<std::uintptr_t>(scratch.data());
+  T* logits = scratch.data() + ((kAlign - address % kAlign) % kAlign) / sizeof(T);
   CMap<T> W(wte, V, C);
   double loss = 0;
   for (int r0 = 0; r0 < N; r0 += chunk) {
     const int R = std::min(chunk, N - r0);
     CMap<T> X(x + static_cast<std::int64_t>(r0) * C, R, C);
-    Map<T> L(scratch.data(), R, V);
+    Map<T> L(logits, R, V);
     L.noalias() = X * W.transpose();
     for (int r = 0; r < R; ++r) {
       // Vectorized (Eigen's packet exp): V exps per row dominate once the GEMMs are fast.

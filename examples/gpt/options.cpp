@@ -66,6 +66,10 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--prompt", o.prompt, "text the sample continues");
   app.add_option("--log-every", o.log_every, "steps between progress lines when not on a terminal")->capture_default_str();
   app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
+  app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_flag("--resume", o.resume, "continue the run checkpointed in --checkpoint-dir");
+  app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(CLI::NonNegativeNumber)->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -74,6 +78,9 @@ TrainOptions parse_options(int argc, char** argv) {
 
   if (o.data_dir.empty()) o.data_dir = default_data_dir();
   if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
+  GPT_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
+  GPT_CHECK(o.stop_after == 0 || !o.checkpoint_dir.empty(),
+            "--stop-after needs --checkpoint-dir DIR (where the run continues from)");
   o.model.vocab_size = 50257;
   o.model.validate();
 

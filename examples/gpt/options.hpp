@@ -32,6 +32,10 @@ struct TrainOptions {
   int log_every = 10;            // progress lines when stderr is not a terminal
   int head_chunk = 256;          // rows per chunk of the fused lm_head + cross-entropy
   bool from_environment = false; // one process per rank under torchrun / mpirun / srun
+  std::string checkpoint_dir;    // where checkpoints go (empty = none); see checkpoint.hpp
+  int checkpoint_interval = 100; // steps between checkpoints (0 = only at the end)
+  bool resume = false;           // continue the run checkpointed in checkpoint_dir
+  int stop_after = 0;            // stop (and checkpoint) after this step; 0 = run to `steps`
 
   zoe::Config engine;            // the merged engine configuration (--config + flags)
 };

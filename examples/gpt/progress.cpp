@@ -6,8 +6,8 @@
 
 namespace gpt {
 
-ProgressBar::ProgressBar(int total_steps, int every)
-    : total_(total_steps), every_(every < 1 ? 1 : every), tty_(isatty(STDERR_FILENO) != 0),
+ProgressBar::ProgressBar(int first_step, int total_steps, int every)
+    : first_(first_step), total_(total_steps), every_(every < 1 ? 1 : every), tty_(isatty(STDERR_FILENO) != 0),
       start_(std::chrono::steady_clock::now()) {}
 
 double ProgressBar::elapsed_s() const {
@@ -22,7 +22,7 @@ double ProgressBar::tokens_per_s(double tokens) const {
 void ProgressBar::update(int step, double loss, double lr, double tokens) {
   if (!tty_ && step % every_ != 0 && step != total_) return;
   const double t = elapsed_s();
-  const double eta = step > 0 ? t / step * (total_ - step) : 0.0;
+  const double eta = step > first_ ? t / (step - first_) * (total_ - step) : 0.0;
   constexpr int kWidth = 24;
   const int filled = total_ > 0 ? kWidth * step / total_ : kWidth;
   char bar[kWidth + 1];

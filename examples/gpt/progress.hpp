@@ -10,7 +10,8 @@ namespace gpt {
 
 class ProgressBar {
  public:
-  ProgressBar(int total_steps, int every);
+  /// A run from step `first_step` (0, or the step a resumed run continues after) to `total_steps`.
+  ProgressBar(int first_step, int total_steps, int every);
   /// Step `step` (1-based) done; `tokens` processed since the start of this run.
   void update(int step, double loss, double lr, double tokens);
   /// Ends the line.
@@ -22,7 +23,7 @@ class ProgressBar {
   void message(const std::string& text);
 
  private:
-  int total_, every_;
+  int first_, total_, every_;
   bool tty_;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point start_;

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "examples/gpt/checkpoint.hpp"
 #include "examples/gpt/error.hpp"
 #include "examples/gpt/metrics.hpp"
 #include "examples/gpt/model.hpp"
@@ -30,14 +31,13 @@ class EngineProvider final : public ParamProvider<float> {
     GPT_CHECK(engine.config().compute_dtype() == zoe::DType::f32,
               "the CPU trainer computes in fp32: disable fp16 and bf16 in the config (got ",
               zoe::dtype_name(engine.config().compute_dtype()), ")");
-    std::vector<zoe::ParamId> ids;
     for (const ParamSpec& p : spec.params) {
       const std::vector<float> init = initial_value(p, seed);
-      ids.push_back(engine.add_parameter(p.name, p.shape, init));
+      ids_.push_back(engine.add_parameter(p.name, p.shape, init));
     }
     for (const ModuleSpec& m : spec.modules) {
       std::vector<zoe::ParamId> params;
-      for (int i : m.params) params.push_back(ids[i]);
+      for (int i : m.params) params.push_back(ids_[i]);
       modules_.push_back(engine.add_module(m.name, params));
     }
   }
@@ -48,6 +48,8 @@ class EngineProvider final : public ParamProvider<float> {
     return view(engine_.begin_backward(modules_[m]));
   }
   void end_backward(int m) override { engine_.end_backward(modules_[m]); }
+  /// The engine's handle of ModelSpec::params[i].
+  zoe::ParamId param(int i) const { return ids_.at(i); }
 
  private:
   static ModuleView<float> view(const zoe::ModuleTensors& t) {
@@ -58,6 +60,7 @@ class EngineProvider final : public ParamProvider<float> {
   }
 
   zoe::Engine& engine_;
+  std::vector<zoe::ParamId> ids_;
   std::vector<zoe::ModuleId> modules_;
 };
 
@@ -86,9 +89,21 @@ struct RunShared {
   const TokenSplit& data;
   const Tokenizer& tok;
   bool verbose;
+  bool gather_parameters;
   RankMeans means;
   TrainSummary summary;
 };
+
+// What must not change when a run resumes: the model, the ranks, the batches, the seed and the
+// data (a step's batches are a function of these and the step number).
+nlohmann::json run_identity(const TrainOptions& opt, const TokenSplit& data, int world, int B, int GA) {
+  return {{"vocab_size", opt.model.vocab_size}, {"layers", opt.model.n_layer},
+          {"heads", opt.model.n_head},          {"width", opt.model.n_embd},
+          {"context", opt.model.context},       {"world_size", world},
+          {"micro_batch", B},                   {"micro_batches", GA},
+          {"seed", opt.seed},                   {"train_tokens", data.train.size()},
+          {"val_tokens", data.val.size()}};
+}
 
 std::string gib(std::int64_t bytes) {
   char buf[32];
@@ -112,7 +127,21 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
   const int GA = engine.config().gradient_accumulation_steps;
   const int T = opt.model.context;
 
-  const int start = 0;
+  TrainerState state;
+  state.run = run_identity(opt, sh.data, world, B, GA);
+  state.last_val_loss = std::nan("");
+  if (opt.resume) {
+    engine.load_checkpoint(engine_checkpoint_dir(opt.checkpoint_dir));
+    state = load_trainer_state(opt.checkpoint_dir, engine.global_step(), engine.lr(), state.run);
+    if (lead) {
+      std::printf("resumed from '%s' after step %d (%s)\n", opt.checkpoint_dir.c_str(), state.step,
+                  state.step >= opt.steps ? "nothing left to train" : "continuing");
+      std::fflush(stdout);
+    }
+  }
+  const int start = state.step;
+  const int stop = opt.stop_after > 0 ? std::min(opt.stop_after, opt.steps) : opt.steps;
+  const double elapsed_before = state.elapsed_s;
 
   auto evaluate = [&] {
     const int per_rank = std::max(1, (opt.eval_batches + world - 1) / world);
@@ -124,11 +153,21 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
     return sh.means.mean(local_rank, sum / per_rank);
   };
 
-  ProgressBar bar(opt.steps, opt.log_every);
-  MetricsWriter metrics(rank == 0 ? opt.metrics_file : std::string());
+  ProgressBar bar(start, opt.steps, opt.log_every);
+  // Saves the engine's states and the trainer's (checkpoint.hpp gives the order and why).
+  auto checkpoint = [&] {
+    state.engine_step = engine.global_step();
+    state.engine_lr = engine.lr();
+    state.elapsed_s = elapsed_before + bar.elapsed_s();
+    if (rank == 0) save_trainer_state(opt.checkpoint_dir, state);
+    engine.save_checkpoint(engine_checkpoint_dir(opt.checkpoint_dir));
+    if (rank == 0) remove_other_trainer_states(opt.checkpoint_dir, state.step);
+  };
+
+  MetricsWriter metrics(rank == 0 ? opt.metrics_file : std::string(), start);
   const double tokens_per_step = static_cast<double>(world) * GA * B * T;
-  double tokens = 0, val = std::nan("");
-  for (int step = start; step < opt.steps; ++step) {
+  double tokens = 0;  // this process's run
+  for (int step = start; step < stop; ++step) {
     const double lr =
         learning_rate(step, opt.steps, opt.warmup, opt.lr, opt.lr * opt.min_lr_ratio);
     engine.set_lr(lr);
@@ -142,29 +181,52 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
     const zoe::StepResult r = engine.step();
     loss = sh.means.mean(local_rank, loss / GA);
     tokens += tokens_per_step;
-    const bool last = step + 1 == opt.steps;
+    state.step = step + 1;
+    state.tokens += tokens_per_step;
+    state.losses.push_back(loss);
+    if (step == 0) state.first_loss = loss;
+    const bool last = step + 1 == stop;
     std::optional<double> val_now;
     if (last || (opt.eval_interval > 0 && (step + 1) % opt.eval_interval == 0)) {
-      val = evaluate();
-      val_now = val;
+      val_now = evaluate();
+      state.last_val_loss = *val_now;
     }
     if (rank == 0) {
-      if (step == start) sh.summary.first_loss = loss;
-      sh.summary.last_loss = loss;
-      sh.summary.losses.push_back(loss);
-      metrics.write({step + 1, loss, lr, r.grad_norm, bar.tokens_per_s(tokens), bar.elapsed_s(), val_now});
+      metrics.write({step + 1, loss, lr, r.grad_norm, bar.tokens_per_s(tokens),
+                     elapsed_before + bar.elapsed_s(), val_now});
       if (sh.verbose) {
         bar.update(step + 1, loss, lr, tokens);
         if (val_now && !last)
           bar.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(*val_now));
       }
     }
+    if (!opt.checkpoint_dir.empty() &&
+        (last || (opt.checkpoint_interval > 0 && (step + 1) % opt.checkpoint_interval == 0))) {
+      checkpoint();
+      if (lead && !last)
+        bar.message("step " + std::to_string(step + 1) + ": checkpoint saved to " + opt.checkpoint_dir);
+    }
   }
+  if (stop <= start) state.last_val_loss = evaluate();  // resumed with nothing left to train
   if (lead) bar.finish();
+  if (lead && !opt.checkpoint_dir.empty() && stop > start)
+    std::printf("checkpoint of step %d saved to '%s'%s\n", stop, opt.checkpoint_dir.c_str(),
+                stop < opt.steps ? " (continue with --resume)" : "");
   if (rank == 0) {
-    sh.summary.final_val_loss = val;
+    sh.summary.start_step = start;
+    sh.summary.losses = state.losses;
+    sh.summary.first_loss = state.first_loss;
+    sh.summary.last_loss = state.losses.empty() ? std::nan("") : state.losses.back();
+    sh.summary.final_val_loss = state.last_val_loss;
     sh.summary.tokens_per_s = bar.tokens_per_s(tokens);
     sh.summary.train_seconds = bar.elapsed_s();
+  }
+  if (sh.gather_parameters) {  // a collective: every rank gathers every parameter
+    const ModelSpec& spec = model.spec();
+    for (std::size_t i = 0; i < spec.params.size(); ++i) {
+      std::vector<float> value = engine.gather_parameter(pp.param(static_cast<int>(i)));
+      if (rank == 0) sh.summary.parameters[spec.params[i].name] = std::move(value);
+    }
   }
   engine.synchronize();
   if (lead) {
@@ -174,7 +236,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
                 gib(m.device_model_states).c_str(), gib(m.host_buffers).c_str());
   }
 
-  if (opt.sample_length > 0) {  // every rank generates (stage 3 gathers are collectives)
+  if (opt.sample_length > 0 && stop == opt.steps) {  // every rank generates (stage 3 gathers are collectives)
     std::vector<TokenId> text = sh.tok.encode(opt.prompt);
     if (text.empty()) text.push_back(sh.tok.end_of_text());
     const std::size_t prompt_len = text.size();
@@ -198,10 +260,15 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
 }  // namespace
 
 TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokenizer& tokenizer,
-                   bool verbose) {
+                   bool verbose, bool gather_parameters) {
   const bool launcher = opt.from_environment;
   const int local_ranks = launcher ? 1 : opt.world_size;
-  RunShared sh{opt, data, tokenizer, verbose, RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {}};
+  if (opt.resume)
+    GPT_CHECK(fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir)) ||
+                  fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir) + ".old"),
+              "--resume: no checkpoint at '", opt.checkpoint_dir, "' (expected '",
+              engine_checkpoint_dir(opt.checkpoint_dir), "' written by --checkpoint-dir)");
+  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {}};
   if (launcher) {
     // One rank per process: losses shown are this process's (rank 0's) own.
     zoe::RankContext ctx = zoe::rank_from_environment(opt.engine.zoe.comm_timeout_s);

@@ -4,6 +4,10 @@
 // trainer that uses zoe's Engine.
 #pragma once
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "examples/gpt/dataset.hpp"
 #include "examples/gpt/options.hpp"
 #include "examples/gpt/tokenizer.hpp"
@@ -12,15 +16,22 @@ namespace gpt {
 
 /// What a run measured (rank 0's view; losses are means over ranks).
 struct TrainSummary {
-  double first_loss = 0, last_loss = 0, final_val_loss = 0;
-  double tokens_per_s = 0, train_seconds = 0;
-  std::vector<double> losses;  // per step
+  int start_step = 0;          // steps done before this process (a resumed run), else 0
+  double first_loss = 0, last_loss = 0, final_val_loss = 0;  // nats; of the whole run
+  double tokens_per_s = 0, train_seconds = 0;                // this process's part
+  std::vector<double> losses;  // train loss per step of the whole run, resumed parts included
+  /// Final fp32 master values by HF name (numel floats each), when train() was asked for them.
+  std::map<std::string, std::vector<float>> parameters;
 };
 
-/// Trains as `opt` says on `data` (read-only, shared by the rank threads). Prints progress to
-/// stderr and the summary to stdout when `verbose`. Throws zoe::Error (or the engine's errors)
-/// from any rank.
+/// Trains as `opt` says on `data` (read-only, shared by the rank threads): from step 0, or with
+/// opt.resume from the checkpoint in opt.checkpoint_dir, up to opt.steps (or opt.stop_after),
+/// checkpointing every opt.checkpoint_interval steps and at the end when opt.checkpoint_dir is
+/// set. Prints progress to stderr and the summary to stdout when `verbose`. With
+/// `gather_parameters`, also returns every parameter's final value (Engine::gather_parameter).
+/// Throws zoe::Error naming the path when the checkpoint to resume is missing, corrupt or from
+/// another run (model, ranks, batch, seed or data differ), and the engine's errors from any rank.
 TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokenizer& tokenizer,
-                   bool verbose);
+                   bool verbose, bool gather_parameters = false);
 
 }  // namespace gpt

@@ -4,59 +4,23 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <unistd.h>
 
-#include <filesystem>
-
-#include "examples/gpt/trainer.hpp"
+#include "tests/gpt/tiny_run.hpp"
 
 namespace gpt {
 namespace {
 
-TokenSplit synthetic_tokens() {
-  // A repeating pattern with noise: learnable, so the loss must fall.
-  TokenSplit d;
-  std::mt19937_64 rng(9);
-  for (int i = 0; i < 4000; ++i) d.train.push_back(static_cast<TokenId>(rng() % 7 == 0 ? rng() % 64 : (i * 5) % 64));
-  for (int i = 0; i < 600; ++i) d.val.push_back(static_cast<TokenId>((i * 5) % 64));
-  return d;
-}
-
-TrainOptions tiny(int stage, zoe::OffloadDevice offload, const std::string& nvme) {
-  TrainOptions o;
-  o.model.vocab_size = 64;
-  o.model.context = 16;
-  o.model.n_layer = 2;
-  o.model.n_head = 2;
-  o.model.n_embd = 16;
-  o.steps = 6;
-  o.lr = 1e-2;
-  o.warmup = 1;
-  o.world_size = 2;
-  o.threads_per_rank = 1;
-  o.eval_interval = 0;
-  o.eval_batches = 2;
-  o.sample_length = 0;
-  o.seed = 7;
-  o.engine.train_micro_batch_size_per_gpu = 2;
-  o.engine.gradient_accumulation_steps = 2;
-  o.engine.gradient_clipping = 1.0;
-  o.engine.zero_optimization.stage = stage;
-  o.engine.zero_optimization.offload_optimizer.device = offload;
-  o.engine.zero_optimization.offload_optimizer.nvme_path = nvme;
-  return o;
-}
+using test::synthetic_tokens;
+using test::tiny;
 
 TEST(GptEngineRun, StagesAndOffloadGiveTheSameLossCurve) {
   const TokenSplit data = synthetic_tokens();
   const Tokenizer no_tokenizer;  // not used: no sample
-  const std::string nvme =
-      (std::filesystem::temp_directory_path() / ("zoe_gpt_test_nvme_" + std::to_string(getpid()))).string();
-  std::filesystem::create_directories(nvme);
+  const test::TempDir dir("engine_run");
+  const std::string nvme = dir.str();
   const TrainSummary s0 = train(tiny(0, zoe::OffloadDevice::none, nvme), data, no_tokenizer, false);
   const TrainSummary s3 = train(tiny(3, zoe::OffloadDevice::none, nvme), data, no_tokenizer, false);
   const TrainSummary s3n = train(tiny(3, zoe::OffloadDevice::nvme, nvme), data, no_tokenizer, false);
-  std::filesystem::remove_all(nvme);
   ASSERT_EQ(s0.losses.size(), 6u);
   ASSERT_EQ(s3.losses.size(), 6u);
   ASSERT_EQ(s3n.losses.size(), 6u);

@@ -1,0 +1,145 @@
+#include "examples/gpt/checkpoint.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "examples/gpt/error.hpp"
+
+namespace gpt {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr int kStateVersion = 1;
+constexpr const char* kPrefix = "trainer-";
+constexpr const char* kSuffix = ".json";
+
+fs::path state_path(const std::string& dir, int step) {
+  return fs::path(dir) / (kPrefix + std::to_string(step) + kSuffix);
+}
+
+// The step of a file named trainer-<S>.json, or -1 for any other name.
+int step_of(const fs::path& file) {
+  const std::string name = file.filename().string();
+  const std::size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
+  if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 ||
+      name.compare(name.size() - s, s, kSuffix) != 0)
+    return -1;
+  const std::string digits = name.substr(p, name.size() - p - s);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return -1;
+  return std::stoi(digits);
+}
+
+// JSON has no NaN: a missing validation loss is null.
+nlohmann::json number_or_null(double v) { return std::isnan(v) ? nlohmann::json() : nlohmann::json(v); }
+double number_or_nan(const nlohmann::json& j) {
+  return j.is_null() ? std::numeric_limits<double>::quiet_NaN() : j.get<double>();
+}
+
+nlohmann::json to_json(const TrainerState& s) {
+  return {{"version", kStateVersion},  {"step", s.step},
+          {"engine_step", s.engine_step}, {"engine_lr", s.engine_lr},
+          {"tokens", s.tokens},          {"elapsed_s", s.elapsed_s},
+          {"first_loss", s.first_loss},  {"last_val_loss", number_or_null(s.last_val_loss)},
+          {"losses", s.losses},          {"run", s.run}};
+}
+
+TrainerState from_json(const nlohmann::json& j, const fs::path& file) {
+  GPT_CHECK(j.is_object() && j.value("version", 0) == kStateVersion, "'", file.string(),
+            "' is not a zoe-gpt trainer state of version ", kStateVersion);
+  TrainerState s;
+  s.step = j.at("step").get<int>();
+  s.engine_step = j.at("engine_step").get<std::int64_t>();
+  s.engine_lr = j.at("engine_lr").get<double>();
+  s.tokens = j.at("tokens").get<double>();
+  s.elapsed_s = j.at("elapsed_s").get<double>();
+  s.first_loss = j.at("first_loss").get<double>();
+  s.last_val_loss = number_or_nan(j.at("last_val_loss"));
+  s.losses = j.at("losses").get<std::vector<double>>();
+  s.run = j.at("run");
+  GPT_CHECK(s.losses.size() == static_cast<std::size_t>(s.step), "'", file.string(), "' holds ",
+            s.losses.size(), " losses for step ", s.step);
+  return s;
+}
+
+// Written, flushed to the disk, then renamed over `path`: readers see the old file or the new.
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  GPT_CHECK(f, "cannot create '", tmp.string(), "': ", std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
+                  std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const int err = errno;
+  std::fclose(f);
+  GPT_CHECK(ok, "cannot write ", text.size(), " bytes to '", tmp.string(), "': ",
+            std::strerror(err));
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  GPT_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
+}
+
+}  // namespace
+
+std::string engine_checkpoint_dir(const std::string& dir) { return (fs::path(dir) / "engine").string(); }
+
+void save_trainer_state(const std::string& dir, const TrainerState& state) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  GPT_CHECK(!ec, "cannot create the checkpoint directory '", dir, "': ", ec.message());
+  write_file_atomically(state_path(dir, state.step), to_json(state).dump(1));
+}
+
+void remove_other_trainer_states(const std::string& dir, int keep_step) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int s = step_of(e.path());
+    if (s >= 0 && s != keep_step) fs::remove(e.path(), ec);  // a leftover is harmless
+  }
+}
+
+TrainerState load_trainer_state(const std::string& dir, std::int64_t engine_step, double engine_lr,
+                                const nlohmann::json& run) {
+  GPT_CHECK(fs::is_directory(dir), "no checkpoint directory '", dir, "'");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (step_of(e.path()) >= 0) files.push_back(e.path());
+  std::sort(files.begin(), files.end(),
+            [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
+  for (const fs::path& file : files) {
+    std::ifstream in(file);
+    GPT_CHECK(in, "cannot open '", file.string(), "'");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
+    }
+    TrainerState s;
+    try {
+      s = from_json(j, file);
+    } catch (const nlohmann::json::exception& e) {
+      GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
+    }
+    if (s.engine_step != engine_step || std::memcmp(&s.engine_lr, &engine_lr, sizeof(double)) != 0)
+      continue;  // written before an engine save that did not complete
+    for (const auto& [key, value] : run.items()) {
+      const auto found = s.run.find(key);
+      GPT_CHECK(found != s.run.end() && *found == value, "checkpoint '", dir, "' was written by a run with ",
+                key, " = ", found == s.run.end() ? std::string("(missing)") : found->dump(),
+                "; this run has ", key, " = ", value.dump());
+    }
+    return s;
+  }
+  GPT_THROW("checkpoint '", dir, "' has no trainer state (trainer-<step>.json) matching its engine files (",
+            files.size(), " trainer files; engine at optimizer step ", engine_step, ")");
+}
+
+}  // namespace gpt
