@@ -13,6 +13,7 @@
 // Sub-groups on the device optimizer are Device::adam_step calls queued on the update stream.
 // Offloaded ones run the CPU optimizer: on the host device as host functions on the update
 // stream (an executor thread); on other devices synchronously on the calling thread.
+#include <algorithm>
 #include <cstring>
 
 #include "src/common/check.hpp"
@@ -32,19 +33,38 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
     // Pointers are taken now: the buffers may change hands before the work runs.
     const void* grad = grad_of(g);
     void* out = stage == 0 ? g.param_full.data() : stage == 3 ? g.param_shard.data() : g.updated.data();
-    update_on_device(g, plan, grad, out, *update_stream);
-    auto host_work = [this, &g, gi, plan, grad, out] {
-      update_offloaded(g, plan, grad, out, *update_stream);
+    // Parameter offload: device sub-groups write into a device buffer the write-back reads.
+    std::shared_ptr<DeviceBuffer> device_out;
+    if (param_store) {
+      const bool any_on_device = std::any_of(g.subgroups.begin(), g.subgroups.end(),
+                                             [](const SubGroup& sg) { return !sg.offloaded(); });
+      device_out = std::make_shared<DeviceBuffer>(
+          any_on_device ? alloc(MemKind::buffer, dtype, g.layout->shard_numel()) : DeviceBuffer());
+      out = device_out->data();
+    }
+    if (out) update_on_device(g, plan, grad, out, *update_stream);
+    auto host_work = [this, &g, gi, plan, grad, out, device_out] {
+      if (device_out) {
+        update_offloaded_params(g, plan, grad, *device_out);
+      } else {
+        update_offloaded(g, plan, grad, out, *update_stream);
+      }
       if (test_hooks::after_group_update) test_hooks::after_group_update(static_cast<int>(gi));
     };
     if (queue) {
       device.host_func(*update_stream, std::move(host_work));
     } else {
+      device.synchronize(*update_stream);  // the device sub-groups' output is read below
       host_work();
     }
     // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
     if (stage <= 1) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
     device.record(*g.update_done, *update_stream);
+    if (device_out && *device_out) {
+      PendingFree f{DeviceBuffer(), device.create_event(), 0, device_out};
+      device.record(*f.after, *update_stream);
+      pending_frees.push_back(std::move(f));
+    }
     // Stage 1 reads the reduce-scatter output in the update; it is freed after it.
     if (stage == 1) {
       PendingFree f{std::move(g.grad_shard), device.create_event()};

@@ -13,6 +13,7 @@
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/device/host_elementwise.hpp"
 
 namespace zoe {
 namespace fs = std::filesystem;
@@ -39,6 +40,13 @@ std::string rank_file(const fs::path& dir, int rank) { return (dir / ("rank" + s
 void write_states(core::EngineImpl& I, core::Group& g, const std::vector<float>& all) {
   const std::size_t n = static_cast<std::size_t>(g.opt_numel);
   I.write_states(g, all);
+  if (I.param_store) {
+    // Parameter offload: the shard's home is the parameter tier.
+    std::vector<std::byte> shard(n * dtype_size(I.dtype));
+    host_ops::cast(all.data(), DType::f32, shard.data(), I.dtype, n);
+    I.param_store->write(g.param_id, shard.data());
+    return;
+  }
   // The compute parameters are the master weights in the compute dtype.
   core::DeviceBuffer master = I.alloc(core::MemKind::buffer, DType::f32, g.opt_numel);
   I.device.copy(master.data(), all.data(), n * sizeof(float), *I.side);

@@ -6,6 +6,7 @@
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/device/host_elementwise.hpp"
 
 namespace zoe {
 
@@ -29,6 +30,20 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     so.aio = c.aio;
     so.require_direct_io = c.zoe.require_direct_io;
     states = std::make_unique<offload::OptimizerStates>(so);
+  }
+  const auto& op = c.zero_optimization.offload_param;
+  if (op.device != OffloadDevice::none && stage == 3) {
+    offload::ParamShardsOptions po;
+    po.device = op.device;
+    po.nvme_path = op.nvme_path;
+    po.rank = rank;
+    po.buffer_count = op.buffer_count;
+    po.buffer_bytes = static_cast<std::size_t>(op.buffer_size) * dtype_size(dtype);
+    po.pin_memory = op.pin_memory;
+    po.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
+    po.aio = c.aio;
+    po.require_direct_io = c.zoe.require_direct_io;
+    param_store = std::make_unique<offload::ParamShards>(po);
   }
   ZOE_LOG_DEBUG("rank {}/{}: engine on {}, stage {}, compute {}", rank, world, device.name(), stage,
                 dtype_name(dtype));
@@ -109,16 +124,25 @@ void EngineImpl::finalize() {
                                                              static_cast<std::size_t>(g.opt_numel)),
                      device_left);
 
+    if (param_store) {
+      // The shard's home is the parameter tier: cast to the compute dtype on the host.
+      std::vector<std::byte> shard(static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype));
+      host_ops::cast(full.data() + L.shard_begin(rank), DType::f32, shard.data(), dtype,
+                     static_cast<std::size_t>(L.shard_numel()));
+      g.param_id = param_store->add(shard.data(), shard.size());
+    }
     // Compute-dtype parameters: cast from the fp32 staging copy on the device.
     DeviceBuffer staging = alloc(MemKind::buffer, DType::f32, stage == 3 ? L.shard_numel() : L.padded_numel());
     const float* src = full.data() + (stage == 3 ? L.shard_begin(rank) : 0);
     device.copy(staging.data(), src, staging.bytes(), s);
     DeviceBuffer& dst = stage == 3 ? g.param_shard : g.param_full;
-    dst = alloc(MemKind::model_state, dtype, staging.numel());
-    if (dtype == DType::f32) {
-      device.copy(dst.data(), staging.data(), staging.bytes(), s);
-    } else {
-      device.cast(staging.data(), DType::f32, dst.data(), dtype, staging.numel(), s);
+    if (!param_store) {
+      dst = alloc(MemKind::model_state, dtype, staging.numel());
+      if (dtype == DType::f32) {
+        device.copy(dst.data(), staging.data(), staging.bytes(), s);
+      } else {
+        device.cast(staging.data(), DType::f32, dst.data(), dtype, staging.numel(), s);
+      }
     }
     if (stage <= 1) {
       g.grad_full = alloc(MemKind::model_state, dtype, L.padded_numel());
@@ -137,6 +161,12 @@ void EngineImpl::finalize() {
     ledger.add(Tier::host, MemKind::model_state, states->host_state_bytes());
     ledger.add(Tier::nvme, MemKind::model_state, states->nvme_state_bytes());
     ledger.add(Tier::host, MemKind::buffer, states->staging_bytes());
+  }
+  if (param_store) {
+    param_store->finalize();
+    ledger.add(Tier::host, MemKind::model_state, param_store->host_bytes());
+    ledger.add(Tier::nvme, MemKind::model_state, param_store->nvme_bytes());
+    ledger.add(Tier::host, MemKind::buffer, param_store->staging_bytes());
   }
   step_start_stats = comm.stats();
   finalized = true;
@@ -172,10 +202,10 @@ void EngineImpl::side_waits_for_compute() {
   device.wait(*side, *e);
 }
 
-void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements) {
-  if (!buffer) return;
+void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements, std::shared_ptr<void> hold) {
+  if (!buffer && !hold) return;
   releasing_elements += gathered_elements;
-  PendingFree f{std::move(buffer), device.create_event(), gathered_elements};
+  PendingFree f{std::move(buffer), device.create_event(), gathered_elements, std::move(hold)};
   device.record(*f.after, *side);
   pending_frees.push_back(std::move(f));
 }
@@ -220,10 +250,6 @@ Engine::Engine(const Config& config, RankContext rank) {
   config.check_batch_size(rank.comm->world_size());
   // Accepted by the config (DeepSpeed's keys) but not built in the engine yet: refuse them
   // rather than ignore them.
-  const auto& z = config.zero_optimization;
-  if (z.offload_param.device != OffloadDevice::none)
-    ZOE_THROW_CONFIG("zero_optimization.offload_param.device",
-                     "parameter offload is not supported by this engine yet; use \"none\"");
   if (config.zoe.delayed_update)
     ZOE_THROW_CONFIG("zoe.delayed_update", "the one-step-delayed update is not supported by this engine yet");
   impl_ = std::make_unique<Impl>(config, std::move(rank));

@@ -25,6 +25,7 @@
 #include "src/core/memory_ledger.hpp"
 #include "src/device/device.hpp"
 #include "src/offload/optimizer_states.hpp"
+#include "src/offload/param_shards.hpp"
 #include "src/optim/cpu_adam.hpp"
 #include "zoe/engine.hpp"
 
@@ -60,8 +61,10 @@ struct Group {
   bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
 
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
-  // Stage 3: param_shard is persistent, param_full exists while gathered.
+  // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
+  // offload the shard lives in EngineImpl::param_store (id param_id), not on the device.
   DeviceBuffer param_full, param_shard;
+  int param_id = -1;
   std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
   int active = 0;                      // modules between begin_* and end_* using it
 
@@ -113,6 +116,7 @@ struct PendingFree {
   DeviceBuffer buffer;
   std::unique_ptr<Event> after;
   std::int64_t gathered_elements = 0;  // a released stage-3 gather buffer's elements
+  std::shared_ptr<void> hold;          // released with the buffer (e.g. a pinned read buffer)
 };
 
 struct EngineImpl {
@@ -132,6 +136,7 @@ struct EngineImpl {
   std::unique_ptr<optim::CpuAdam> adam;
   std::unique_ptr<offload::OptimizerStates> states;  // optimizer offload (cpu / nvme)
   std::unique_ptr<Stream> update_stream;             // the optimizer update, group by group
+  std::unique_ptr<offload::ParamShards> param_store;  // parameter offload (stage 3: cpu / nvme)
   double lr;
   std::int64_t step_count = 0;
 
@@ -161,7 +166,7 @@ struct EngineImpl {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
-  void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0);
+  void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
   void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
@@ -174,6 +179,9 @@ struct EngineImpl {
   void acquire(int module, bool backward);
   void release(int module);
   void gather(Group& g);
+  /// Parameter offload: the group's shard on its way in (waits for a free read buffer by
+  /// returning finished gathers' buffers).
+  std::shared_ptr<offload::ShardRead> begin_shard_read(Group& g);
   void prefetch_after(std::size_t pos);
   bool in_prefetch_window(int group) const;
   void drop_all_gathered();
@@ -204,6 +212,12 @@ struct EngineImpl {
   std::vector<float> read_states(Group& g);
   /// Writes all three states of the range from `all` ([3 * opt_numel] floats).
   void write_states(Group& g, const std::vector<float>& all);
+
+  /// Parameter offload: the update of one group written back to its shard's home.
+  void update_offloaded_params(Group& g, const UpdatePlan& plan, const void* grad, const DeviceBuffer& device_out);
+  /// Copies device memory to host memory now (a plain memcpy on the host device, where this
+  /// may run inside a host function).
+  void copy_to_host_now(void* dst, const void* src, std::size_t bytes, Stream& stream);
 
   // async_update.cpp
   /// Queues the update of every group on the update stream (zoe.overlap_step) or runs it now.

@@ -20,8 +20,20 @@ void EngineImpl::gather(Group& g) {
     reap_frees(true);
   after_update(g);  // the all-gather reads the shard the last update wrote
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
-  all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
-  device.record(*g.param_ready, *side);
+  if (param_store) {
+    // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
+    // stream after the group's update (which writes the shard back) is done.
+    std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
+    DeviceBuffer staging = alloc(MemKind::buffer, dtype, L.shard_numel());
+    device.host_func(*side, [read] { read->wait(); });
+    device.copy(staging.data(), read->data(), staging.bytes(), *side);
+    all_gather(staging.data(), g.param_full.data(), L.shard_numel(), dtype);
+    device.record(*g.param_ready, *side);
+    free_after_side(std::move(staging), 0, std::move(read));
+  } else {
+    all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
+    device.record(*g.param_ready, *side);
+  }
   live_elements += L.padded_numel();
 }
 

@@ -78,6 +78,23 @@ TEST(Checkpoint, ResumedRunEqualsUninterruptedBitwise) {
   }
 }
 
+TEST(Checkpoint, ResumedRunWithParameterOffloadEqualsUninterrupted) {
+  for (OffloadDevice p : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    std::string dir = temp_dir("resume-params");
+    Config c = config(3, OffloadDevice::nvme, dir);
+    c.zero_optimization.offload_param.device = p;
+    c.zero_optimization.offload_param.nvme_path = dir + "/nvme";
+    c.zero_optimization.stage3_param_persistence_threshold = 0;
+    auto straight = run(c, 0, 10, "", "");
+    run(c, 0, 5, "", dir + "/ckpt");
+    auto resumed = run(c, 5, 10, dir + "/ckpt", "");
+    ASSERT_EQ(straight.size(), resumed.size());
+    for (std::size_t i = 0; i < straight.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(straight[i].data(), resumed[i].data(), straight[i].size() * 4)) << "param " << i;
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST(Checkpoint, SavingAgainReplacesAtomically) {
   std::string dir = temp_dir("again");
   Config c = config(3, OffloadDevice::none, dir);

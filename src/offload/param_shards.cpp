@@ -1,0 +1,157 @@
+#include "src/offload/param_shards.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+
+namespace zoe::offload {
+
+void ShardRead::wait() {
+  if (!buffer) return;  // cpu tier: the shard is its home
+  if (!io) owner->issue(*this);
+  io->wait();
+}
+
+ParamShards::ParamShards(const ParamShardsOptions& options) : options_(options) {
+  ZOE_CHECK_USAGE(options.device != OffloadDevice::none, "ParamShards needs offload device cpu or nvme");
+  if (options.device == OffloadDevice::nvme && options.buffer_count < 2)
+    ZOE_THROW_CONFIG("zero_optimization.offload_param.buffer_count",
+                     "must be >= 2 for NVMe parameter offload (reads and the optimizer's write-back), got ",
+                     options.buffer_count);
+}
+
+ParamShards::~ParamShards() {
+  writing_.reset();
+  store_.reset();  // waits for outstanding swaps before the buffers go away
+}
+
+int ParamShards::add(const void* initial, std::size_t bytes) {
+  ZOE_CHECK_USAGE(!finalized_, "ParamShards::add after finalize");
+  if (options_.device == OffloadDevice::nvme && bytes > options_.buffer_bytes)
+    ZOE_THROW_CONFIG("zero_optimization.offload_param.buffer_size",
+                     "a parameter shard of ", bytes, " bytes does not fit a staging buffer of ", options_.buffer_bytes,
+                     " bytes; raise buffer_size (elements) to at least the largest module's shard");
+  const int id = static_cast<int>(bytes_.size());
+  bytes_.push_back(bytes);
+  AlignedBuffer b(std::max<std::size_t>(bytes, 1));
+  if (bytes) std::memcpy(b.data(), initial, bytes);
+  host_.push_back(std::move(b));
+  return id;
+}
+
+void ParamShards::finalize() {
+  if (finalized_) return;
+  finalized_ = true;
+  if (options_.device != OffloadDevice::nvme) return;
+  PinnedPoolOptions po;
+  po.buffer_bytes = std::max<std::size_t>(options_.buffer_bytes, 1);
+  po.lock = options_.pin_memory;
+  po.buffer_count = static_cast<std::size_t>(options_.buffer_count - 1);
+  po.budget_bytes = static_cast<std::size_t>(options_.pinned_budget_bytes);
+  read_pool_ = std::make_unique<PinnedPool>(po);
+  po.buffer_count = 1;
+  if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, read_pool_->total_bytes());
+  write_pool_ = std::make_unique<PinnedPool>(po);
+
+  NvmeStoreOptions so;
+  so.dir = options_.nvme_path;
+  so.rank = options_.rank;
+  so.aio.block_size = static_cast<std::size_t>(options_.aio.block_size);
+  so.aio.queue_depth = static_cast<unsigned>(options_.aio.queue_depth);
+  so.aio.threads = static_cast<unsigned>(std::max(1, options_.aio.intra_op_parallelism));
+  so.require_direct_io = options_.require_direct_io;
+  so.fixed_buffers = read_pool_->buffers();
+  for (auto b : write_pool_->buffers()) so.fixed_buffers.push_back(b);
+  store_ = std::make_unique<NvmeStore>(so);
+  for (std::size_t i = 0; i < bytes_.size(); ++i)
+    store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes_[i], 1));
+  for (std::size_t i = 0; i < bytes_.size(); ++i) {
+    write(static_cast<int>(i), host_[i].data());
+    host_[i] = AlignedBuffer();
+  }
+  ZOE_LOG_INFO("rank {}: {} parameter shards on NVMe in {} ({} MiB; {} x {} MiB pinned buffers)", options_.rank,
+               bytes_.size(), store_->path(), nvme_bytes() >> 20, options_.buffer_count, read_pool_->buffer_bytes() >> 20);
+}
+
+std::optional<std::shared_ptr<ShardRead>> ParamShards::try_begin_read(int id, bool issue_now) {
+  ZOE_CHECK_USAGE(finalized_, "ParamShards::try_begin_read before finalize");
+  auto r = std::make_shared<ShardRead>();
+  r->owner = this;
+  r->id = id;
+  if (options_.device == OffloadDevice::cpu) {
+    r->home = host_[id].data();
+    return r;
+  }
+  std::optional<PinnedBuffer> b = read_pool_->try_acquire();
+  if (!b) return std::nullopt;
+  r->buffer = std::move(*b);
+  if (issue_now) issue(*r);
+  return r;
+}
+
+void ParamShards::issue(ShardRead& read) {
+  read.io = store_->swap_in(name(read.id), read.buffer.data(), std::max<std::size_t>(bytes_[read.id], 1));
+}
+
+void* ParamShards::write_buffer(int id) {
+  if (options_.device == OffloadDevice::cpu) return host_[id].data();
+  ZOE_CHECK_USAGE(!writing_, "ParamShards: one write-back at a time");
+  writing_ = write_pool_->acquire();
+  return writing_->data();
+}
+
+void ParamShards::commit(int id) {
+  if (options_.device == OffloadDevice::cpu) return;
+  ZOE_CHECK_USAGE(writing_.has_value(), "ParamShards::commit without write_buffer");
+  SwapHandle h = store_->swap_out(name(id), writing_->data(), std::max<std::size_t>(bytes_[id], 1));
+  try {
+    h.wait();
+  } catch (...) {
+    writing_.reset();
+    throw;
+  }
+  writing_.reset();
+}
+
+void ParamShards::read(int id, void* dst) {
+  if (options_.device == OffloadDevice::cpu || !finalized_) {
+    std::memcpy(dst, host_[id].data(), bytes_[id]);
+    return;
+  }
+  PinnedBuffer b = write_pool_->acquire_wait();
+  store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes_[id], 1)).wait();
+  std::memcpy(dst, b.data(), bytes_[id]);
+}
+
+void ParamShards::write(int id, const void* src) {
+  if (options_.device == OffloadDevice::cpu || !finalized_) {
+    std::memcpy(host_[id].data(), src, bytes_[id]);
+    return;
+  }
+  PinnedBuffer b = write_pool_->acquire_wait();
+  std::memcpy(b.data(), src, bytes_[id]);
+  store_->swap_out(name(id), b.data(), std::max<std::size_t>(bytes_[id], 1)).wait();
+}
+
+std::int64_t ParamShards::host_bytes() const {
+  if (options_.device != OffloadDevice::cpu) return 0;
+  std::int64_t total = 0;
+  for (std::size_t b : bytes_) total += static_cast<std::int64_t>(b);
+  return total;
+}
+
+std::int64_t ParamShards::nvme_bytes() const {
+  if (options_.device != OffloadDevice::nvme) return 0;
+  std::int64_t total = 0;
+  for (std::size_t b : bytes_) total += static_cast<std::int64_t>(b);
+  return total;
+}
+
+std::int64_t ParamShards::staging_bytes() const {
+  if (!read_pool_) return 0;
+  return static_cast<std::int64_t>(read_pool_->total_bytes() + write_pool_->total_bytes());
+}
+
+}  // namespace zoe::offload

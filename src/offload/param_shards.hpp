@@ -1,0 +1,105 @@
+// Where stage 3's compute-dtype parameter shards live under parameter offload
+// (offload_param, ZeRO-Infinity's parameter tier): in host memory (device = cpu) or in NVMe
+// files (device = nvme), one shard per module group, instead of device memory.
+//
+// NVMe: the engine brings a shard in ahead of its all-gather through a pool of
+// `buffer_count - 1` pinned buffers of `buffer_bytes` (offload_param.buffer_count ×
+// buffer_size elements × dtype size); the remaining buffer is reserved for the optimizer's
+// write-back of updated shards, so reads and the write-back never wait on each other.
+// Pinned bytes are exactly buffer_count × buffer_bytes (rounded up to 4 KiB); no other host
+// copy of a shard is kept (max_in_cpu is therefore always respected).
+//
+// Units: bytes. Thread-safety: add/finalize on one thread; begin_read/end-of-read, the write
+// path and read/write may run on different threads for different shards, but a shard is
+// never read and written at the same time (the engine orders them with events).
+// Errors: ConfigError (offload_param.buffer_count / buffer_size too small), IoError /
+// CorruptionError from the NVMe store, OutOfMemoryError from the pinned pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/common/aligned_buffer.hpp"
+#include "src/offload/nvme_store.hpp"
+#include "src/offload/pinned_pool.hpp"
+#include "zoe/config.hpp"
+
+namespace zoe::offload {
+
+struct ParamShardsOptions {
+  OffloadDevice device = OffloadDevice::cpu;  // cpu or nvme
+  std::string nvme_path;
+  int rank = 0;
+  int buffer_count = 5;               // offload_param.buffer_count (>= 2 for nvme)
+  std::size_t buffer_bytes = 1 << 20;  // offload_param.buffer_size × dtype size
+  bool pin_memory = true;
+  std::int64_t pinned_budget_bytes = 0;
+  AioConfig aio;
+  bool require_direct_io = false;
+};
+
+/// A shard on its way in: after wait(), data() holds its bytes. Owns its pinned buffer
+/// (NVMe) until destroyed.
+struct ShardRead {
+  const void* data() const { return buffer ? buffer.data() : home; }
+  /// NVMe: issues the read (if not yet issued) and waits for it; cpu: nothing.
+  void wait();
+
+  class ParamShards* owner = nullptr;
+  int id = -1;
+  const void* home = nullptr;  // cpu tier
+  PinnedBuffer buffer;         // nvme tier
+  std::optional<SwapHandle> io;
+};
+
+class ParamShards {
+ public:
+  explicit ParamShards(const ParamShardsOptions& options);
+  ~ParamShards();
+
+  /// Adds a shard of `bytes` bytes with initial contents `initial`. Before finalize().
+  /// Returns its id (0, 1, ...). Throws ConfigError if it exceeds the NVMe buffer size.
+  int add(const void* initial, std::size_t bytes);
+  /// Allocates the pinned buffers and writes the initial shards (NVMe).
+  void finalize();
+
+  /// Starts bringing shard `id` in: nullopt if no read buffer is free (NVMe; the caller
+  /// returns one and retries). With `issue` the NVMe read starts now; otherwise at wait()
+  /// (when the shard may still be being rewritten).
+  std::optional<std::shared_ptr<ShardRead>> try_begin_read(int id, bool issue);
+  /// Starts reading shard `id` into the caller's read `buffer` (see try_begin_read).
+  void issue(ShardRead& read);
+
+  /// The write-back of an updated shard: write_buffer(id) is where the new bytes go (cpu:
+  /// the shard itself; nvme: the reserved pinned buffer, leased until commit), commit(id)
+  /// stores them (nvme: swap-out, waited). One write at a time.
+  void* write_buffer(int id);
+  void commit(int id);
+  /// Gives the write buffer back without storing it (an update failed).
+  void abort_write() { writing_.reset(); }
+
+  /// Copies shard `id` out / in (checkpoints, initial values); not on the training path.
+  void read(int id, void* dst);
+  void write(int id, const void* src);
+
+  std::size_t bytes(int id) const { return bytes_[id]; }
+  std::int64_t host_bytes() const;     // shards in host memory (cpu tier)
+  std::int64_t nvme_bytes() const;     // shards on NVMe
+  std::int64_t staging_bytes() const;  // pinned buffers (nvme tier)
+
+ private:
+  std::string name(int id) const { return "param.g" + std::to_string(id); }
+
+  ParamShardsOptions options_;
+  std::vector<std::size_t> bytes_;
+  std::vector<AlignedBuffer> host_;  // cpu tier; nvme: initial values until finalize
+  std::unique_ptr<PinnedPool> read_pool_, write_pool_;
+  std::unique_ptr<NvmeStore> store_;
+  std::optional<PinnedBuffer> writing_;
+  bool finalized_ = false;
+};
+
+}  // namespace zoe::offload
