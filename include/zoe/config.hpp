@@ -144,7 +144,9 @@ struct ZoeConfig {
   std::int64_t pinned_budget_bytes = 0;
   /// Overlap the CPU optimizer step with the next forward (results unchanged).
   bool overlap_step = true;
-  /// ZeRO-Offload's one-step-delayed parameter update (changes the math; off by default).
+  /// ZeRO-Offload's one-step-delayed parameter update (Ren et al. 2021, §4.2): step k+1's
+  /// forward/backward use the parameters of update k-1 (changes the math; off by default).
+  /// Needs offload_optimizer cpu/nvme; not with offload_param.
   bool delayed_update = false;
 
   bool operator==(const ZoeConfig&) const = default;

@@ -15,7 +15,7 @@ namespace core {
 EngineImpl::EngineImpl(const Config& c, RankContext r)
     : config(c), ctx(std::move(r)), device(*ctx.device), comm(*ctx.comm), rank(comm.rank()),
       world(comm.world_size()), stage(c.zero_optimization.stage), dtype(c.compute_dtype()),
-      side(device.create_stream()), scaler(c), lr(c.optimizer.lr) {
+      side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   const auto& oo = c.zero_optimization.offload_optimizer;
@@ -250,8 +250,10 @@ Engine::Engine(const Config& config, RankContext rank) {
   config.check_batch_size(rank.comm->world_size());
   // Accepted by the config (DeepSpeed's keys) but not built in the engine yet: refuse them
   // rather than ignore them.
-  if (config.zoe.delayed_update)
-    ZOE_THROW_CONFIG("zoe.delayed_update", "the one-step-delayed update is not supported by this engine yet");
+  if (config.zoe.delayed_update && config.zero_optimization.offload_param.device != OffloadDevice::none)
+    ZOE_THROW_CONFIG("zoe.delayed_update", "cannot be combined with zero_optimization.offload_param.device = ",
+                     config.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu" : "nvme",
+                     " (the update writes the offloaded shards the next forward reads); set one of them off");
   impl_ = std::make_unique<Impl>(config, std::move(rank));
 }
 

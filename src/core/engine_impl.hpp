@@ -83,6 +83,7 @@ struct Group {
 
   // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
   // param_full (lazily, before the group's next use, in module order on every rank).
+  // Delayed update, every stage: the new parameters wait there until the next step().
   DeviceBuffer updated;
   bool params_stale = false;
   /// Recorded on the update stream after this group's optimizer update.
@@ -139,6 +140,7 @@ struct EngineImpl {
   std::unique_ptr<offload::ParamShards> param_store;  // parameter offload (stage 3: cpu / nvme)
   double lr;
   std::int64_t step_count = 0;
+  bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
 
   std::vector<ParamInfo> params;
   std::vector<ModuleInfo> modules;

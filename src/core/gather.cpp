@@ -18,7 +18,7 @@ void EngineImpl::gather(Group& g) {
   // the cap they are returned first, so memory stays within it.
   if (live_elements + releasing_elements + L.padded_numel() > config.zero_optimization.stage3_max_live_parameters)
     reap_frees(true);
-  after_update(g);  // the all-gather reads the shard the last update wrote
+  if (!delayed) after_update(g);  // the all-gather reads the shard the last update wrote
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
   if (param_store) {
     // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
@@ -41,7 +41,7 @@ void EngineImpl::acquire(int module, bool backward) {
   ModuleInfo& m = modules[module];
   if (stage < 3) {
     for (int gi : m.groups) {
-      after_update(groups[gi]);  // the previous step's update of this group (and its all-gather)
+      if (!delayed) after_update(groups[gi]);  // the previous step's update of this group (and its all-gather)
       ready_for_compute(stage == 0 ? *groups[gi].update_done : *groups[gi].param_ready);
       ++groups[gi].active;
     }
