@@ -1,0 +1,105 @@
+// Step + next forward: a real Engine (one rank as a thread on the host device, bf16 compute,
+// AdamW, optimizer states offloaded to host memory or NVMe, zoe.overlap_step on) with
+// `modules` modules of one parameter each. Gradients come from a backward pass that writes a
+// constant into every module's gradient buffer. The synthetic forward holds each module for
+// a fixed time (a sleep standing for GPU compute: it uses no CPU, as a kernel on the GPU
+// would not) between begin_forward and end_forward.
+//
+// Per repetition: step alone (step() + synchronize()), forward alone (no update pending),
+// and step() followed at once by the forward, which waits in begin_forward(k) only for
+// module k's groups. Ideal overlap gives max(step, forward) + one module's forward, so the
+// ratio (step + forward) / max(step, forward) has a floor of 1 + 1/modules when both are
+// equally long (the default: forward length = step alone); target <= 1.10.
+#include "bench/offload/overlap_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "kernels/half.hpp"
+#include "zoe/engine.hpp"
+
+namespace zoe::bench {
+
+void run_overlap_case(const OverlapBenchOptions& o, OffloadDevice tier, const Report& report) {
+  Config c;
+  c.zero_optimization.stage = o.stage;
+  c.bf16.enabled = true;
+  c.optimizer.weight_decay = 0.01;
+  c.zero_optimization.sub_group_size = o.sub_group_numel;
+  c.zero_optimization.offload_optimizer.device = tier;
+  c.zero_optimization.offload_optimizer.nvme_path = o.nvme_dir;
+  c.zero_optimization.offload_optimizer.buffer_count = o.buffer_count;
+  c.zoe.optimizer_threads = o.threads;
+  c.zoe.overlap_step = true;
+  auto ranks = make_local_ranks(1);
+  Engine e(c, ranks[0]);
+
+  const std::int64_t per_module = o.psi / o.modules / 16 * 16;
+  std::vector<ModuleId> modules;
+  {
+    std::vector<float> initial(static_cast<std::size_t>(per_module));
+    for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = 0.5f + static_cast<float>(i % 1021) * 1e-3f;
+    for (int m = 0; m < o.modules; ++m) {
+      ParamId p = e.add_parameter("m" + std::to_string(m) + ".w", {per_module}, initial);
+      modules.push_back(e.add_module("m" + std::to_string(m), {p}));
+    }
+  }
+  const std::uint16_t grad_bits = kernels::f32_to_bf16(1e-3f);
+  auto backward = [&] {
+    for (int m = o.modules - 1; m >= 0; --m) {
+      ModuleTensors t = e.begin_backward(modules[m]);
+      std::fill_n(t.grads[0].as<std::uint16_t>(), t.grads[0].numel(), grad_bits);
+      e.end_backward(modules[m]);
+    }
+    e.synchronize();  // the gradient reductions are not part of the step
+  };
+  std::chrono::duration<double> per_module_compute{0};
+  auto forward = [&] {
+    for (ModuleId m : modules) {
+      e.begin_forward(m);
+      std::this_thread::sleep_for(per_module_compute);
+      e.end_forward(m);
+    }
+  };
+  auto step_alone = [&] {
+    e.step();
+    e.synchronize();
+  };
+  auto step_then_forward = [&] {
+    e.step();
+    forward();  // its last begin_forward waited for the last group's update
+  };
+
+  const std::string name = std::string(tier == OffloadDevice::nvme ? "nvme" : "cpu") + " psi=" +
+                           std::to_string(o.psi / 1'000'000) + "M modules=" + std::to_string(o.modules) + " stage " +
+                           std::to_string(o.stage);
+  report.text("# overlap %s: warm-up and calibration ...\n", name.c_str());
+  forward();  // finalizes the engine (NVMe: writes the initial states)
+  backward();
+  const double calibration = seconds(step_alone);
+  const double forward_s = o.forward_ms > 0 ? o.forward_ms / 1e3 : calibration;
+  per_module_compute = std::chrono::duration<double>(forward_s / o.modules);
+  report.text("#   step alone %.3f s; synthetic forward %.3f s (%d modules x %.1f ms)\n", calibration, forward_s,
+              o.modules, per_module_compute.count() * 1e3);
+  forward();
+  backward();
+
+  std::vector<double> steps, forwards, both, ratios;
+  for (int r = 0; r < o.reps; ++r) {
+    steps.push_back(seconds(step_alone));
+    forwards.push_back(seconds(forward));
+    backward();
+    both.push_back(seconds(step_then_forward));
+    backward();
+    ratios.push_back(both.back() / std::max(steps.back(), forwards.back()));
+    report.text("#   rep %d: step %.3f s, forward %.3f s, step+forward %.3f s, ratio %.3f\n", r, steps.back(),
+                forwards.back(), both.back(), ratios.back());
+  }
+  e.synchronize();
+  report.line(name + " step+forward vs max", median(both), "s", std::max(median(steps), median(forwards)),
+              median(ratios), "(floor 1 + 1/modules with equal lengths)");
+}
+
+}  // namespace zoe::bench
