@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -14,7 +15,28 @@ namespace {
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kHuge = 2u << 20;
 std::size_t round_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// Process-wide counters behind pinned_stats().
+std::atomic<std::size_t> g_region{0}, g_peak_region{0}, g_leased{0}, g_peak_leased{0};
+
+void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
+  std::size_t seen = peak.load();
+  while (seen < value && !peak.compare_exchange_weak(seen, value)) {
+  }
+}
+void count(std::atomic<std::size_t>& now, std::atomic<std::size_t>& peak, std::size_t bytes) noexcept {
+  raise_peak(peak, now.fetch_add(bytes) + bytes);
+}
 }  // namespace
+
+PinnedStats pinned_stats() noexcept {
+  return PinnedStats{g_region.load(), g_peak_region.load(), g_leased.load(), g_peak_leased.load()};
+}
+
+void reset_pinned_peaks() noexcept {
+  g_peak_region.store(g_region.load());
+  g_peak_leased.store(g_leased.load());
+}
 
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
@@ -80,6 +102,7 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options)
                                    "from it will be staged", total);
   }
   for (std::size_t i = count_; i-- > 0;) free_.push_back(i);
+  count(g_region, g_peak_region, total);
 }
 
 PinnedPool::~PinnedPool() {
@@ -91,11 +114,13 @@ PinnedPool::~PinnedPool() {
   if (registered_ && options_.unregister_fn) options_.unregister_fn(region_);
   if (locked_) ::munlock(region_, mapped_bytes_);
   ::munmap(region_, mapped_bytes_);
+  g_region.fetch_sub(mapped_bytes_);
 }
 
 PinnedBuffer PinnedPool::lease_locked() {
   std::size_t index = free_.back();
   free_.pop_back();
+  count(g_leased, g_peak_leased, buffer_bytes_);
   return PinnedBuffer(this, region_ + index * buffer_bytes_, buffer_bytes_, index);
 }
 
@@ -124,6 +149,7 @@ void PinnedPool::give_back(std::size_t index) noexcept {
     std::lock_guard lock(mutex_);
     free_.push_back(index);
   }
+  g_leased.fetch_sub(buffer_bytes_);
   released_.notify_one();
 }
 

@@ -49,6 +49,21 @@ struct PinnedPoolOptions {
 
 class PinnedPool;
 
+/// Process-wide bytes of all PinnedPools (every engine and rank of the process together),
+/// counted whether the region got locked or fell back to pageable memory: what the offload
+/// tiers hold as staging. Thread-safe (atomics); read them while no pool is being built or
+/// destroyed to get a consistent pair.
+struct PinnedStats {
+  std::size_t region_bytes = 0;       // regions of the pools alive now (count x buffer_bytes each)
+  std::size_t peak_region_bytes = 0;  // max of region_bytes since start or reset_pinned_peaks()
+  std::size_t leased_bytes = 0;       // buffers leased now
+  std::size_t peak_leased_bytes = 0;  // max of leased_bytes since start or reset_pinned_peaks()
+};
+/// The counters now.
+PinnedStats pinned_stats() noexcept;
+/// Sets both peaks to the current values (e.g. at the start of a measurement).
+void reset_pinned_peaks() noexcept;
+
 /// A leased buffer: 4096-aligned, `size()` bytes (the pool's rounded buffer size).
 /// Move-only; returns itself to the pool when destroyed or release()d.
 class PinnedBuffer {
