@@ -3,9 +3,9 @@
 // model holds no parameters itself, only its activations.
 //
 // One micro-batch: forward() walks embeddings, blocks, head, asking the provider for each
-// module's parameters in turn; in training mode the head's fused softmax-cross-entropy already
-// produces the gradient of the loss w.r.t. its input and wte (kept until backward()).
-// backward() walks the modules in reverse, adding gradients into the provider's buffers. With
+// module's parameters in turn. forward_backward() walks embeddings and blocks forward, then the
+// modules in reverse: the head's fused softmax cross-entropy computes the loss and its gradients
+// at once, and every module adds its gradients into the provider's buffers. With
 // activation checkpointing only each block's input is kept and the block's forward is recomputed
 // inside its backward (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost").
 // Thread-safety: one GptModel per thread (it owns mutable activation buffers).
@@ -49,61 +49,42 @@ class GptModel {
   const GptConfig& config() const { return cfg_; }
   const ModelSpec& spec() const { return spec_; }
 
-  /// Forward of a micro-batch: inputs and targets [B*T] token ids, 1 <= T <= context. Returns
-  /// the mean cross-entropy (nats). With `train`, prepares backward() for this micro-batch.
+  /// Mean cross-entropy (nats) of a micro-batch: inputs and targets [B*T] token ids,
+  /// 1 <= T <= context. Forward only (evaluation).
   double forward(ParamProvider<T>& pp, const std::int32_t* inputs, const std::int32_t* targets,
-                 int B, int Tn, bool train) {
+                 int B, int Tn) {
     run_trunk(pp, inputs, B, Tn);
     const int head = head_module();
     const ModuleView<T> v = pp.begin_forward(head);
     final_layernorm(v);
-    const int C = cfg_.n_embd, V = cfg_.vocab_size;
-    T* dlnf = nullptr;
-    T* dwte = nullptr;
-    if (train) {
-      dlnf_.assign(static_cast<std::size_t>(N_) * C, T(0));
-      dwte_.assign(static_cast<std::size_t>(V) * C, T(0));
-      dlnf = dlnf_.data();
-      dwte = dwte_.data();
-    }
     const double loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets,
-                                                      N_, C, V, dlnf, dwte, logits_, head_chunk_);
+                                                      N_, cfg_.n_embd, cfg_.vocab_size, nullptr,
+                                                      nullptr, logits_, head_chunk_);
     pp.end_forward(head);
-    backward_ready_ = train;
     return loss;
   }
 
-  /// Logits of the last position of each sequence, [B, V] row-major (for sampling).
-  void last_logits(ParamProvider<T>& pp, const std::int32_t* inputs, int B, int Tn,
-                   std::vector<T>& out) {
+  /// Training on a micro-batch (same arguments as forward): the forward of the embeddings and
+  /// blocks, then the head's forward and backward together inside its backward scope (the fused
+  /// softmax cross-entropy adds d loss / d wte straight into the provider's gradient buffer, and
+  /// the head needs no forward gather), then the blocks' and embeddings' backward. Adds
+  /// d(mean loss)/d(param) into the provider's gradient buffers; returns the mean loss (nats).
+  /// Provider calls: begin/end_forward of modules 0..L, then begin/end_backward of L+1..0.
+  double forward_backward(ParamProvider<T>& pp, const std::int32_t* inputs,
+                          const std::int32_t* targets, int B, int Tn) {
     run_trunk(pp, inputs, B, Tn);
-    const int head = head_module();
-    const ModuleView<T> v = pp.begin_forward(head);
-    final_layernorm(v);
-    const int C = cfg_.n_embd, V = cfg_.vocab_size;
-    std::vector<T> last(static_cast<std::size_t>(B) * C);
-    for (int b = 0; b < B; ++b)
-      std::copy_n(lnf_.data() + (static_cast<std::int64_t>(b) * Tn + Tn - 1) * C, C,
-                  last.data() + static_cast<std::int64_t>(b) * C);
-    out.resize(static_cast<std::size_t>(B) * V);
-    ops::lm_head_logits<T>(last.data(), v.params[kHeadWte], B, C, V, out.data());
-    pp.end_forward(head);
-    backward_ready_ = false;
-  }
-
-  /// Backward of the micro-batch of the last forward(train=true): adds d(mean loss)/d(param)
-  /// into the provider's gradient buffers. Throws zoe::Error without a training forward.
-  void backward(ParamProvider<T>& pp) {
-    GPT_CHECK(backward_ready_, "GptModel::backward without a preceding forward(train=true)");
-    backward_ready_ = false;
     const int C = cfg_.n_embd, L = cfg_.n_layer;
     const std::size_t NC = static_cast<std::size_t>(N_) * C;
+    double loss = 0;
     dx_.assign(NC, T(0));
     {
       const int head = head_module();
       const ModuleView<T> v = pp.begin_backward(head);
-      ops::Map<T>(v.grads[kHeadWte], cfg_.vocab_size, C) +=
-          ops::CMap<T>(dwte_.data(), cfg_.vocab_size, C);
+      final_layernorm(v);
+      dlnf_.assign(NC, T(0));
+      loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets, N_, C,
+                                           cfg_.vocab_size, dlnf_.data(), v.grads[kHeadWte],
+                                           logits_, head_chunk_);
       ops::layernorm_backward<T>(dlnf_.data(), x_[L].data(), v.params[kLnfW], lnf_mean_.data(),
                                  lnf_rstd_.data(), N_, C, dx_.data(), v.grads[kLnfW],
                                  v.grads[kLnfB]);
@@ -122,6 +103,24 @@ class GptModel {
     ops::embedding_backward<T>(inputs_.data(), B_, T_, C, dx_.data(), v.grads[kEmbWte],
                                v.grads[kEmbWpe]);
     pp.end_backward(0);
+    return loss;
+  }
+
+  /// Logits of the last position of each sequence, [B, V] row-major (for sampling).
+  void last_logits(ParamProvider<T>& pp, const std::int32_t* inputs, int B, int Tn,
+                   std::vector<T>& out) {
+    run_trunk(pp, inputs, B, Tn);
+    const int head = head_module();
+    const ModuleView<T> v = pp.begin_forward(head);
+    final_layernorm(v);
+    const int C = cfg_.n_embd, V = cfg_.vocab_size;
+    std::vector<T> last(static_cast<std::size_t>(B) * C);
+    for (int b = 0; b < B; ++b)
+      std::copy_n(lnf_.data() + (static_cast<std::int64_t>(b) * Tn + Tn - 1) * C, C,
+                  last.data() + static_cast<std::int64_t>(b) * C);
+    out.resize(static_cast<std::size_t>(B) * V);
+    ops::lm_head_logits<T>(last.data(), v.params[kHeadWte], B, C, V, out.data());
+    pp.end_forward(head);
   }
 
   /// Rows per chunk of the fused lm_head + cross-entropy (memory chunk*V elements).
@@ -243,14 +242,13 @@ class GptModel {
   bool checkpoint_;
   int head_chunk_ = 256;
   int B_ = 0, T_ = 0, N_ = 0;
-  bool backward_ready_ = false;
   std::vector<std::int32_t> inputs_;
   std::vector<std::vector<T>> x_;  // x_[l]: input of block l; x_[L]: input of ln_f
   std::vector<LayerActs> acts_;    // per block (without checkpointing)
   LayerActs scratch_;              // the one block's activations (with checkpointing)
   std::vector<T> x_recompute_;     // recomputed block output (discarded)
   std::vector<T> lnf_, lnf_mean_, lnf_rstd_, logits_;
-  std::vector<T> dlnf_, dwte_;     // head gradients computed by the fused forward
+  std::vector<T> dlnf_;            // d loss / d ln_f output
   std::vector<T> dx_, dx_prev_, dmid_, dC_, d4_, d4b_;
 };
 

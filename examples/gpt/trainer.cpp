@@ -148,7 +148,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
     double sum = 0;
     for (int i = 0; i < per_rank; ++i) {
       const Batch b = sequential_batch(sh.data.val, B, T, static_cast<std::int64_t>(i) * world + rank);
-      sum += model.forward(pp, b.inputs.data(), b.targets.data(), B, T, false);
+      sum += model.forward(pp, b.inputs.data(), b.targets.data(), B, T);
     }
     return sh.means.mean(local_rank, sum / per_rank);
   };
@@ -175,8 +175,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
     double loss = 0;
     for (int mb = 0; mb < GA; ++mb) {
       const Batch b = sample_batch(sh.data.train, B, T, rng);
-      loss += model.forward(pp, b.inputs.data(), b.targets.data(), B, T, true);
-      model.backward(pp);
+      loss += model.forward_backward(pp, b.inputs.data(), b.targets.data(), B, T);
     }
     const zoe::StepResult r = engine.step();
     loss = sh.means.mean(local_rank, loss / GA);

@@ -76,9 +76,9 @@ TEST_P(ModelGradient, EveryParameterMatchesFiniteDifferences) {
     in[i] = static_cast<std::int32_t>(rng() % cfg.vocab_size);
     tg[i] = static_cast<std::int32_t>(rng() % cfg.vocab_size);
   }
-  model.forward(pp, in.data(), tg.data(), B, T, true);
-  model.backward(pp);
-  auto loss = [&] { return model.forward(pp, in.data(), tg.data(), B, T, false); };
+  const double trained_loss = model.forward_backward(pp, in.data(), tg.data(), B, T);
+  auto loss = [&] { return model.forward(pp, in.data(), tg.data(), B, T); };
+  EXPECT_EQ(trained_loss, loss());  // the same float operations in the same order
   for (std::size_t i = 0; i < pp.values.size(); ++i)
     test::expect_gradient(model.spec().params[i].name, pp.values[i], pp.grads[i], loss, 1e-6, 1e-6);
 }
@@ -99,8 +99,7 @@ TEST(Model, CheckpointingGivesTheSameGradientsInFloat) {
   for (int ck = 0; ck < 2; ++ck) {
     GptModel<float> model(cfg, ck == 1);
     test::PlainProvider<float> pp(model.spec(), 1);
-    model.forward(pp, in.data(), tg.data(), 2, 16, true);
-    model.backward(pp);
+    model.forward_backward(pp, in.data(), tg.data(), 2, 16);
     grads[ck] = pp.grads;
   }
   // Recomputation repeats the same float operations; only Eigen's vectorized reductions may
@@ -115,11 +114,12 @@ TEST(Model, ModulesRunInOrderForwardThenReverse) {
   GptModel<float> model(tiny(), false);
   test::PlainProvider<float> pp(model.spec(), 1);
   std::vector<std::int32_t> in{1, 2, 3}, tg{2, 3, 4};
-  model.forward(pp, in.data(), tg.data(), 1, 3, true);
-  model.backward(pp);
-  EXPECT_EQ(pp.calls,
-            (std::vector<std::string>{"F0", "F1", "F2", "F3", "B3", "B2", "B1", "B0"}));
-  EXPECT_THROW(model.backward(pp), zoe::Error);  // no forward since
+  model.forward_backward(pp, in.data(), tg.data(), 1, 3);
+  // The head (module 3) runs forward and backward inside its backward scope.
+  EXPECT_EQ(pp.calls, (std::vector<std::string>{"F0", "F1", "F2", "B3", "B2", "B1", "B0"}));
+  pp.calls.clear();
+  model.forward(pp, in.data(), tg.data(), 1, 3);
+  EXPECT_EQ(pp.calls, (std::vector<std::string>{"F0", "F1", "F2", "F3"}));
 }
 
 TEST(Model, InitialLossIsLnVocab) {
@@ -138,7 +138,7 @@ TEST(Model, InitialLossIsLnVocab) {
     in[i] = static_cast<std::int32_t>(rng() % 50257);
     tg[i] = static_cast<std::int32_t>(rng() % 50257);
   }
-  const double loss = model.forward(pp, in.data(), tg.data(), 2, 32, false);
+  const double loss = model.forward(pp, in.data(), tg.data(), 2, 32);
   EXPECT_NEAR(loss, std::log(50257.0), 0.02);
 }
 
