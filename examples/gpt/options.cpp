@@ -32,6 +32,9 @@ TrainOptions parse_options(int argc, char** argv) {
   std::string nvme_path = (std::filesystem::temp_directory_path() / "zoe_gpt_nvme").string();
   std::string config_path;
   const auto offload_check = CLI::IsMember({"none", "cpu", "nvme"});
+  // A flag given twice takes its last value, so wrappers (scripts/run-main.sh) can pass their
+  // defaults first and the user's arguments after them.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   app.add_option("--layers", o.model.n_layer, "transformer blocks")->capture_default_str();
   app.add_option("--heads", o.model.n_head, "attention heads")->capture_default_str();

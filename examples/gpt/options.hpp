@@ -43,7 +43,9 @@ struct TrainOptions {
 /// Parses argv. --help prints usage and exits 0 through CLI11; a bad flag throws CLI::ParseError
 /// (handled by main). The engine config starts from --config FILE (Config::from_json_file) or,
 /// without one, from the trainer's defaults (stage 3, optimizer on NVMe); every flag given
-/// explicitly overrides the matching key. Throws zoe::ConfigError for invalid values.
+/// explicitly overrides the matching key; a flag given twice takes the last value. Throws
+/// zoe::ConfigError for invalid values, zoe::Error for --resume or --stop-after without
+/// --checkpoint-dir.
 TrainOptions parse_options(int argc, char** argv);
 
 }  // namespace gpt
