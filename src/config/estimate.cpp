@@ -94,8 +94,10 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
                       round_up(std::max(kPage, kOptimizerBytes * largest), kPage);
   }
   if (z.stage == 3 && z.offload_param.device == OffloadDevice::nvme)
-    r.buffers.host += std::int64_t{z.offload_param.buffer_count} * z.offload_param.buffer_size * B +
-                      B * std::min(z.offload_param.max_in_cpu, s);
+    // As offload::ParamShards: buffer_count pinned buffers (reads + one write-back), each in
+    // whole pages; no host cache beyond them.
+    r.buffers.host += std::int64_t{z.offload_param.buffer_count} *
+                      round_up(std::max(kPage, z.offload_param.buffer_size * B), kPage);
 
   r.traffic_elements = (z.stage == 3 ? 3 : 2) * psi;
   // elements * B * (Nd-1)/Nd without overflow for Ψ up to ~1e15.

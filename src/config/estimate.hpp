@@ -68,8 +68,8 @@ struct RankEstimate {
   ///    three fp32 states, 12·min(sub_group_size, module shard, o) bytes rounded up to whole
   ///    4096-byte pages (module shard = ceil(L/Nd) rounded up to 16, or s if L is unknown;
   ///    o = offloaded shard elements);
-  ///    offload_param nvme: buffer_count·buffer_size·B staging plus the host cache
-  ///    B·min(max_in_cpu, s).
+  ///    offload_param nvme: buffer_count staging buffers of buffer_size·B bytes, each rounded
+  ///    up to whole 4096-byte pages (zoe keeps no other host copy of the shards).
   TierBytes buffers;
 
   /// Collective traffic per rank per step of one micro-batch, in elements, as the paper

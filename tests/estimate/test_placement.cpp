@@ -87,12 +87,12 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   c.zero_optimization.sub_group_size = 7;  // rounds to the 16-element alignment
   EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 4096);
   c.zero_optimization.sub_group_size = 10'000'000;
-  // NVMe parameters: staging buffers plus the host cache (max_in_cpu, capped by the shard).
+  // NVMe parameters: the staging buffers in whole pages, no host cache (max_in_cpu is moot).
   c.zero_optimization.offload_param.device = OffloadDevice::nvme;
   c.zero_optimization.offload_param.buffer_count = 2;
   c.zero_optimization.offload_param.buffer_size = 1'000'000;
   c.zero_optimization.offload_param.max_in_cpu = 5'000'000;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 120'000'512LL + 2 * 1'000'000 * 2 + 2 * 5'000'000);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 120'000'512LL + 2 * 2'002'944LL);  // 2 MB in 489 pages
 }
 
 TEST(EstimatePlacement, RejectsBadInputs) {
