@@ -9,6 +9,7 @@
 namespace zoe::estimate {
 namespace {
 constexpr std::int64_t kOptimizerBytes = 12;  // K: fp32 master + exp_avg + exp_avg_sq
+constexpr std::int64_t kGradientBytes = 4;    // the offloaded fp32 gradient shard
 constexpr std::int64_t kAlign = 16;           // the engine's shard alignment (elements)
 constexpr std::int64_t kPage = 4096;          // pinned buffers are whole pages
 
@@ -68,9 +69,16 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   put(r.optimizer_states, z.offload_optimizer.device, kOptimizerBytes * off);
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
-  // Gradients stay on the device in the compute dtype, offload or not (as the engine keeps
-  // them): full at stages 0-1, the shard at 2-3.
-  r.gradients.device = B * (z.stage <= 1 ? psi : s);
+  // Gradients, as the engine keeps them: on the device full at stages 0-1 (the trainer
+  // accumulates there) and the shard at 2-3 (fp32 when micro-batches accumulate), unless
+  // every sub-group is offloaded; the offloaded elements' fp32 gradients on the offload tier.
+  const std::int64_t grad_bytes = z.stage >= 2 && config.gradient_accumulation_steps > 1 ? 4 : B;
+  if (z.stage <= 1) {
+    r.gradients.device = B * psi;
+  } else if (off < s) {
+    r.gradients.device = grad_bytes * s;
+  }
+  put(r.gradients, z.offload_optimizer.device, kGradientBytes * off);
 
   r.model_states = r.params;
   r.model_states += r.gradients;
@@ -90,8 +98,12 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     const std::int64_t module_shard =
         model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : s;
     const std::int64_t largest = std::min({sub_group, module_shard, off});
+    // Each staging buffer holds a sub-group's states, page-aligned, then its fp32 gradient;
+    // one more buffer stages gradient writes.
     r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} *
-                      round_up(std::max(kPage, kOptimizerBytes * largest), kPage);
+                          round_up(round_up(std::max<std::int64_t>(kOptimizerBytes * largest, 1), kPage) +
+                                       kGradientBytes * largest, kPage) +
+                      round_up(std::max(kPage, kGradientBytes * largest), kPage);
   }
   if (z.stage == 3 && z.offload_param.device == OffloadDevice::nvme)
     // As offload::ParamShards: buffer_count pinned buffers (reads + one write-back), each in

@@ -7,8 +7,9 @@
 // stage 2 2Ψ + 14Ψ/Nd; stage 3 16Ψ/Nd (paper §5.3, Figure 1). Shards are ceil(Ψ/Nd) elements.
 // Offload moves states off the device (ZeRO-Offload, Ren et al. 2021; ZeRO-Infinity,
 // Rajbhandari et al. 2021): offload_optimizer moves the 12-byte optimizer-state shard to host
-// (cpu) or disk (nvme); gradients stay on the device in the compute dtype, as zoe's Engine
-// keeps them; offload_param (stage 3) moves the parameter shard.
+// (cpu) or disk (nvme) together with an fp32 gradient shard for it (4 bytes per element; at
+// stages 2-3 the device then keeps no gradient shard unless ratio < 1), as zoe's Engine does;
+// offload_param (stage 3) moves the parameter shard.
 // Buffers (gradient buckets, gathered layers, pinned NVMe staging) are counted separately by
 // the rules documented on RankEstimate::buffers.
 //
@@ -51,8 +52,10 @@ struct RankEstimate {
   std::int64_t shard_elements = 0;
 
   /// Model states, each by tier. params: compute-dtype parameters (full at stages 0-2, the
-  /// shard at stage 3, on offload_param's tier). gradients: compute-dtype gradients on the
-  /// device (full at stages 0-1, the shard at 2-3). optimizer_states: 12 bytes per element of
+  /// shard at stage 3, on offload_param's tier). gradients: on the device, compute-dtype (full
+  /// at stages 0-1, the shard at 2-3, fp32 at 2-3 with gradient_accumulation_steps > 1, none
+  /// at 2-3 when every sub-group is offloaded); with offload_optimizer, 4 bytes per offloaded
+  /// element on its tier (the fp32 gradient shard). optimizer_states: 12 bytes per element of
   /// the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq; `ratio` of them
   /// on offload_optimizer's tier, the rest on the device.
   TierBytes params, gradients, optimizer_states;
@@ -65,9 +68,10 @@ struct RankEstimate {
   ///    largest layer and P = min(stage3_prefetch_bucket_size, Ψ), and the gradient of the
   ///    layer in backward B·L.
   ///  host: offload_optimizer nvme: buffer_count pinned buffers, each the largest sub-group's
-  ///    three fp32 states, 12·min(sub_group_size, module shard, o) bytes rounded up to whole
-  ///    4096-byte pages (module shard = ceil(L/Nd) rounded up to 16, or s if L is unknown;
-  ///    o = offloaded shard elements);
+  ///    three fp32 states then its fp32 gradient, page(page(12·l) + 4·l) bytes with
+  ///    l = min(sub_group_size, module shard, o) and page() rounding up to whole 4096-byte
+  ///    pages (module shard = ceil(L/Nd) rounded up to 16, or s if L is unknown; o = offloaded
+  ///    shard elements), plus one gradient buffer page(4·l);
   ///    offload_param nvme: buffer_count staging buffers of buffer_size·B bytes, each rounded
   ///    up to whole 4096-byte pages (zoe keeps no other host copy of the shards).
   TierBytes buffers;

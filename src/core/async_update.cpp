@@ -41,7 +41,8 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
       Group& g = groups[gi];
       // (Validated: the delayed update needs optimizer offload, hence stage >= 1.)
       if (stage >= 2) {
-        snapshots[gi] = std::make_shared<DeviceBuffer>(alloc(MemKind::buffer, dtype, g.layout->shard_numel()));
+        if (!g.grad_shard) continue;  // every sub-group offloaded: offload_grads waits for the update
+        snapshots[gi] = std::make_shared<DeviceBuffer>(alloc(MemKind::buffer, grad_dtype(), g.layout->shard_numel()));
         device.copy(snapshots[gi]->data(), grad_of(g), snapshots[gi]->bytes(), *side);
       } else {
         device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *side);
@@ -69,11 +70,11 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
       out = device_out->data();
     }
     if (out) update_on_device(g, plan, grad, out, *update_stream);
-    auto host_work = [this, &g, gi, plan, grad, out, device_out] {
+    auto host_work = [this, &g, gi, plan, out, device_out] {
       if (device_out) {
-        update_offloaded_params(g, plan, grad, *device_out);
+        update_offloaded_params(g, plan, *device_out);
       } else {
-        update_offloaded(g, plan, grad, out, *update_stream);
+        update_offloaded(g, plan, out, *update_stream);
       }
       if (test_hooks::after_group_update) test_hooks::after_group_update(static_cast<int>(gi));
     };

@@ -147,9 +147,9 @@ void EngineImpl::finalize() {
     if (stage <= 1) {
       g.grad_full = alloc(MemKind::model_state, dtype, L.padded_numel());
       device.fill(g.grad_full.data(), dtype, L.padded_numel(), 0.0f, s);
-    } else {
-      g.grad_shard = alloc(MemKind::model_state, dtype, L.shard_numel());
-      device.fill(g.grad_shard.data(), dtype, L.shard_numel(), 0.0f, s);
+    } else if (has_device_sub_groups(g)) {
+      g.grad_shard = alloc(MemKind::model_state, grad_dtype(), L.shard_numel());
+      device.fill(g.grad_shard.data(), grad_dtype(), L.shard_numel(), 0.0f, s);
     }
     g.param_ready = device.create_event();
     g.update_done = device.create_event();

@@ -70,8 +70,10 @@ struct Group {
 
   // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
   // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
-  // reduced own shard accumulated over micro-batches. Stage 1: grad_shard holds the
-  // reduce-scatter output between the last backward and the step.
+  // reduced own shard accumulated over micro-batches (grad_dtype(); only when some sub-group
+  // is on the device optimizer: offloaded sub-groups keep fp32 gradients in the offload
+  // tier). Stage 1: grad_shard holds the reduce-scatter output between the last backward and
+  // the step.
   DeviceBuffer grad_full, grad_shard;
   int pending_users = 0;   // users still to finish backward in this micro-batch
   int micro_batches = 0;   // micro-batches whose gradients were reduced into grad_shard/full
@@ -192,16 +194,28 @@ struct EngineImpl {
   void prepare_grads(ModuleInfo& m);
   void finish_backward(ModuleInfo& m);
   void reduce_group(Group& g);
+  /// Adds the group's reduced shard (compute dtype, device memory) to the fp32 gradients of
+  /// its offloaded sub-groups, on the side stream (after the group's previous update).
+  void offload_grads(Group& g, const void* shard, bool first, bool last);
+  /// Sets the offloaded sub-groups' gradients to zero (no backward reached the group).
+  void zero_offloaded_grads(Group& g);
+  /// The dtype of grad_of(): fp32 for stages 2-3 accumulating micro-batches (the shard sums
+  /// them in fp32, as the offloaded gradients do), else the compute dtype.
+  DType grad_dtype() const;
+  /// Whether some of the group's sub-groups are on the device optimizer / offloaded.
+  bool has_device_sub_groups(const Group& g) const;
+  bool has_offloaded_sub_groups(const Group& g) const;
 
   // step.cpp
   StepResult step();
   std::int64_t sub_group_numel() const;
   const void* grad_of(const Group& g) const;
-  /// The CPU optimizer over the group's offloaded sub-groups: reads `grad` (compute dtype,
-  /// the group's range), writes their new compute-dtype parameters into `out`. Runs on the
-  /// calling thread; `stream` orders its device copies (off the host device).
-  void update_offloaded(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
-  /// Queues Device::adam_step for the group's device sub-groups on `stream`.
+  /// The CPU optimizer over the group's offloaded sub-groups: reads their fp32 gradients from
+  /// the offload tier, writes their new compute-dtype parameters into `out` (the group's
+  /// range). Runs on the calling thread; `stream` orders its device copies (off the host device).
+  void update_offloaded(Group& g, const UpdatePlan& plan, void* out, Stream& stream);
+  /// Queues Device::adam_step for the group's device sub-groups on `stream`, reading `grad`
+  /// (grad_dtype(), the group's range).
   void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
   // sub_groups.cpp
   /// How many sub-groups (of all groups, in order) stay on the device optimizer.
@@ -216,7 +230,7 @@ struct EngineImpl {
   void write_states(Group& g, const std::vector<float>& all);
 
   /// Parameter offload: the update of one group written back to its shard's home.
-  void update_offloaded_params(Group& g, const UpdatePlan& plan, const void* grad, const DeviceBuffer& device_out);
+  void update_offloaded_params(Group& g, const UpdatePlan& plan, const DeviceBuffer& device_out);
   /// Copies device memory to host memory now (a plain memcpy on the host device, where this
   /// may run inside a host function).
   void copy_to_host_now(void* dst, const void* src, std::size_t bytes, Stream& stream);

@@ -4,7 +4,11 @@
 //  stages 2-3: grad_full lives for one micro-batch; reduce-scattered as soon as every module
 //    using the group finished its backward (overlapping the rest of backward on the side
 //    stream) and accumulated into the persistent grad_shard.
-// A group's reduction is one bucket (the module's flat buffer).
+// A group's reduction is one bucket (the module's flat buffer). With optimizer offload the
+// reduced shard also goes, as soon as it is ready, into the fp32 gradients of the offloaded
+// sub-groups (host memory or NVMe; offload_grads), accumulating over micro-batches.
+#include <algorithm>
+
 #include "src/common/check.hpp"
 #include "src/core/engine_impl.hpp"
 
@@ -42,6 +46,8 @@ void EngineImpl::finish_backward(ModuleInfo& m) {
 void EngineImpl::reduce_group(Group& g) {
   const FlatLayout& L = *g.layout;
   const std::int64_t S = L.shard_numel();
+  const int gas = config.gradient_accumulation_steps;
+  const bool offloaded = has_offloaded_sub_groups(g);
   switch (stage) {
     case 0:
       all_reduce(g.grad_full.data(), L.padded_numel(), dtype);
@@ -49,28 +55,64 @@ void EngineImpl::reduce_group(Group& g) {
     case 1:
       g.grad_shard = alloc(MemKind::buffer, dtype, S);
       reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
+      if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);
       break;
-    default:
-      if (g.micro_batches == 1) {
+    default: {
+      const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
+      if (gas == 1 && g.grad_shard) {
         reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
+        if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);
       } else {
         DeviceBuffer part = alloc(MemKind::buffer, dtype, S);
         reduce_scatter(g.grad_full.data(), part.data(), S, dtype);
-        if (dtype == DType::f32) {
-          device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);
-        } else {
-          // Accumulate in fp32 and round once to the compute dtype.
-          DeviceBuffer acc = alloc(MemKind::buffer, DType::f32, S);
-          device.cast(g.grad_shard.data(), dtype, acc.data(), DType::f32, S, *side);
-          device.accumulate(part.data(), dtype, static_cast<float*>(acc.data()), S, *side);
-          device.cast(acc.data(), DType::f32, g.grad_shard.data(), dtype, S, *side);
-          free_after_side(std::move(acc));
-        }
+        // Micro-batches add up in fp32 (grad_dtype() is f32 when gas > 1).
+        if (g.grad_shard && first) device.cast(part.data(), dtype, g.grad_shard.data(), DType::f32, S, *side);
+        if (g.grad_shard && !first) device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);
+        if (offloaded) offload_grads(g, part.data(), first, last);
         free_after_side(std::move(part));
       }
       free_after_side(std::move(g.grad_full));
       break;
+    }
   }
+}
+
+void EngineImpl::offload_grads(Group& g, const void* shard, bool first, bool last) {
+  // The previous update of this group may still read its gradients (delayed update).
+  device.wait(*side, *g.update_done);
+  const std::size_t bytes = static_cast<std::size_t>(g.layout->shard_numel()) * dtype_size(dtype);
+  std::shared_ptr<std::vector<std::byte>> staging;
+  if (device.kind() != DeviceKind::host) {  // the CPU reads host memory: copy the shard down first
+    staging = std::make_shared<std::vector<std::byte>>(bytes);
+    device.copy(staging->data(), shard, bytes, *side);
+    shard = staging->data();
+  }
+  device.host_func(*side, [this, &g, shard, first, last, staging] {
+    const std::size_t esz = dtype_size(dtype);
+    for (const SubGroup& sg : g.subgroups)
+      if (sg.offloaded()) states->add_grad(sg.offload_id, static_cast<const char*>(shard) + sg.begin * esz, dtype, first, last);
+  });
+}
+
+void EngineImpl::zero_offloaded_grads(Group& g) {
+  device.wait(*side, *g.update_done);
+  device.host_func(*side, [this, &g] {
+    for (const SubGroup& sg : g.subgroups)
+      if (sg.offloaded()) states->zero_grad(sg.offload_id);
+  });
+}
+
+DType EngineImpl::grad_dtype() const {
+  return stage >= 2 && config.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
+}
+
+bool EngineImpl::has_device_sub_groups(const Group& g) const {
+  if (!states) return true;  // no offload: everything is on the device, even an empty group
+  return std::any_of(g.subgroups.begin(), g.subgroups.end(), [](const SubGroup& sg) { return !sg.offloaded(); });
+}
+
+bool EngineImpl::has_offloaded_sub_groups(const Group& g) const {
+  return std::any_of(g.subgroups.begin(), g.subgroups.end(), [](const SubGroup& sg) { return sg.offloaded(); });
 }
 
 }  // namespace zoe::core

@@ -33,8 +33,7 @@ void EngineImpl::copy_to_host_now(void* dst, const void* src, std::size_t bytes,
   }
 }
 
-void EngineImpl::update_offloaded_params(Group& g, const UpdatePlan& plan, const void* grad,
-                                         const DeviceBuffer& device_out) {
+void EngineImpl::update_offloaded_params(Group& g, const UpdatePlan& plan, const DeviceBuffer& device_out) {
   void* home = param_store->write_buffer(g.param_id);
   try {
     const std::size_t esz = dtype_size(dtype);
@@ -45,7 +44,7 @@ void EngineImpl::update_offloaded_params(Group& g, const UpdatePlan& plan, const
       copy_to_host_now(static_cast<char*>(home) + off, static_cast<const char*>(device_out.data()) + off,
                        static_cast<std::size_t>(sg.numel) * esz, *update_stream);
     }
-    update_offloaded(g, plan, grad, home, *update_stream);
+    update_offloaded(g, plan, home, *update_stream);
   } catch (...) {
     param_store->abort_write();  // NVMe: the stored shard keeps its last good bytes
     throw;

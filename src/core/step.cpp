@@ -17,14 +17,6 @@
 #include "src/core/engine_impl.hpp"
 
 namespace zoe::core {
-namespace {
-
-struct GradSource {
-  const void* data;
-  std::int64_t numel;
-};
-
-}  // namespace
 
 StepResult EngineImpl::step() {
   finish_update();  // the previous step's update, if it still runs
@@ -42,47 +34,81 @@ StepResult EngineImpl::step() {
                     g.micro_batches, " backward passes this step, expected ", gas);
   }
   Stream& s = *side;
+  const DType gdt = grad_dtype();
   // Groups no module ran backward for this step have zero gradients.
   for (Group& g : groups) {
-    if (g.micro_batches == 0 && stage >= 2) device.fill(g.grad_shard.data(), dtype, g.layout->shard_numel(), 0.0f, s);
-    if (g.micro_batches == 0 && stage == 1) {
-      g.grad_shard = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
-      device.fill(g.grad_shard.data(), dtype, g.layout->shard_numel(), 0.0f, s);
-    }
+    if (g.micro_batches != 0) continue;
+    if (stage == 1) g.grad_shard = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
+    if (stage >= 1 && g.grad_shard) device.fill(g.grad_shard.data(), gdt, g.layout->shard_numel(), 0.0f, s);
+    if (has_offloaded_sub_groups(g)) zero_offloaded_grads(g);
   }
 
-  // ---- sums of squares and finite flags, per rank partial, in group order
+  // ---- sums of squares and finite flags. Each rank's shard of each group is summed in
+  // pieces of sub_group_size elements (the sub-groups), in fp64, and the pieces are added in
+  // order: the same in every stage (stage 0 forms all ranks' partials itself) whether a
+  // piece's gradient is on the device or offloaded (whose sum add_grad recorded).
+  struct Piece {
+    int rank;
+    std::int64_t begin, numel;  // in the rank's shard
+    int offload_id;             // >= 0: an offloaded sub-group
+    const Group* group;
+  };
   const int parts = stage == 0 ? world : 1;
   const std::size_t G = groups.size();
-  DeviceBuffer sums = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * parts * G));  // doubles
-  DeviceBuffer finite = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));            // ints
-  for (std::size_t gi = 0; gi < G; ++gi) {
-    const Group& g = groups[gi];
-    GradSource src{grad_of(g), stage == 0 ? g.layout->padded_numel() : g.layout->shard_numel()};
+  std::vector<Piece> pieces;
+  for (const Group& g : groups) {
     const std::int64_t S = g.layout->shard_numel();
     for (int r = 0; r < parts; ++r) {
-      const char* base = static_cast<const char*>(src.data) + r * S * dtype_size(dtype);
-      device.sum_squares(base, dtype, static_cast<std::size_t>(S), static_cast<double*>(sums.data()) + r * G + gi, s);
+      for (std::int64_t c = 0; c < S; c += sub_group_numel()) {
+        const std::int64_t n = std::min(sub_group_numel(), S - c);
+        int id = -1;
+        if (stage >= 1) {
+          const SubGroup& sg = g.subgroups[static_cast<std::size_t>(c / sub_group_numel())];
+          id = sg.offload_id;
+        }
+        pieces.push_back(Piece{r, c, n, id, &g});
+      }
     }
-    device.all_finite(src.data, dtype, static_cast<std::size_t>(src.numel), static_cast<int*>(finite.data()) + gi, s);
   }
-  std::vector<double> host_sums(parts * G);
-  std::vector<int> host_finite(G);
+  DeviceBuffer sums = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * std::max<std::size_t>(pieces.size(), 1)));
+  DeviceBuffer finite = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));  // ints
+  std::vector<int> host_finite(G, 1);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    if (p.offload_id >= 0) continue;
+    const std::int64_t at = p.rank * p.group->layout->shard_numel() + p.begin;
+    device.sum_squares(static_cast<const char*>(grad_of(*p.group)) + at * dtype_size(gdt),
+                       gdt, static_cast<std::size_t>(p.numel), static_cast<double*>(sums.data()) + i, s);
+  }
+  for (std::size_t gi = 0; gi < G; ++gi) {
+    const Group& g = groups[gi];
+    if (!grad_of(g)) continue;  // every sub-group offloaded
+    const std::int64_t n = stage == 0 ? g.layout->padded_numel() : g.layout->shard_numel();
+    device.all_finite(grad_of(g), gdt, static_cast<std::size_t>(n), static_cast<int*>(finite.data()) + gi, s);
+  }
+  std::vector<double> host_sums(pieces.size());
   device.copy(host_sums.data(), sums.data(), host_sums.size() * sizeof(double), s);
   device.copy(host_finite.data(), finite.data(), host_finite.size() * sizeof(int), s);
-  device.synchronize(s);
-
+  device.synchronize(s);  // also runs the offloaded gradients' add_grad
+  for (std::size_t gi = 0; gi < G; ++gi)
+    if (!grad_of(groups[gi])) host_finite[gi] = 1;
   double total = 0.0, nonfinite = 0.0;
-  for (int g = 0; g < static_cast<int>(G); ++g) nonfinite += host_finite[g] ? 0.0 : 1.0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].offload_id < 0) continue;
+    host_sums[i] = states->grad_sum_squares(pieces[i].offload_id);
+    nonfinite += states->grad_finite(pieces[i].offload_id) ? 0.0 : 1.0;
+  }
+  for (std::size_t gi = 0; gi < G; ++gi) nonfinite += host_finite[gi] ? 0.0 : 1.0;
   if (stage == 0) {
     for (int r = 0; r < parts; ++r) {
       double partial = 0.0;
-      for (std::size_t gi = 0; gi < G; ++gi) partial += host_sums[r * G + gi];
+      for (std::size_t i = 0; i < pieces.size(); ++i)
+        if (pieces[i].rank == r) partial += host_sums[i];
       total += partial;
     }
   } else {
     double local[2] = {0.0, nonfinite};
-    for (std::size_t gi = 0; gi < G; ++gi) local[0] += host_sums[gi];
+    for (double x : host_sums) local[0] += x;
     DeviceBuffer red = alloc(MemKind::buffer, DType::f32, 4);
     device.copy(red.data(), local, sizeof(local), s);
     comm.all_reduce_f64(static_cast<double*>(red.data()), 2, s);
@@ -157,13 +183,14 @@ void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* 
     if (sg.offloaded()) continue;
     const auto n = static_cast<std::size_t>(sg.numel);
     float* master = sg.master();
-    device.adam_step(c, master, master + n, master + 2 * n, static_cast<const char*>(grad_data) + sg.begin * esz,
-                     dtype, static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
+    const DType gdt = stage == 1 ? dtype : grad_dtype();
+    device.adam_step(c, master, master + n, master + 2 * n,
+                     static_cast<const char*>(grad_data) + sg.begin * dtype_size(gdt), gdt,
+                     static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
   }
 }
 
-void EngineImpl::update_offloaded(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
-                                  Stream& s) {
+void EngineImpl::update_offloaded(Group& g, const UpdatePlan& plan, void* out_data, Stream& s) {
   std::vector<int> ids;
   std::vector<std::int64_t> begins;
   for (const SubGroup& sg : g.subgroups) {
@@ -175,23 +202,18 @@ void EngineImpl::update_offloaded(Group& g, const UpdatePlan& plan, const void* 
   const std::size_t esz = dtype_size(dtype);
   const bool host = device.kind() == DeviceKind::host;
   char* out = static_cast<char*>(out_data);
-  const char* grad = static_cast<const char*>(grad_data);
-  std::vector<std::byte> grad_stage, out_stage;  // only off the host device
+  std::vector<std::byte> out_stage;  // only off the host device
   std::size_t k = 0;
   states->for_each(ids, [&](const offload::SubGroupStates& st) {
     const std::int64_t c = begins[k++];
-    const void* gp = grad + c * esz;
     void* op = out + c * esz;
     const std::size_t bytes = static_cast<std::size_t>(st.numel) * esz;
     if (!host) {
-      grad_stage.resize(bytes);
       out_stage.resize(bytes);
-      device.copy(grad_stage.data(), gp, bytes, s);
-      device.synchronize(s);
-      gp = grad_stage.data();
       op = out_stage.data();
     }
-    adam->step(plan.hyper, plan.step, plan.grad_scale, st.master, st.exp_avg, st.exp_avg_sq, gp, dtype,
+    // The fp32 gradient of the offload tier (add_grad), not the device's.
+    adam->step(plan.hyper, plan.step, plan.grad_scale, st.master, st.exp_avg, st.exp_avg_sq, st.grad, DType::f32,
                static_cast<std::size_t>(st.numel), dtype == DType::f32 ? nullptr : op, dtype);
     if (dtype == DType::f32) std::memcpy(op, st.master, bytes);
     if (!host) {

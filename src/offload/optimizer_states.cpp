@@ -8,6 +8,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/device/host_elementwise.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/pinned_pool.hpp"
 
@@ -33,6 +34,11 @@ int OptimizerStates::add(std::span<const float> master) {
   std::copy(master.begin(), master.end(), p);
   std::fill(p + master.size(), p + 3 * master.size(), 0.0f);
   host_.push_back(std::move(b));
+  AlignedBuffer g(options_.device == OffloadDevice::cpu ? grad_bytes(id) : 0);
+  if (g.data()) std::memset(g.data(), 0, grad_bytes(id));
+  grads_.push_back(std::move(g));
+  grad_sum_squares_.push_back(0.0);
+  grad_finite_.push_back(1);
   return id;
 }
 
@@ -40,14 +46,22 @@ void OptimizerStates::finalize() {
   if (finalized_) return;
   finalized_ = true;
   if (options_.device != OffloadDevice::nvme) return;
-  std::size_t largest = 4096;
-  for (std::size_t i = 0; i < numels_.size(); ++i) largest = std::max(largest, bytes(static_cast<int>(i)));
+  std::size_t largest = 4096, largest_grad = 4096;
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    const int id = static_cast<int>(i);
+    largest = std::max(largest, grad_offset(id) + grad_bytes(id));  // states, then the gradient
+    largest_grad = std::max(largest_grad, grad_bytes(id));
+  }
   PinnedPoolOptions po;
   po.buffer_count = static_cast<std::size_t>(options_.buffer_count);
   po.buffer_bytes = largest;
   po.budget_bytes = static_cast<std::size_t>(options_.pinned_budget_bytes);
   po.lock = options_.pin_memory;
   pool_ = std::make_unique<PinnedPool>(po);
+  po.buffer_count = 1;
+  po.buffer_bytes = largest_grad;
+  if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, pool_->total_bytes());
+  grad_pool_ = std::make_unique<PinnedPool>(po);
 
   NvmeStoreOptions so;
   so.dir = options_.nvme_path;
@@ -57,10 +71,12 @@ void OptimizerStates::finalize() {
   so.aio.threads = static_cast<unsigned>(std::max(1, options_.aio.intra_op_parallelism));
   so.require_direct_io = options_.require_direct_io;
   so.fixed_buffers = pool_->buffers();
+  for (auto b : grad_pool_->buffers()) so.fixed_buffers.push_back(b);
   store_ = std::make_unique<NvmeStore>(so);
   for (std::size_t i = 0; i < numels_.size(); ++i) {
     const int id = static_cast<int>(i);
     store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
+    store_->register_tensor(grad_name(id), grad_bytes(id));
   }
   // Write the initial states through a staging buffer; host copies are dropped after.
   PinnedBuffer staging = pool_->acquire();
@@ -70,6 +86,8 @@ void OptimizerStates::finalize() {
     std::memcpy(staging.data(), host_[i].data(), n);
     store_->swap_out(name(id), staging.data(), n).wait();
     host_[i] = AlignedBuffer();
+    std::memset(staging.data(), 0, grad_bytes(id));
+    store_->swap_out(grad_name(id), staging.data(), grad_bytes(id)).wait();
   }
   ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups on NVMe in {} ({} MiB, {} x {} MiB staging, O_DIRECT {})",
                options_.rank, numels_.size(), store_->path(), nvme_state_bytes() >> 20, pool_->buffer_count(),
@@ -78,19 +96,19 @@ void OptimizerStates::finalize() {
 
 void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn) {
   ZOE_CHECK_USAGE(finalized_, "OptimizerStates::for_each before finalize");
-  auto view = [&](int id, void* base) {
+  auto view = [&](int id, void* base, const void* grad) {
     float* p = static_cast<float*>(base);
     const std::int64_t n = numels_[id];
-    return SubGroupStates{id, n, p, p + n, p + 2 * n};
+    return SubGroupStates{id, n, p, p + n, p + 2 * n, static_cast<const float*>(grad)};
   };
   if (options_.device == OffloadDevice::cpu) {
-    for (int id : ids) fn(view(id, host_[id].data()));
+    for (int id : ids) fn(view(id, host_[id].data(), grads_[id].data()));
     return;
   }
   struct Slot {
     int id;
     PinnedBuffer buffer;
-    SwapHandle io;
+    SwapHandle io, grad_io;
   };
   std::deque<Slot> reads, writes;  // reads in order of ids; writes oldest first
   std::size_t next = 0;
@@ -107,7 +125,8 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
     if (!b) return;
     const int id = ids[next++];
     SwapHandle h = store_->swap_in(name(id), b->data(), size_of(id));
-    reads.push_back(Slot{id, std::move(*b), h});
+    SwapHandle g = store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
+    reads.push_back(Slot{id, std::move(*b), h, g});
   };
   std::exception_ptr error;
   try {
@@ -117,7 +136,8 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
       Slot cur = std::move(reads.front());
       reads.pop_front();
       cur.io.wait();
-      fn(view(cur.id, cur.buffer.data()));
+      cur.grad_io.wait();
+      fn(view(cur.id, cur.buffer.data(), static_cast<std::byte*>(cur.buffer.data()) + grad_offset(cur.id)));
       cur.io = store_->swap_out(name(cur.id), cur.buffer.data(), size_of(cur.id));
       writes.push_back(std::move(cur));  // write-behind; the buffer returns when it is done
     }
@@ -129,6 +149,10 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
       s.io.wait();
     } catch (...) {
     }
+    try {
+      s.grad_io.wait();
+    } catch (...) {
+    }
   }
   for (Slot& s : writes) {
     try {
@@ -138,6 +162,36 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
     }
   }
   if (error) std::rethrow_exception(error);
+}
+
+void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first, bool last) {
+  ZOE_CHECK_USAGE(finalized_, "OptimizerStates::add_grad before finalize");
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  auto apply = [&](float* grad) {
+    if (first) {
+      host_ops::cast(src, dtype, grad, DType::f32, n);
+    } else {
+      host_ops::accumulate(src, dtype, grad, n);
+    }
+    if (last) {
+      grad_sum_squares_[id] = host_ops::sum_squares(grad, DType::f32, n);
+      grad_finite_[id] = host_ops::all_finite(grad, DType::f32, n) ? 1 : 0;
+    }
+  };
+  if (options_.device == OffloadDevice::cpu) {
+    apply(static_cast<float*>(grads_[id].data()));
+    return;
+  }
+  PinnedBuffer b = grad_pool_->acquire_wait();
+  if (!first) store_->swap_in(grad_name(id), b.data(), grad_bytes(id)).wait();
+  apply(static_cast<float*>(b.data()));
+  store_->swap_out(grad_name(id), b.data(), grad_bytes(id)).wait();
+}
+
+void OptimizerStates::zero_grad(int id) {
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  std::vector<float> zeros(n, 0.0f);
+  add_grad(id, zeros.data(), DType::f32, true, true);
 }
 
 void OptimizerStates::read_master(int id, float* dst) {
@@ -173,19 +227,19 @@ void OptimizerStates::write_all(int id, const float* data) {
 std::int64_t OptimizerStates::host_state_bytes() const {
   if (options_.device != OffloadDevice::cpu) return 0;
   std::int64_t total = 0;
-  for (std::size_t i = 0; i < numels_.size(); ++i) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));
+  for (std::int64_t n : numels_) total += n * 16;  // master, exp_avg, exp_avg_sq, gradient
   return total;
 }
 
 std::int64_t OptimizerStates::nvme_state_bytes() const {
   if (options_.device != OffloadDevice::nvme) return 0;
   std::int64_t total = 0;
-  for (std::size_t i = 0; i < numels_.size(); ++i) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));
+  for (std::int64_t n : numels_) total += n * 16;
   return total;
 }
 
 std::int64_t OptimizerStates::staging_bytes() const {
-  return pool_ ? static_cast<std::int64_t>(pool_->total_bytes()) : 0;
+  return pool_ ? static_cast<std::int64_t>(pool_->total_bytes() + grad_pool_->total_bytes()) : 0;
 }
 
 }  // namespace zoe::offload

@@ -9,12 +9,19 @@
 // size; buffer_count >= 3 gives full overlap, 2 serialises write-back and read-ahead).
 // Host memory then holds only those buffers, however large the model.
 //
+// Gradients: each sub-group also keeps its fp32 gradient (ZeRO-Offload's fp32 gradient
+// partition): add_grad() writes or accumulates the reduced shard as soon as it is ready, in
+// host memory (cpu) or in its own NVMe tensor through a pinned gradient buffer (nvme), and
+// for_each hands it to the optimizer with the states. add_grad's last call of a step also
+// records the gradient's sum of squares and finiteness, so the global norm needs no extra pass.
+//
 // Units: elements (floats) unless named bytes. Thread-safety: one thread drives an
 // OptimizerStates; its I/O runs on the store's io_uring threads.
 // Errors: IoError / CorruptionError from the NVMe store (naming file, offset, tensor),
 // OutOfMemoryError from the pinned pool.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,6 +31,7 @@
 
 #include "src/common/aligned_buffer.hpp"
 #include "zoe/config.hpp"
+#include "zoe/dtype.hpp"
 
 namespace zoe::offload {
 
@@ -41,13 +49,14 @@ struct OptimizerStatesOptions {
   bool require_direct_io = false;
 };
 
-/// The three fp32 arrays of one sub-group, valid inside a for_each callback.
+/// The fp32 arrays of one sub-group, valid inside a for_each callback.
 struct SubGroupStates {
   int id;
   std::int64_t numel;
   float* master;
   float* exp_avg;
   float* exp_avg_sq;
+  const float* grad;  // the accumulated fp32 gradient (see add_grad)
 };
 
 class OptimizerStates {
@@ -64,6 +73,19 @@ class OptimizerStates {
   /// Calls fn on each sub-group of `ids` in order with its states loaded; changes are kept
   /// (written back). Rethrows the first error of fn or of the I/O, after draining I/O.
   void for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn);
+  /// Gradient of sub-group `id` from a reduced shard slice: numel elements of `dtype` at `src`
+  /// (host memory), cast to fp32 (first micro-batch of a step) or added in fp32 (later ones),
+  /// exactly as Device::cast / Device::accumulate. On the `last` micro-batch it also records
+  /// grad_sum_squares / grad_finite. NVMe: read-modify-write through the gradient buffer.
+  /// One thread at a time; not during for_each.
+  void add_grad(int id, const void* src, DType dtype, bool first, bool last);
+  /// Sets sub-group `id`'s gradient to zero (a step in which no backward reached it).
+  void zero_grad(int id);
+  /// Sum of squares (fp64, kernels::kSumSquaresChunk order) and finiteness of the gradient
+  /// recorded by the last add_grad(..., last = true) or zero_grad.
+  double grad_sum_squares(int id) const { return grad_sum_squares_[id]; }
+  bool grad_finite(int id) const { return grad_finite_[id]; }
+
   /// Copies sub-group `id`'s master weights (numel floats) into dst.
   void read_master(int id, float* dst);
   /// Copies all three arrays of sub-group `id` ([master | exp_avg | exp_avg_sq], 3 * numel
@@ -73,20 +95,28 @@ class OptimizerStates {
 
   std::int64_t numel(int id) const { return numels_[id]; }
   std::size_t count() const { return numels_.size(); }
-  /// Bytes of states held in host memory (cpu tier) and on NVMe (nvme tier).
+  /// Bytes of states (master, exp_avg, exp_avg_sq and the fp32 gradient) held in host memory
+  /// (cpu tier) and on NVMe (nvme tier).
   std::int64_t host_state_bytes() const;
   std::int64_t nvme_state_bytes() const;
-  /// Bytes of pinned staging buffers (nvme tier).
+  /// Bytes of pinned staging buffers (nvme tier): buffer_count state buffers plus one gradient buffer.
   std::int64_t staging_bytes() const;
 
  private:
   std::string name(int id) const { return "optim.sg" + std::to_string(id); }
+  std::string grad_name(int id) const { return "optim.grad" + std::to_string(id); }
   std::size_t bytes(int id) const { return static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float); }
+  std::size_t grad_bytes(int id) const { return std::max<std::size_t>(static_cast<std::size_t>(numels_[id]) * 4, 1); }
+  /// Where the gradient sits in a staging buffer: after the states, page-aligned (bytes).
+  std::size_t grad_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 4095) / 4096 * 4096; }
 
   OptimizerStatesOptions options_;
   std::vector<std::int64_t> numels_;
   std::vector<AlignedBuffer> host_;  // cpu tier: one per sub-group; nvme tier: initial values until finalize
-  std::unique_ptr<PinnedPool> pool_;
+  std::vector<AlignedBuffer> grads_;  // cpu tier: fp32 gradients
+  std::vector<double> grad_sum_squares_;
+  std::vector<char> grad_finite_;
+  std::unique_ptr<PinnedPool> pool_, grad_pool_;
   std::unique_ptr<NvmeStore> store_;
   bool finalized_ = false;
 };

@@ -64,16 +64,16 @@ TEST(EstimatePaper, OneSeventyFiveBillionOnSixtyFourGpus) {
   EXPECT_EQ(states(psi, 64, 1), 732'812'500'000);
   EXPECT_EQ(states(psi, 64, 2), 388'281'250'000);
   EXPECT_EQ(states(psi, 64, 3), 43'750'000'000);
-  // Stage 3, optimizer and parameters on the host: 2 + 12 bytes per shard element there, the
-  // 2-byte gradient shard on the GPU.
+  // Stage 3, optimizer and parameters on the host: 2 + 12 + 4 (fp32 gradient) bytes per shard
+  // element there, nothing on the GPU (ZeRO-Infinity's placement).
   const auto host = estimate_rank({psi, 0}, 64, knobs(3, zoe::OffloadDevice::cpu, zoe::OffloadDevice::cpu));
-  EXPECT_EQ(host.model_states.device, 5'468'750'000);
-  EXPECT_EQ(host.model_states.host, 14 * 2'734'375'000);
-  // Optimizer on NVMe: 12 bytes per shard element on disk; parameter and gradient shards on the GPU.
+  EXPECT_EQ(host.model_states.device, 0);
+  EXPECT_EQ(host.model_states.host, 18 * 2'734'375'000);
+  // Optimizer on NVMe: 12 + 4 bytes per shard element on disk; the parameter shard on the GPU.
   const auto nvme = estimate_rank({psi, 0}, 64, knobs(3, zoe::OffloadDevice::nvme));
-  EXPECT_EQ(nvme.model_states.nvme, 32'812'500'000);
+  EXPECT_EQ(nvme.model_states.nvme, 16 * 2'734'375'000);
   EXPECT_EQ(nvme.model_states.host, 0);
-  EXPECT_EQ(nvme.model_states.device, 10'937'500'000);
+  EXPECT_EQ(nvme.model_states.device, 5'468'750'000);
 }
 
 TEST(EstimatePaper, TrafficIsTwoPsiOrThreePsi) {

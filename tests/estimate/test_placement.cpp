@@ -13,18 +13,20 @@ constexpr std::int64_t kPsi = 1'000'000'000;
 constexpr int kNd = 8;
 constexpr std::int64_t kShard = 125'000'000;
 
-TEST(EstimatePlacement, OptimizerOffloadMovesOnlyTheOptimizerStates) {
+TEST(EstimatePlacement, OptimizerOffloadMovesTheStatesAndAnFp32GradientShard) {
   for (auto dev : {OffloadDevice::cpu, OffloadDevice::nvme}) {
     SCOPED_TRACE(dev == OffloadDevice::cpu ? "cpu" : "nvme");
     const auto r = estimate_rank({kPsi, 0}, kNd, knobs(2, dev));
     EXPECT_EQ(r.params, (TierBytes{2 * kPsi, 0, 0}));
-    EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 0, 0}));
+    // The fp32 gradient shard lives with the states; the device keeps no gradient shard.
+    const TierBytes grads = dev == OffloadDevice::cpu ? TierBytes{0, 4 * kShard, 0} : TierBytes{0, 0, 4 * kShard};
+    EXPECT_EQ(r.gradients, grads);
     const TierBytes opt = dev == OffloadDevice::cpu ? TierBytes{0, 12 * kShard, 0} : TierBytes{0, 0, 12 * kShard};
     EXPECT_EQ(r.optimizer_states, opt);
   }
-  // Stage 1 keeps the full device gradients.
+  // Stage 1 keeps the full device gradients (the trainer accumulates there) as well.
   const auto s1 = estimate_rank({kPsi, 0}, kNd, knobs(1, OffloadDevice::cpu));
-  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 0, 0}));
+  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 4 * kShard, 0}));
   EXPECT_EQ(s1.optimizer_states, (TierBytes{0, 12 * kShard, 0}));
 }
 
@@ -41,7 +43,8 @@ TEST(EstimatePlacement, RatioSplitsTheShard) {
   c.zero_optimization.offload_optimizer.ratio = 0.4;  // 50,000,000 of the 125,000,000 elements
   const auto r = estimate_rank({kPsi, 0}, kNd, c);
   EXPECT_EQ(r.optimizer_states, (TierBytes{12 * 75'000'000, 12 * 50'000'000, 0}));
-  EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 0, 0}));
+  // The device sub-groups keep the device gradient shard; the offloaded ones an fp32 copy.
+  EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 4 * 50'000'000, 0}));
 }
 
 TEST(EstimatePlacement, ShardsRoundUp) {
@@ -74,25 +77,26 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + 25'000'000 + L));
   c.zero_optimization.stage3_max_live_parameters = 1;
   EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + L + L));
-  // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element,
-  // in whole pages: 120,000,000 bytes -> 29,297 pages = 120,000,512 bytes.
+  // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element in
+  // whole pages (120,000,000 bytes -> 120,000,512), then its 4-byte gradient, in whole pages
+  // (160,002,048), plus one gradient buffer (40,000,000 -> 40,001,536).
   c = knobs(3, OffloadDevice::nvme);
   c.zero_optimization.sub_group_size = 10'000'000;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 120'000'512LL);
-  // A known largest layer bounds the sub-group: ceil(8e6 / 8) = 1e6 elements, 12,000,000 bytes
-  // -> 2,930 pages = 12,001,280 bytes.
-  EXPECT_EQ(estimate_rank({kPsi, 8'000'000}, kNd, c).buffers.host, 3 * 12'001'280LL);
-  // Tiny sub-groups still take one page each.
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 160'002'048LL + 40'001'536LL);
+  // A known largest layer bounds the sub-group: ceil(8e6 / 8) = 1e6 elements: 12,000,000
+  // bytes -> 12,001,280, + 4,000,000 -> 16,003,072; gradient buffer 4,001,792.
+  EXPECT_EQ(estimate_rank({kPsi, 8'000'000}, kNd, c).buffers.host, 3 * 16'003'072LL + 4'001'792LL);
+  // Tiny sub-groups: a page of states, the gradient on the next page, one gradient page.
   c.zero_optimization.sub_group_size = 7;  // rounds to the 16-element alignment
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 4096);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 8192 + 4096);
   c.zero_optimization.sub_group_size = 10'000'000;
   // NVMe parameters: the staging buffers in whole pages, no host cache (max_in_cpu is moot).
   c.zero_optimization.offload_param.device = OffloadDevice::nvme;
   c.zero_optimization.offload_param.buffer_count = 2;
   c.zero_optimization.offload_param.buffer_size = 1'000'000;
   c.zero_optimization.offload_param.max_in_cpu = 5'000'000;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 120'000'512LL + 2 * 2'002'944LL);  // 2 MB in 489 pages
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 160'002'048LL + 40'001'536LL + 2 * 2'002'944LL);  // 2 MB in 489 pages
 }
 
 TEST(EstimatePlacement, RejectsBadInputs) {

@@ -49,11 +49,12 @@ TEST(EstimateRecommend, RowsCoverEveryStageAndOffload) {
   EXPECT_EQ(p.rows[1].device_bytes, 32'406'250'000);
   EXPECT_EQ(p.rows[4].device_bytes, 17'640'625'000);
   EXPECT_EQ(p.rows[7].device_bytes, 2'975'000'000);
-  EXPECT_EQ(p.rows[8].device_bytes, 1'568'750'000);
-  EXPECT_EQ(p.rows[9].device_bytes, 1'334'375'000);
-  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 12 * 117'187'500);  // 8 ranks x 12 bytes x s
-  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 14 * 117'187'500);
-  EXPECT_EQ(p.rows[10].nvme_bytes_per_node, 8LL * 12 * 117'187'500);
+  // Optimizer offload takes the fp32 gradient shard along: the GPU keeps the parameter shard.
+  EXPECT_EQ(p.rows[8].device_bytes, 1'334'375'000);
+  EXPECT_EQ(p.rows[9].device_bytes, 1'100'000'000);
+  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 16 * 117'187'500);  // 8 ranks x (12 + 4) bytes x s
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 18 * 117'187'500);
+  EXPECT_EQ(p.rows[10].nvme_bytes_per_node, 8LL * 16 * 117'187'500);
 }
 
 TEST(EstimateRecommend, StageOneWhenTheWholeStateFits) {
@@ -79,14 +80,14 @@ TEST(EstimateRecommend, StageThreeThenCpuThenNvme) {
   EXPECT_EQ(recommended(s3), "stage 3");
   EXPECT_NE(s3.why.find("1.5x the traffic"), std::string::npos) << s3.why;
   EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(2e9, 1e12, 0), mixed_precision_knobs())), "stage 3, optimizer cpu");
-  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.4e9, 1e12, 0), mixed_precision_knobs())),
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.2e9, 1e12, 0), mixed_precision_knobs())),
             "stage 3, optimizer cpu, params cpu");
-  // Host memory too small for the CPU tier (13.125e9 per node): NVMe.
-  const Plan n1 = plan({kPsi, 0}, cluster(1.4e9, 10e9, 100e9), small_nvme_buffers());
+  // Host memory too small for the CPU tier (16.875e9 per node): NVMe.
+  const Plan n1 = plan({kPsi, 0}, cluster(1.2e9, 10e9, 100e9), small_nvme_buffers());
   EXPECT_EQ(recommended(n1), "stage 3, optimizer nvme, params cpu");
-  EXPECT_NE(n1.why.find("stage 3, optimizer nvme does not (needs 1.46 GiB per GPU, 1.30 GiB usable)"),
+  EXPECT_NE(n1.why.find("stage 3, optimizer nvme does not (needs 1.24 GiB per GPU, 1.12 GiB usable)"),
             std::string::npos) << n1.why;
-  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.4e9, 3e9, 100e9), small_nvme_buffers())),
+  EXPECT_EQ(recommended(plan({kPsi, 0}, cluster(1.2e9, 4e9, 100e9), small_nvme_buffers())),
             "stage 3, optimizer nvme, params nvme");
 }
 
@@ -102,7 +103,7 @@ TEST(EstimateRecommend, FewerRanksThanGpusPerNodeShareOneNode) {
   c.world_size = 4;
   const Plan p = plan({kPsi, 0}, c, mixed_precision_knobs());
   const std::int64_t s = kPsi / 4;
-  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 14 * s);
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 18 * s);
 }
 
 TEST(EstimateRecommend, RejectsAnInvalidCluster) {

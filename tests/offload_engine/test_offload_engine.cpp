@@ -83,15 +83,19 @@ TEST(OptimizerOffload, StatesAreAccountedPerTier) {
   RunResult cpu = train(config(3, OffloadDevice::cpu, dir), kNet, world, 1, 16);
   RunResult nvme = train(config(3, OffloadDevice::nvme, dir), kNet, world, 1, 16);
   for (int r = 0; r < world; ++r) {
-    // Without offload the 12 bytes/element of states are device model states.
-    std::int64_t states = none.memory[r].device_model_states - cpu.memory[r].device_model_states;
-    EXPECT_GT(states, 0);
-    EXPECT_EQ(cpu.memory[r].host_model_states, states);
-    EXPECT_EQ(nvme.memory[r].nvme_model_states, states);
+    // Without offload the device holds 12 bytes/element of states and the 2-byte bf16
+    // gradient shard; with it, the tier holds the states and an fp32 gradient (16 bytes).
+    const std::int64_t moved = none.memory[r].device_model_states - cpu.memory[r].device_model_states;
+    ASSERT_EQ(moved % 14, 0);
+    const std::int64_t elements = moved / 14;
+    EXPECT_GT(elements, 0);
+    EXPECT_EQ(cpu.memory[r].host_model_states, 16 * elements);
+    EXPECT_EQ(nvme.memory[r].nvme_model_states, 16 * elements);
     EXPECT_EQ(nvme.memory[r].host_model_states, 0);
-    // Host memory holds only the staging buffers: buffer_count x the largest sub-group
-    // (64 elements x 12 bytes, rounded up to 4 KiB).
-    EXPECT_EQ(nvme.memory[r].host_buffers, 3 * 4096);
+    // Host memory holds only the staging buffers: buffer_count x (the largest sub-group's
+    // states, 64 x 12 bytes in a page, then its fp32 gradient in the next page) plus one
+    // gradient page.
+    EXPECT_EQ(nvme.memory[r].host_buffers, 3 * 8192 + 4096);
     EXPECT_EQ(nvme.memory[r].device_model_states, cpu.memory[r].device_model_states);
   }
   std::filesystem::remove_all(dir);
@@ -128,17 +132,56 @@ TEST(OptimizerOffload, PartialRatioSplitsSubGroupsAndKeepsTheBits) {
       RunResult r = train(c, kNet, world, 20, 16);
       EXPECT_TRUE(bitwise_equal(r, ref)) << "ratio 0.5, stage " << stage;
       for (int k = 0; k < world; ++k) {
-        const std::int64_t total = none.memory[k].device_model_states - full.memory[k].device_model_states;
-        const std::int64_t on_device = r.memory[k].device_model_states - full.memory[k].device_model_states;
+        // The states of the device sub-groups stay on the device (12 bytes/element), the
+        // offloaded ones move with an fp32 gradient (16 bytes/element); at stages 2-3 a group
+        // with a device sub-group also keeps its 2-byte gradient shard on the device.
+        const std::int64_t grad_shard = stage >= 2 ? 2 : 0;
+        const std::int64_t moved = none.memory[k].device_model_states - full.memory[k].device_model_states;
+        ASSERT_EQ(moved % (12 + grad_shard), 0);
+        const std::int64_t shard = moved / (12 + grad_shard);
         const std::int64_t offloaded = d == OffloadDevice::cpu ? r.memory[k].host_model_states
                                                                 : r.memory[k].nvme_model_states;
+        ASSERT_EQ(offloaded % 16, 0);
+        const std::int64_t on_device = shard - offloaded / 16;  // elements
+        const std::int64_t device_extra = r.memory[k].device_model_states - full.memory[k].device_model_states;
         EXPECT_GT(on_device, 0) << "some sub-groups stay on the device";
         EXPECT_GT(offloaded, 0) << "some sub-groups are offloaded";
-        EXPECT_EQ(on_device + offloaded, total) << "stage " << stage << " rank " << k;
-        EXPECT_EQ(on_device % 12, 0);  // whole sub-groups: master, exp_avg, exp_avg_sq
+        EXPECT_GE(device_extra, 12 * on_device) << "stage " << stage << " rank " << k;
+        EXPECT_LE(device_extra, 12 * on_device + grad_shard * shard) << "stage " << stage << " rank " << k;
+        EXPECT_EQ((device_extra - 12 * on_device) % 32, 0);  // whole 16-element bf16 shards
       }
     }
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+// The offloaded fp32 gradients carry the norm, the overflow check and clipping: with a poisoned
+// (inf) step and clipping on, offload to host or NVMe equals the device run bit for bit, also
+// with 3 micro-batches accumulating in fp32.
+TEST(OptimizerOffload, OffloadedGradientsGiveTheSameNormOverflowAndClipping) {
+  std::string dir = temp_dir("grads");
+  for (int gas : {1, 3}) {
+    Config none = config(2, OffloadDevice::none, dir);
+    none.gradient_clipping = 0.05;
+    none.gradient_accumulation_steps = gas;
+    const RunResult ref = train(none, kNet, 2, 8, 12 * gas, 3);
+    int skipped = 0;
+    for (const StepResult& st : ref.steps) skipped += st.skipped ? 1 : 0;
+    EXPECT_EQ(skipped, 1) << "the poisoned step is skipped";
+    EXPECT_LT(ref.steps[0].clip_coef, 1.0) << "clipping is active";
+    for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+      Config c = none;
+      c.zero_optimization.offload_optimizer.device = d;
+      const RunResult r = train(c, kNet, 2, 8, 12 * gas, 3);
+      EXPECT_TRUE(bitwise_equal(r, ref)) << "gas " << gas << " offload " << static_cast<int>(d);
+      ASSERT_EQ(r.steps.size(), ref.steps.size());
+      for (std::size_t i = 0; i < r.steps.size(); ++i) {
+        EXPECT_EQ(r.steps[i].skipped, ref.steps[i].skipped) << i;
+        EXPECT_EQ(r.steps[i].grad_norm, ref.steps[i].grad_norm) << "step " << i;
+        EXPECT_EQ(r.steps[i].clip_coef, ref.steps[i].clip_coef) << "step " << i;
+      }
+    }
+  }
   std::filesystem::remove_all(dir);
 }
