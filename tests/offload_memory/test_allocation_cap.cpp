@@ -21,7 +21,7 @@
 //
 // On the host device a rank's "device" memory is this process's memory too: the bf16
 // parameter and gradient shards (4 bytes/element over both ranks) count against the cap, so
-// the states (12 bytes/element) can exceed it by less than 3x.
+// the states (12 bytes/element, plus the fp32 gradient shard's 4) can exceed it by less than 4x.
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -282,7 +282,8 @@ TEST(AllocationCap, NvmeStatesLargerThanTheCapTrainAndEqualUncappedHostStatesBit
   ChildStatus capped = test::run_in_child([&] { train_in_child(OffloadDevice::nvme, 0, nvme, cap_out, 60.0); }, kTimeout);
   ASSERT_TRUE(capped.exited && capped.code == test::kChildOk) << "capped NVMe run " << capped.describe();
   const RunInfo ci = read_info(cap_out);
-  const long long states = 12ll * kModules * kModuleNumel;
+  // master, exp_avg, exp_avg_sq and the fp32 gradient: 16 bytes per element.
+  const long long states = 16ll * kModules * kModuleNumel;
   std::printf("cap %lld MiB (VmData %lld MiB after the warm-up step + %lld MiB); states on NVMe %lld MiB = "
               "%.2fx the cap; VmData at most %lld MiB capped, %lld MiB uncapped with host states\n",
               ci.cap >> 20, ci.vm_data_at_cap >> 20, kHeadroom >> 20, ci.nvme_states >> 20,
@@ -290,7 +291,7 @@ TEST(AllocationCap, NvmeStatesLargerThanTheCapTrainAndEqualUncappedHostStatesBit
               ri.vm_data_max >> 20);
   EXPECT_EQ(ci.nvme_states, states);
   EXPECT_EQ(ci.host_states, 0);
-  EXPECT_GT(ci.nvme_states, ci.cap * 3 / 2) << "the states should exceed the cap by at least 1.5x (~1.9x expected)";
+  EXPECT_GT(ci.nvme_states, ci.cap * 3 / 2) << "the states should exceed the cap by at least 1.5x (~3x expected)";
   EXPECT_LE(ci.vm_data_max, ci.cap);
   EXPECT_EQ(ri.host_states, states);
 
