@@ -12,16 +12,18 @@
 //
 // When the cap starts: the Engine API hands every parameter over as a full fp32 array and
 // the engine keeps it (4 bytes/element) until its first forward, where it writes the initial
-// states to NVMe; OptimizerStates also holds those (12 bytes/element) in host memory until
+// states to NVMe; OptimizerStates also holds those (16 bytes/element) in host memory until
 // then (the transient a model larger than memory cannot afford; left to the engine). With
-// M_MMAP_THRESHOLD at 1 MiB until then, those blocks go back to the kernel when freed. One
-// warm-up step allocates the engine's working set; then the cap is set to what the process
+// M_MMAP_THRESHOLD at 1 MiB, those blocks go back to the kernel when freed, and so do the
+// engine's gather and gradient buffers (2 MiB each here) between uses, so the process holds
+// its live bytes and little more. After one warm-up step the cap is set to what the process
 // holds plus kHeadroom and two steps run under it. It is lifted after the last step to
 // read the parameters out.
 //
 // On the host device a rank's "device" memory is this process's memory too: the bf16
 // parameter and gradient shards (4 bytes/element over both ranks) count against the cap, so
-// the states (12 bytes/element, plus the fp32 gradient shard's 4) can exceed it by less than 4x.
+// the states (12 bytes/element, plus the fp32 gradient shard's 4) can exceed it by less than 4x;
+// here they are ~3x the cap.
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -47,13 +49,13 @@ using zoe::test::ChildStatus;
 namespace {
 
 constexpr int kWorld = 2;
-constexpr int kModules = 96;
-constexpr std::int64_t kModuleNumel = 1 << 20;  // 96 Mi elements in all: 1.125 GiB of states
+constexpr int kModules = 32;
+constexpr std::int64_t kModuleNumel = 1 << 20;  // 32 Mi elements in all: 384 MiB of states
 constexpr int kSteps = 3;  // a warm-up step, then two under the cap
-// Allowed beyond what the process holds after the warm-up step (which allocated the engine's
-// working set: stage-3 gather buffers, capped below at 2 prefetched and 3 live modules of
-// 2 MiB, a module's full gradient, reduce-scatter buffers).
-constexpr long long kHeadroom = 64ll << 20;
+// Allowed beyond what the process holds after the warm-up step, for what a step allocates and
+// frees: stage-3 gather buffers (capped below at 2 prefetched and 3 live modules of 2 MiB per
+// rank), a module's full gradient, reduce-scatter and norm buffers.
+constexpr long long kHeadroom = 48ll << 20;  // twice what the steps were seen to need
 
 Config config(OffloadDevice tier, const std::string& dir) {
   Config c;
@@ -62,7 +64,7 @@ Config config(OffloadDevice tier, const std::string& dir) {
   c.optimizer.lr = 1e-2;
   c.optimizer.weight_decay = 0.01;
   c.zoe.optimizer_threads = 1;
-  c.zero_optimization.sub_group_size = 1 << 20;
+  c.zero_optimization.sub_group_size = 1 << 18;  // 3 MiB of states: 3 staging buffers per rank
   c.zero_optimization.stage3_prefetch_bucket_size = 2 * kModuleNumel;
   c.zero_optimization.stage3_max_live_parameters = 3 * kModuleNumel;
   c.zero_optimization.offload_optimizer.device = tier;
@@ -123,8 +125,9 @@ RunInfo read_info(const std::string& dir) {
 // next collective, after `comm_timeout_s`).
 void train_in_child(OffloadDevice tier, long long cap, const std::string& nvme_dir, const std::string& out,
                     double comm_timeout_s) {
-  // Blocks of 1 MiB and more are mapped on their own, so what the engine frees at its first
-  // forward (initial values, the states' host copies) goes back to the kernel before the cap.
+  // Blocks of 1 MiB and more are mapped on their own, so what the engine frees (initial values
+  // and the states' host copies at its first forward, buffers between uses) goes back to the
+  // kernel instead of staying in malloc's arenas.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // Threads made from here on (ranks, streams, I/O) get 2 MiB stacks instead of 8 MiB: every
   // stack counts against RLIMIT_DATA whole, and a dozen of them would dwarf what is measured.
@@ -159,15 +162,6 @@ void train_in_child(OffloadDevice tier, long long cap, const std::string& nvme_d
       double loss = 0;
       for (int m = 0; m < kModules; ++m) {
         ModuleTensors t = e.begin_forward(modules[m]);
-        if (step == 0 && m == 0) {
-          // Both engines are finalized: states written, initial values freed. From here on
-          // malloc keeps and reuses freed blocks instead of mapping fresh ones for every
-          // gather (page faults of fresh memory are slow here), so the warm-up step leaves
-          // the engine's working set allocated; the kernel still charges all of it to the cap.
-          sync.arrive_and_wait();
-          if (ctx.rank == 0) ::mallopt(M_MMAP_THRESHOLD, 64 << 20);
-          sync.arrive_and_wait();
-        }
         for (std::int64_t i = 0; i < kModuleNumel; i += 4096) {  // a sample of the loss
           const double d = test::load(t.params[0], i) - target(i, ctx.rank);
           loss += 0.5 * d * d;
@@ -291,7 +285,7 @@ TEST(AllocationCap, NvmeStatesLargerThanTheCapTrainAndEqualUncappedHostStatesBit
               ri.vm_data_max >> 20);
   EXPECT_EQ(ci.nvme_states, states);
   EXPECT_EQ(ci.host_states, 0);
-  EXPECT_GT(ci.nvme_states, ci.cap * 3 / 2) << "the states should exceed the cap by at least 1.5x (~3x expected)";
+  EXPECT_GT(ci.nvme_states, ci.cap * 5 / 2) << "the states should exceed the cap by at least 2.5x (~3x measured)";
   EXPECT_LE(ci.vm_data_max, ci.cap);
   EXPECT_EQ(ri.host_states, states);
 
