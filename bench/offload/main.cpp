@@ -3,7 +3,8 @@
 //      sizes Ψ, next to its parts measured alone in the same run (step_bench.cpp);
 //  (b) Engine::step() followed by the next forward, against each alone (overlap_bench.cpp).
 // Cases run one at a time and free their memory before the next (the 1B host case holds
-// 12 GB of states). NVMe files go to a fresh directory under --nvme-path, removed at the end.
+// 16 GB of states and fp32 gradients). NVMe files go to a fresh directory under
+// --nvme-path, removed at the end.
 // --json: one {"bench","case","value","unit","bound","ratio"} object per line on stdout;
 // progress and the load average on stderr.
 #include <stdlib.h>

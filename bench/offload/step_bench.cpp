@@ -1,21 +1,22 @@
 // The optimizer step with states on host (cpu) or NVMe, driven through
 // offload::OptimizerStates::for_each + optim::CpuAdam exactly as src/core/step.cpp's
-// EngineImpl::update_group does (per group: for_each over its sub-groups, AdamW with a bf16
-// gradient and a bf16 copy of the updated weights), not through a whole Engine: an Engine
+// EngineImpl::update_offloaded does (per group: for_each over its sub-groups, AdamW on the
+// tier's fp32 gradient, a bf16 copy of the updated weights), not through a whole Engine: an Engine
 // of 1B elements also holds its fp32 initial values (4 bytes/element) and the bf16
 // parameters and gradients until its first forward, ~20 GB at 1B, more than this shared
 // 23 GB machine can spare. The step's other work (gradient norm, one small all-reduce) is
-// not part of this pipeline and not timed here.
+// not part of this pipeline and not timed here; the gradients are put in the tier once
+// (add_grad, as the backward does) before the timed steps.
 //
 // Parts, each measured alone in the same run, alternating order between repetitions:
 //  - NVMe read + write: the same for_each over the same sub-groups with an empty callback
 //    (read-ahead and write-behind through the same pinned staging buffers, nothing to hide).
-//  - AdamW: CpuAdam over one group's states held in ordinary memory (three fp32 arrays, as
-//    the engine holds them without offload), over the same sub-group ranges, for every group.
+//  - AdamW: CpuAdam over one group's states and fp32 gradient held in ordinary memory (four
+//    fp32 arrays), over the same sub-group ranges, for every group.
 // Printed: step seconds against max(parts) seconds (target step / max(parts) <= 1.10), and
 // the rates (GB/s) the step achieved for each part against the part alone.
-// Bytes: NVMe 2 x 12 bytes/element (read and write of master, exp_avg, exp_avg_sq); AdamW
-// 28 bytes/element (12 read + 12 written + 2 bf16 gradient + 2 bf16 weights).
+// Bytes: NVMe 28 bytes/element (master, exp_avg, exp_avg_sq and the fp32 gradient read, the
+// first three written back); AdamW 30 bytes/element (16 read + 12 written + 2 bf16 weights).
 #include "bench/offload/step_bench.hpp"
 
 #include <algorithm>
@@ -75,19 +76,25 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
   report.text("# %s: %zu groups, %zu sub-groups of <= %s elements%s\n", name.c_str(), groups.size(), states.count(),
               millions(sub).c_str(), nvme ? ", writing the initial states ..." : "");
   const double t_init = seconds([&] { states.finalize(); });
-  if (nvme) report.text("#   initial write of %.2f GB: %.1f s\n", 12.0 * static_cast<double>(psi) / 1e9, t_init);
+  if (nvme) report.text("#   initial write of %.2f GB: %.1f s\n", 16.0 * static_cast<double>(psi) / 1e9, t_init);
 
-  // One group's bf16 gradient and bf16 weight output, reused for every group (the engine
-  // reads each group's own; the bytes moved per element are the same).
+  // One group's bf16 reduced gradient (the backward's input to add_grad) and bf16 weight
+  // output, reused for every group (the engine has each group's own; the bytes moved per
+  // element are the same).
   const auto gsize = static_cast<std::size_t>(largest_group);
   AlignedBuffer grad(gsize * 2), out(gsize * 2);
   auto* g16 = grad.as<std::uint16_t>().data();
   for (std::size_t i = 0; i < gsize; ++i)
     g16[i] = kernels::f32_to_bf16((static_cast<float>(i % 997) - 498.0f) * 1e-4f + 1e-5f);
   std::memset(out.data(), 0, out.size());
-  // AdamW alone: one group's states in ordinary memory.
-  AlignedBuffer master(gsize * 4), exp_avg(gsize * 4), exp_avg_sq(gsize * 4);
-  for (std::size_t i = 0; i < gsize; ++i) master.as<float>()[i] = 0.5f + static_cast<float>(i % 1021) * 1e-3f;
+  for (const GroupLayout& g : groups)
+    for (std::size_t k = 0; k < g.ids.size(); ++k) states.add_grad(g.ids[k], g16 + g.begin[k], DType::bf16, true, true);
+  // AdamW alone: one group's states and fp32 gradient in ordinary memory.
+  AlignedBuffer master(gsize * 4), exp_avg(gsize * 4), exp_avg_sq(gsize * 4), grad32(gsize * 4);
+  for (std::size_t i = 0; i < gsize; ++i) {
+    master.as<float>()[i] = 0.5f + static_cast<float>(i % 1021) * 1e-3f;
+    grad32.as<float>()[i] = kernels::bf16_to_f32(g16[i]);
+  }
   std::memset(exp_avg.data(), 0, exp_avg.size());
   std::memset(exp_avg_sq.data(), 0, exp_avg_sq.size());
 
@@ -100,7 +107,7 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
     for (const GroupLayout& g : groups) {
       states.for_each(g.ids, [&](const offload::SubGroupStates& sg) {
         const auto k = static_cast<std::size_t>(sg.id - g.ids.front());
-        adam.step(h, t_step, 1.0f, sg.master, sg.exp_avg, sg.exp_avg_sq, g16 + g.begin[k], DType::bf16,
+        adam.step(h, t_step, 1.0f, sg.master, sg.exp_avg, sg.exp_avg_sq, sg.grad, DType::f32,
                   static_cast<std::size_t>(sg.numel), out.as<std::uint16_t>().data() + g.begin[k], DType::bf16);
       });
     }
@@ -111,10 +118,11 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
   auto adam_alone = [&] {
     ++t_alone;
     float *p = master.as<float>().data(), *m = exp_avg.as<float>().data(), *v = exp_avg_sq.as<float>().data();
+    const float* gr = grad32.as<float>().data();
     for (const GroupLayout& g : groups)
       for (std::size_t k = 0; k < g.ids.size(); ++k) {
         const auto c = static_cast<std::size_t>(g.begin[k]);
-        adam.step(h, t_alone, 1.0f, p + c, m + c, v + c, g16 + c, DType::bf16, static_cast<std::size_t>(g.numel[k]),
+        adam.step(h, t_alone, 1.0f, p + c, m + c, v + c, gr + c, DType::f32, static_cast<std::size_t>(g.numel[k]),
                   out.as<std::uint16_t>().data() + c, DType::bf16);
       }
   };
@@ -141,7 +149,7 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
                 ratios.back());
   }
   const double ts = median(t_steps), ti = median(t_ios), ta = median(t_adams);
-  const double io_bytes = 24.0 * static_cast<double>(psi), adam_bytes = 28.0 * static_cast<double>(psi);
+  const double io_bytes = 28.0 * static_cast<double>(psi), adam_bytes = 30.0 * static_cast<double>(psi);
   report.line(name + " step vs max(parts)", ts, "s", std::max(ti, ta), median(ratios),
               nvme ? "(parts: NVMe r+w alone, AdamW alone)" : "(part: AdamW alone)");
   if (nvme)

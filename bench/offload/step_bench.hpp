@@ -15,7 +15,7 @@ struct StepBenchOptions {
   std::int64_t group_numel = 100'000'000;
   /// Elements per sub-group (zero_optimization.sub_group_size; a multiple of 16).
   std::int64_t sub_group_numel = 10'000'000;
-  /// offload_optimizer.buffer_count (pinned staging buffers of one sub-group's 12 bytes/element).
+  /// offload_optimizer.buffer_count (pinned staging buffers of one sub-group: 16 bytes/element).
   int buffer_count = 4;
   /// CpuAdam threads (0 = all hardware threads, the engine's default).
   int threads = 0;
@@ -27,8 +27,9 @@ struct StepBenchOptions {
 };
 
 /// Runs one case: `psi` elements of optimizer states on `tier` (cpu or nvme). Allocates
-/// 12 * psi bytes of host memory for the cpu tier (and, transiently, for the nvme tier:
-/// OptimizerStates keeps the initial values until finalize), all freed on return.
+/// 16 * psi bytes of host memory for the cpu tier (master, exp_avg, exp_avg_sq, fp32
+/// gradient; transiently also for the nvme tier: OptimizerStates keeps the initial values
+/// until finalize), all freed on return.
 /// Throws what OptimizerStates / CpuAdam throw (IoError, OutOfMemoryError, ...).
 void run_step_case(const StepBenchOptions& options, OffloadDevice tier, std::int64_t psi, const Report& report);
 
