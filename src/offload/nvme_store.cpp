@@ -71,10 +71,14 @@ struct SwapHandle::State {
 };
 
 NvmeStoreOptions NvmeStoreOptions::from_config(const Config& config, const std::string& nvme_path, int rank) {
+  return from_aio(config.aio, config.zoe.require_direct_io, nvme_path, rank);
+}
+
+NvmeStoreOptions NvmeStoreOptions::from_aio(const AioConfig& aio, bool require_direct_io,
+                                            const std::string& nvme_path, int rank) {
   NvmeStoreOptions o;
   o.dir = nvme_path;
   o.rank = rank;
-  const AioConfig& aio = config.aio;
   if (aio.block_size <= 0 || aio.block_size % 4096 != 0 || aio.block_size > (1 << 30))
     ZOE_THROW_CONFIG("aio.block_size", "must be a positive multiple of 4096 up to 1 GiB, got ", aio.block_size);
   if (aio.queue_depth < 1 || aio.queue_depth > 32768)
@@ -84,7 +88,7 @@ NvmeStoreOptions NvmeStoreOptions::from_config(const Config& config, const std::
   o.aio.block_size = static_cast<std::size_t>(aio.block_size);
   o.aio.queue_depth = static_cast<unsigned>(aio.queue_depth);
   o.aio.threads = static_cast<unsigned>(aio.intra_op_parallelism);
-  o.require_direct_io = config.zoe.require_direct_io;
+  o.require_direct_io = require_direct_io;
   return o;
 }
 

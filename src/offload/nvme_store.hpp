@@ -67,6 +67,9 @@ struct NvmeStoreOptions {
   /// zoe.require_direct_io, and `nvme_path` (offload_optimizer's or offload_param's).
   /// Throws ConfigError naming the aio key whose value the engine cannot use.
   static NvmeStoreOptions from_config(const Config& config, const std::string& nvme_path, int rank);
+  /// The same from the `aio` section and zoe.require_direct_io alone.
+  static NvmeStoreOptions from_aio(const AioConfig& aio, bool require_direct_io, const std::string& nvme_path,
+                                   int rank);
 };
 
 /// Where a tensor lives in the file (bytes).

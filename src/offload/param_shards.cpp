@@ -55,13 +55,8 @@ void ParamShards::finalize() {
   if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, read_pool_->total_bytes());
   write_pool_ = std::make_unique<PinnedPool>(po);
 
-  NvmeStoreOptions so;
-  so.dir = options_.nvme_path;
-  so.rank = options_.rank;
-  so.aio.block_size = static_cast<std::size_t>(options_.aio.block_size);
-  so.aio.queue_depth = static_cast<unsigned>(options_.aio.queue_depth);
-  so.aio.threads = static_cast<unsigned>(std::max(1, options_.aio.intra_op_parallelism));
-  so.require_direct_io = options_.require_direct_io;
+  NvmeStoreOptions so =
+      NvmeStoreOptions::from_aio(options_.aio, options_.require_direct_io, options_.nvme_path, options_.rank);
   so.fixed_buffers = read_pool_->buffers();
   for (auto b : write_pool_->buffers()) so.fixed_buffers.push_back(b);
   store_ = std::make_unique<NvmeStore>(so);

@@ -15,6 +15,7 @@
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
+using zoe::test::bitwise_equal;
 using zoe::test::NetSpec;
 using zoe::test::RunResult;
 using zoe::test::TestNet;
@@ -38,11 +39,6 @@ Config config(int stage, bool overlap, OffloadDevice offload) {
   return c;
 }
 
-bool bitwise_equal(const RunResult& a, const RunResult& b) {
-  for (std::size_t i = 0; i < a.params.size(); ++i)
-    if (std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * 4) != 0) return false;
-  return a.params.size() == b.params.size();
-}
 }  // namespace
 
 TEST(AsyncStep, OverlappedUpdateEqualsSynchronousBitwise) {

@@ -9,6 +9,7 @@
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
+using zoe::test::bitwise_equal;
 using zoe::test::NetSpec;
 using zoe::test::RunResult;
 using zoe::test::train;
@@ -25,15 +26,6 @@ Config base_config(int stage, DType dtype = DType::bf16) {
   c.zero_optimization.stage3_max_reuse_distance = 0;
   c.zoe.optimizer_threads = 1;
   return c;
-}
-
-bool bitwise_equal(const RunResult& a, const RunResult& b) {
-  if (a.params.size() != b.params.size()) return false;
-  for (std::size_t i = 0; i < a.params.size(); ++i) {
-    if (a.params[i].size() != b.params[i].size()) return false;
-    if (std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * 4) != 0) return false;
-  }
-  return true;
 }
 
 double max_rel_diff(const RunResult& a, const RunResult& b) {

@@ -4,10 +4,15 @@
 // hand in fp32, reading bf16/fp16/fp32 parameters and adding gradients in the compute dtype.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
-#include <functional>
 #include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/half.hpp"
@@ -197,6 +202,23 @@ inline RunResult train(const Config& config, const NetSpec& spec, int world, int
   });
   result.params = finals[0];
   return result;
+}
+
+/// True if both runs ended with bitwise equal parameters (every value, same shapes).
+inline bool bitwise_equal(const RunResult& a, const RunResult& b) {
+  if (a.params.size() != b.params.size()) return false;
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    if (a.params[i].size() != b.params[i].size() ||
+        std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+/// A directory under the system temp dir named zoe-<tag>-<pid>, created (NVMe files of a test).
+inline std::string temp_dir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() / ("zoe-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir.string();
 }
 
 }  // namespace zoe::test

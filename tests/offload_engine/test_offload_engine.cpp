@@ -12,15 +12,12 @@
 using namespace zoe;
 using zoe::test::NetSpec;
 using zoe::test::RunResult;
+using zoe::test::bitwise_equal;
 using zoe::test::train;
 
 namespace {
 
-std::string temp_dir(const std::string& tag) {
-  auto dir = std::filesystem::temp_directory_path() / ("zoe-offload-" + tag + "-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+std::string temp_dir(const std::string& tag) { return zoe::test::temp_dir("offload-" + tag); }
 
 Config config(int stage, OffloadDevice offload, const std::string& dir) {
   Config c;
@@ -33,15 +30,6 @@ Config config(int stage, OffloadDevice offload, const std::string& dir) {
   c.zero_optimization.offload_optimizer.nvme_path = dir;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
   return c;
-}
-
-bool bitwise_equal(const RunResult& a, const RunResult& b) {
-  if (a.params.size() != b.params.size()) return false;
-  for (std::size_t i = 0; i < a.params.size(); ++i)
-    if (a.params[i].size() != b.params[i].size() ||
-        std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * 4) != 0)
-      return false;
-  return true;
 }
 
 const NetSpec kNet{{16, 32, 32, 8}, true, 5};

@@ -14,15 +14,12 @@
 using namespace zoe;
 using zoe::test::NetSpec;
 using zoe::test::RunResult;
+using zoe::test::bitwise_equal;
 using zoe::test::train;
 
 namespace {
 
-std::string temp_dir(const std::string& tag) {
-  auto dir = std::filesystem::temp_directory_path() / ("zoe-poff-" + tag + "-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+std::string temp_dir(const std::string& tag) { return zoe::test::temp_dir("poff-" + tag); }
 
 Config config(OffloadDevice params, OffloadDevice optimizer, const std::string& dir) {
   Config c;
@@ -40,15 +37,6 @@ Config config(OffloadDevice params, OffloadDevice optimizer, const std::string& 
   c.zero_optimization.offload_param.buffer_count = 3;
   c.zero_optimization.offload_param.buffer_size = 2048;  // elements: the largest shard fits
   return c;
-}
-
-bool bitwise_equal(const RunResult& a, const RunResult& b) {
-  if (a.params.size() != b.params.size()) return false;
-  for (std::size_t i = 0; i < a.params.size(); ++i)
-    if (a.params[i].size() != b.params[i].size() ||
-        std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * 4) != 0)
-      return false;
-  return true;
 }
 
 const char* name(OffloadDevice d) { return d == OffloadDevice::none ? "none" : d == OffloadDevice::cpu ? "cpu" : "nvme"; }
