@@ -6,6 +6,7 @@
 // Atomicity: all ranks write into <dir>.tmp; after a barrier rank 0 swaps it into place
 // (the old checkpoint is renamed to <dir>.old first and removed last), so a failure at any
 // point leaves the last good checkpoint readable at <dir> or <dir>.old.
+#include <exception>
 #include <filesystem>
 #include <fstream>
 
@@ -114,16 +115,21 @@ void Engine::save_checkpoint(const std::string& dir) {
   ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
 }
 
-void Engine::load_checkpoint(const std::string& dir) {
-  core::EngineImpl& I = *impl_;
-  I.finalize();
-  synchronize();
+namespace {
+struct LoadedCheckpoint {
+  Header header;
+  std::vector<std::vector<float>> groups;  // [master | exp_avg | exp_avg_sq] per group
+};
+
+// Reads and verifies this rank's whole file; changes nothing in the engine.
+LoadedCheckpoint read_rank_file(core::EngineImpl& I, const std::string& dir) {
   fs::path from(dir);
   if (!fs::exists(rank_file(from, I.rank)) && fs::exists(rank_file(dir + ".old", I.rank))) from = dir + ".old";
   const std::string path = rank_file(from, I.rank);
   std::ifstream in(path, std::ios::binary);
   if (!in) ZOE_THROW_ERRNO(ENOENT, "cannot open checkpoint file '", path, "'");
-  Header h;
+  LoadedCheckpoint c;
+  Header& h = c.header;
   in.read(reinterpret_cast<char*>(&h), sizeof(h));
   if (!in || h.magic != kMagic) ZOE_THROW(CorruptionError, "'", path, "' is not a zoe checkpoint");
   if (h.world != I.world || h.stage != I.stage || h.groups != static_cast<std::int32_t>(I.groups.size()))
@@ -141,8 +147,43 @@ void Engine::load_checkpoint(const std::string& dir) {
     in.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
     if (!in || io::crc32c(all.data(), all.size() * sizeof(float)) != crc)
       ZOE_THROW(CorruptionError, "checkpoint '", path, "': group '", g.name, "' is truncated or corrupt");
-    write_states(I, g, all);
+    c.groups.push_back(std::move(all));
   }
+  return c;
+}
+}  // namespace
+
+// Every rank first reads and verifies its own file, then the ranks agree (one small
+// all-reduce) before anything is written: a bad file on any rank fails the load on every rank
+// at once (no rank waits for a collective the failed one never joins) and changes nothing.
+void Engine::load_checkpoint(const std::string& dir) {
+  core::EngineImpl& I = *impl_;
+  I.finalize();
+  synchronize();
+  LoadedCheckpoint loaded;
+  std::exception_ptr error;
+  try {
+    loaded = read_rank_file(I, dir);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<double> failed(static_cast<std::size_t>(I.world), 0.0);
+  failed[static_cast<std::size_t>(I.rank)] = error ? 1.0 : 0.0;
+  core::DeviceBuffer flags = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
+  I.device.copy(flags.data(), failed.data(), failed.size() * sizeof(double), *I.side);
+  I.comm.all_reduce_f64(static_cast<double*>(flags.data()), failed.size(), *I.side);
+  I.device.copy(failed.data(), flags.data(), failed.size() * sizeof(double), *I.side);
+  I.device.synchronize(*I.side);
+  if (error) std::rethrow_exception(error);
+  std::string bad;
+  for (int r = 0; r < I.world; ++r)
+    if (failed[static_cast<std::size_t>(r)] != 0.0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  if (!bad.empty())
+    ZOE_THROW(CorruptionError, "checkpoint '", dir, "' could not be loaded on rank(s) ", bad,
+              " (see their error); nothing was changed");
+
+  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) write_states(I, I.groups[gi], loaded.groups[gi]);
+  const Header& h = loaded.header;
   I.step_count = h.step;
   I.lr = h.lr;
   I.scaler.restore({h.scale, h.good_steps, h.hysteresis_left});

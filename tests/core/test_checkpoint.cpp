@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -116,21 +117,32 @@ TEST(Checkpoint, CorruptOrMismatchedIsAClearError) {
     char x = 0x5a;
     f.write(&x, 1);
   }
-  auto ranks = make_local_ranks(2, 3.0);
+  // A long collective timeout: the healthy rank must fail at once, not wait for rank 1.
+  auto ranks = make_local_ranks(2, 120.0);
   std::vector<std::string> errors(2);
+  std::vector<bool> unchanged(2, false);
+  const auto start = std::chrono::steady_clock::now();
   run_ranks(ranks, [&](RankContext& ctx) {
     Engine e(c, ctx);
     TestNet net(e, kNet);
+    std::vector<std::vector<float>> before;
+    for (ParamId id : net.params()) before.push_back(e.gather_parameter(id));
     try {
       e.load_checkpoint(dir + "/ckpt");
     } catch (const CorruptionError& err) {
       errors[ctx.rank] = err.what();
     } catch (const Error& err) {
-      errors[ctx.rank] = std::string("other: ") + err.what();  // rank 0 times out at the barrier
+      errors[ctx.rank] = std::string("other: ") + err.what();
     }
+    std::vector<std::vector<float>> after;
+    for (ParamId id : net.params()) after.push_back(e.gather_parameter(id));
+    unchanged[ctx.rank] = before == after;
   });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << "a rank waited for a timeout";
   EXPECT_NE(errors[1].find("rank1.zoe"), std::string::npos) << errors[1];
   EXPECT_NE(errors[1].find("corrupt"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("could not be loaded on rank(s) 1"), std::string::npos) << errors[0];
+  EXPECT_TRUE(unchanged[0] && unchanged[1]) << "a failed load changed the engine";
 
   Config other = config(3, OffloadDevice::none, dir);
   auto ranks2 = make_local_ranks(2, 10.0);
