@@ -89,6 +89,9 @@ struct StepResult {
 
 /// Bytes a rank holds, per tier, split into model states (compute params, gradients,
 /// master weights, exp_avg, exp_avg_sq) and buffers (gather buffers, staging, buckets).
+/// device_peak: the device allocator's high-water mark. host_pinned_peak: the most pinned
+/// staging memory (NVMe tiers' buffers, page-locked when RLIMIT_MEMLOCK allows) this rank
+/// holds at any time; the pools are sized once, so it equals their total.
 struct MemoryReport {
   std::int64_t device_model_states = 0, device_buffers = 0, device_peak = 0;
   std::int64_t host_model_states = 0, host_buffers = 0, host_pinned_peak = 0;

@@ -387,6 +387,7 @@ MemoryReport Engine::memory_report() const {
   r.device_peak = I.device.memory_stats().peak_bytes;
   r.host_model_states = I.ledger.get(Tier::host, MemKind::model_state);
   r.host_buffers = I.ledger.get(Tier::host, MemKind::buffer);
+  r.host_pinned_peak = (I.states ? I.states->staging_bytes() : 0) + (I.param_store ? I.param_store->staging_bytes() : 0);
   r.nvme_model_states = I.ledger.get(Tier::nvme, MemKind::model_state);
   return r;
 }

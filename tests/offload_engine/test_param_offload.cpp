@@ -96,6 +96,7 @@ TEST(ParamOffloadEdge, ShardsAreAccountedOnTheirTier) {
     EXPECT_EQ(nvme.memory[r].device_model_states, cpu.memory[r].device_model_states);
     // Pinned buffers: buffer_count x buffer_size elements x 2 bytes, rounded up to 4 KiB each.
     EXPECT_EQ(nvme.memory[r].host_buffers - none.memory[r].host_buffers, 3 * 4096);
+    EXPECT_EQ(nvme.memory[r].host_pinned_peak - none.memory[r].host_pinned_peak, 3 * 4096);
   }
   std::filesystem::remove_all(dir);
 }

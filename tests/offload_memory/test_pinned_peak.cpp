@@ -84,6 +84,7 @@ TEST_F(PinnedPeak, OneRankHoldsExactlyBufferCountStagingBuffers) {
   EXPECT_EQ(s.region_bytes, 0u) << "pinned memory left after the engine was destroyed";
   EXPECT_EQ(s.leased_bytes, 0u);
   EXPECT_EQ(r.memory[0].host_buffers, static_cast<std::int64_t>(kPinnedPerRank));
+  EXPECT_EQ(r.memory[0].host_pinned_peak, static_cast<std::int64_t>(kPinnedPerRank));
   EXPECT_EQ(r.memory[0].host_model_states, 0);
   // master, exp_avg, exp_avg_sq and the fp32 gradient.
   EXPECT_EQ(r.memory[0].nvme_model_states, 16 * shard_elements(net, 1));
