@@ -10,6 +10,7 @@
 #include "src/common/log.hpp"
 #include "src/device/host_elementwise.hpp"
 #include "src/offload/nvme_store.hpp"
+#include "src/offload/nvme_tier.hpp"
 #include "src/offload/pinned_pool.hpp"
 
 namespace zoe::offload {
@@ -52,22 +53,20 @@ void OptimizerStates::finalize() {
     largest = std::max(largest, grad_offset(id) + grad_bytes(id));  // states, then the gradient
     largest_grad = std::max(largest_grad, grad_bytes(id));
   }
-  PinnedPoolOptions po;
-  po.buffer_count = static_cast<std::size_t>(options_.buffer_count);
-  po.buffer_bytes = largest;
-  po.budget_bytes = static_cast<std::size_t>(options_.pinned_budget_bytes);
-  po.lock = options_.pin_memory;
-  pool_ = std::make_unique<PinnedPool>(po);
-  po.buffer_count = 1;
-  po.buffer_bytes = largest_grad;
-  if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, pool_->total_bytes());
-  grad_pool_ = std::make_unique<PinnedPool>(po);
-
-  NvmeStoreOptions so =
-      NvmeStoreOptions::from_aio(options_.aio, options_.require_direct_io, options_.nvme_path, options_.rank);
-  so.fixed_buffers = pool_->buffers();
-  for (auto b : grad_pool_->buffers()) so.fixed_buffers.push_back(b);
-  store_ = std::make_unique<NvmeStore>(so);
+  NvmeTierOptions to;
+  to.buffer_count = static_cast<std::size_t>(options_.buffer_count);
+  to.buffer_bytes = largest;
+  to.extra_buffer_bytes = largest_grad;  // the gradient buffer
+  to.pinned_budget_bytes = options_.pinned_budget_bytes;
+  to.pin_memory = options_.pin_memory;
+  to.nvme_path = options_.nvme_path;
+  to.rank = options_.rank;
+  to.aio = options_.aio;
+  to.require_direct_io = options_.require_direct_io;
+  NvmeTier tier = open_nvme_tier(to);
+  pool_ = std::move(tier.pool);
+  grad_pool_ = std::move(tier.extra);
+  store_ = std::move(tier.store);
   for (std::size_t i = 0; i < numels_.size(); ++i) {
     const int id = static_cast<int>(i);
     store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));

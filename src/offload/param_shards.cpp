@@ -5,6 +5,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/offload/nvme_tier.hpp"
 
 namespace zoe::offload {
 
@@ -45,21 +46,20 @@ void ParamShards::finalize() {
   if (finalized_) return;
   finalized_ = true;
   if (options_.device != OffloadDevice::nvme) return;
-  PinnedPoolOptions po;
-  po.buffer_bytes = std::max<std::size_t>(options_.buffer_bytes, 1);
-  po.lock = options_.pin_memory;
-  po.buffer_count = static_cast<std::size_t>(options_.buffer_count - 1);
-  po.budget_bytes = static_cast<std::size_t>(options_.pinned_budget_bytes);
-  read_pool_ = std::make_unique<PinnedPool>(po);
-  po.buffer_count = 1;
-  if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, read_pool_->total_bytes());
-  write_pool_ = std::make_unique<PinnedPool>(po);
-
-  NvmeStoreOptions so =
-      NvmeStoreOptions::from_aio(options_.aio, options_.require_direct_io, options_.nvme_path, options_.rank);
-  so.fixed_buffers = read_pool_->buffers();
-  for (auto b : write_pool_->buffers()) so.fixed_buffers.push_back(b);
-  store_ = std::make_unique<NvmeStore>(so);
+  NvmeTierOptions to;
+  to.buffer_count = static_cast<std::size_t>(options_.buffer_count - 1);  // reads
+  to.buffer_bytes = std::max<std::size_t>(options_.buffer_bytes, 1);
+  to.extra_buffer_bytes = to.buffer_bytes;  // the optimizer's write-back
+  to.pinned_budget_bytes = options_.pinned_budget_bytes;
+  to.pin_memory = options_.pin_memory;
+  to.nvme_path = options_.nvme_path;
+  to.rank = options_.rank;
+  to.aio = options_.aio;
+  to.require_direct_io = options_.require_direct_io;
+  NvmeTier tier = open_nvme_tier(to);
+  read_pool_ = std::move(tier.pool);
+  write_pool_ = std::move(tier.extra);
+  store_ = std::move(tier.store);
   for (std::size_t i = 0; i < bytes_.size(); ++i)
     store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes_[i], 1));
   for (std::size_t i = 0; i < bytes_.size(); ++i) {

@@ -18,12 +18,7 @@ using zoe::test::TestNet;
 namespace {
 const NetSpec kNet{{8, 16, 8}, true, 11};
 
-std::string temp_dir(const std::string& tag) {
-  auto dir = std::filesystem::temp_directory_path() / ("zoe-ckpt-" + tag + "-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+std::string temp_dir(const std::string& tag) { return zoe::test::temp_dir("ckpt-" + tag); }
 
 Config config(int stage, OffloadDevice offload, const std::string& dir) {
   Config c;

@@ -214,9 +214,10 @@ inline bool bitwise_equal(const RunResult& a, const RunResult& b) {
   return true;
 }
 
-/// A directory under the system temp dir named zoe-<tag>-<pid>, created (NVMe files of a test).
+/// A fresh, empty directory under the system temp dir named zoe-<tag>-<pid> (a test's files).
 inline std::string temp_dir(const std::string& tag) {
   auto dir = std::filesystem::temp_directory_path() / ("zoe-" + tag + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
 }

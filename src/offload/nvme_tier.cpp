@@ -1,0 +1,27 @@
+#include "src/offload/nvme_tier.hpp"
+
+#include <algorithm>
+
+namespace zoe::offload {
+
+NvmeTier open_nvme_tier(const NvmeTierOptions& o) {
+  NvmeTier t;
+  PinnedPoolOptions po;
+  po.buffer_count = o.buffer_count;
+  po.buffer_bytes = o.buffer_bytes;
+  po.budget_bytes = static_cast<std::size_t>(o.pinned_budget_bytes);
+  po.lock = o.pin_memory;
+  t.pool = std::make_unique<PinnedPool>(po);
+  po.buffer_count = 1;
+  po.buffer_bytes = o.extra_buffer_bytes;
+  if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, t.pool->total_bytes());
+  t.extra = std::make_unique<PinnedPool>(po);
+
+  NvmeStoreOptions so = NvmeStoreOptions::from_aio(o.aio, o.require_direct_io, o.nvme_path, o.rank);
+  so.fixed_buffers = t.pool->buffers();
+  for (auto b : t.extra->buffers()) so.fixed_buffers.push_back(b);
+  t.store = std::make_unique<NvmeStore>(so);
+  return t;
+}
+
+}  // namespace zoe::offload

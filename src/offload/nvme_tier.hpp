@@ -1,0 +1,38 @@
+// The common set-up of an NVMe offload tier (optimizer states, parameter shards): a pool of
+// `buffer_count` pinned staging buffers, one extra pinned buffer for a second stream of I/O
+// (gradient writes, parameter write-back), both within the pinned budget, and an NvmeStore
+// with every one of those buffers registered as an io_uring fixed buffer.
+// Units: bytes. Thread-safety: a plain function. Errors: as PinnedPool and NvmeStore.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "src/offload/nvme_store.hpp"
+#include "src/offload/pinned_pool.hpp"
+#include "zoe/config.hpp"
+
+namespace zoe::offload {
+
+struct NvmeTierOptions {
+  std::size_t buffer_count = 4;        // staging buffers (>= 1)
+  std::size_t buffer_bytes = 4096;     // per staging buffer
+  std::size_t extra_buffer_bytes = 4096;
+  std::int64_t pinned_budget_bytes = 0;  // both pools together; 0 = unlimited
+  bool pin_memory = true;
+  std::string nvme_path;
+  int rank = 0;
+  AioConfig aio;
+  bool require_direct_io = false;
+};
+
+struct NvmeTier {
+  std::unique_ptr<PinnedPool> pool, extra;
+  std::unique_ptr<NvmeStore> store;
+};
+
+NvmeTier open_nvme_tier(const NvmeTierOptions& options);
+
+}  // namespace zoe::offload
