@@ -66,7 +66,7 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
     GroupLayout g;
     for (std::int64_t c = 0; c < gn; c += sub) {
       const std::int64_t n = std::min(sub, gn - c);
-      g.ids.push_back(states.add(std::span<const float>(initial.data(), static_cast<std::size_t>(n))));
+      g.ids.push_back(states.add(n));
       g.begin.push_back(c);
       g.numel.push_back(n);
     }
@@ -75,7 +75,14 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
   const std::string name = std::string(nvme ? "nvme" : "cpu") + " psi=" + millions(psi);
   report.text("# %s: %zu groups, %zu sub-groups of <= %s elements%s\n", name.c_str(), groups.size(), states.count(),
               millions(sub).c_str(), nvme ? ", writing the initial states ..." : "");
-  const double t_init = seconds([&] { states.finalize(); });
+  const double t_init = seconds([&] {
+    states.finalize();
+    for (std::size_t id = 0; id < states.count(); ++id) {
+      const int i = static_cast<int>(id);
+      states.write_initial(i, std::span<const float>(initial.data(), static_cast<std::size_t>(states.numel(i))));
+    }
+    states.finish_initial();
+  });
   if (nvme) report.text("#   initial write of %.2f GB: %.1f s\n", 16.0 * static_cast<double>(psi) / 1e9, t_init);
 
   // One group's bf16 reduced gradient (the backward's input to add_grad) and bf16 weight

@@ -28,8 +28,7 @@ struct StepBenchOptions {
 
 /// Runs one case: `psi` elements of optimizer states on `tier` (cpu or nvme). Allocates
 /// 16 * psi bytes of host memory for the cpu tier (master, exp_avg, exp_avg_sq, fp32
-/// gradient; transiently also for the nvme tier: OptimizerStates keeps the initial values
-/// until finalize), all freed on return.
+/// gradient; the nvme tier holds only its staging buffers), all freed on return.
 /// Throws what OptimizerStates / CpuAdam throw (IoError, OutOfMemoryError, ...).
 void run_step_case(const StepBenchOptions& options, OffloadDevice tier, std::int64_t psi, const Report& report);
 

@@ -3,6 +3,14 @@
 // forward and backward with begin/end calls, and calls step() once per global batch.
 // The engine decides where every byte of model state lives and moves it just in time.
 //
+// Initial values are not copied at registration: each parameter comes with a ParamInitializer
+// the engine calls at the first forward, chunk by chunk (at most sub_group_size elements),
+// for this rank's part only, writing every chunk straight to its home (device sub-group,
+// host or NVMe optimizer tier, parameter shard). Host memory during construction is therefore
+// bounded by one chunk and the tiers' staging buffers, so a model whose optimizer states
+// exceed RAM can be built with its states on NVMe (the add_parameter overload taking a span
+// keeps a copy of the values instead, as the caller already holds them).
+//
 // One Engine per data-parallel rank. All ranks must make the same calls in the same
 // order (like collectives). An Engine is not thread-safe: one thread drives it.
 #pragma once
@@ -13,6 +21,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zoe/config.hpp"
@@ -49,6 +59,19 @@ RankContext rank_from_environment(double timeout_s = 300.0);
 
 /// Calls fn(ctx) on one thread per rank and joins them; rethrows the first exception.
 void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(RankContext&)>& fn);
+
+/// Produces part of a parameter's initial value: fills `out` with elements
+/// [offset, offset + out.size()) of the parameter's flattened row-major fp32 value (offset in
+/// elements, 0 <= offset, offset + out.size() <= numel; out is host memory). It must give the
+/// same values for the same elements whatever the chunking and on every rank (a pure function
+/// of the element index, e.g. a counter-based hash or a seeded generator skipped to `offset`).
+/// The Engine calls it only during its first forward (or the first call that needs the
+/// parameters: begin_backward, step, gather_parameter, checkpoints), only from the thread
+/// driving the Engine, with at most zero_optimization.sub_group_size elements per call, and
+/// only for the elements this rank keeps (DeepSpeed's zero.Init): with stage 3 exactly the
+/// live elements of its shard, with stages 0-2 the whole parameter (those stages keep full
+/// compute-dtype parameters). It may throw; see Engine::add_parameter.
+using ParamInitializer = std::function<void(std::int64_t offset, std::span<float> out)>;
 
 /// Handle of a registered parameter (index in registration order).
 struct ParamId {
@@ -114,9 +137,29 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// Registers a parameter of `shape` (elements, row-major). `initial` holds its full
-  /// fp32 value (numel elements), identical on every rank; only this rank's shard is kept.
-  /// Throws UsageError after the first forward, or if initial.size() != numel.
+  /// Registers a parameter of `shape` (elements per dimension, row-major; numel = product,
+  /// 0 allowed) whose fp32 initial value `init` produces on demand at the first forward (see
+  /// ParamInitializer: this rank's elements only, in chunks of at most sub_group_size
+  /// elements). The values are rounded to the compute dtype for the parameters and kept in
+  /// fp32 as master weights. `init` is kept until then and released after.
+  /// Throws UsageError after the first forward, for a negative dimension or an empty `init`.
+  /// If `init` throws, the call that initialises the engine (the first begin_forward,
+  /// begin_backward, step, gather_parameter or checkpoint call) throws Error naming the
+  /// parameter and the elements requested, with the initializer's message
+  /// (OutOfMemoryError if it threw std::bad_alloc or OutOfMemoryError); the Engine is then
+  /// unusable (every later call throws UsageError) and should be destroyed.
+  /// `init` is any callable as ParamInitializer (a lambda, a function, a ParamInitializer);
+  /// the template only keeps `add_parameter(name, shape, {})` meaning an empty span.
+  template <class Init>
+    requires std::is_invocable_r_v<void, Init&, std::int64_t, std::span<float>>
+  ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape, Init&& init) {
+    return add_parameter_from(name, std::move(shape), ParamInitializer(std::forward<Init>(init)));
+  }
+  /// Registers a parameter of `shape` with its full fp32 value `initial` (numel elements,
+  /// identical on every rank). The engine copies `initial` now (numel x 4 bytes of host
+  /// memory until the first forward) and initialises from the copy exactly as from an
+  /// initializer returning those values. Throws UsageError after the first forward, for a
+  /// negative dimension, or if initial.size() != numel.
   ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape,
                         std::span<const float> initial);
   /// Groups parameters into a module, the unit of all-gather and of gradient reduction.
@@ -167,6 +210,9 @@ class Engine {
   void load_checkpoint(const std::string& dir);
 
  private:
+  /// add_parameter with an initializer (see there).
+  ParamId add_parameter_from(const std::string& name, std::vector<std::int64_t> shape, ParamInitializer init);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

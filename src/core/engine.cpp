@@ -1,12 +1,12 @@
 // Engine: registration, partitioning into groups, the public API and counted collectives.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/device/host_elementwise.hpp"
 
 namespace zoe {
 
@@ -72,6 +72,17 @@ void EngineImpl::check_module(ModuleId m) const {
 
 void EngineImpl::finalize() {
   if (finalized) return;
+  ZOE_CHECK_USAGE(finalize_error.empty(), "the engine's initialisation failed earlier (", finalize_error,
+                  "); this Engine is unusable: destroy it and build a new one");
+  try {
+    build();
+  } catch (const std::exception& e) {
+    finalize_error = e.what();
+    throw;
+  }
+}
+
+void EngineImpl::build() {
   ZOE_CHECK_USAGE(!modules.empty(), "no modules registered: add_module before the first forward");
   for (const ParamInfo& p : params) {
     bool used = std::any_of(modules.begin(), modules.end(), [&](const ModuleInfo& m) {
@@ -109,40 +120,21 @@ void EngineImpl::finalize() {
     g.opt_begin = stage == 0 ? 0 : L.shard_begin(rank);
     g.opt_numel = stage == 0 ? L.padded_numel() : L.shard_numel();
   }
-  int device_left = device_sub_group_count();
 
+  // Every state's home, sizes only: the offload tiers must know all their tensors before
+  // they open (finalize), and the values are written after, chunk by chunk.
+  int device_left = device_sub_group_count();
   Stream& s = *side;
   for (Group& g : groups) {
     const FlatLayout& L = *g.layout;
-    // The full fp32 initial value (padding zero), staged in host memory.
-    std::vector<float> full(static_cast<std::size_t>(L.padded_numel()), 0.0f);
-    for (std::size_t i = 0; i < g.params.size(); ++i) {
-      const ParamInfo& p = params[g.params[i]];
-      std::copy(p.initial.begin(), p.initial.end(), full.begin() + L.offset(i));
-    }
-    place_sub_groups(g, std::span<const float>(full).subspan(static_cast<std::size_t>(g.opt_begin),
-                                                             static_cast<std::size_t>(g.opt_numel)),
-                     device_left);
-
+    place_sub_groups(g, device_left);
+    // Compute-dtype parameters: stage 3 keeps the shard (on the device or in the parameter
+    // tier), stages 0-2 the full flat buffer.
     if (param_store) {
-      // The shard's home is the parameter tier: cast to the compute dtype on the host.
-      std::vector<std::byte> shard(static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype));
-      host_ops::cast(full.data() + L.shard_begin(rank), DType::f32, shard.data(), dtype,
-                     static_cast<std::size_t>(L.shard_numel()));
-      g.param_id = param_store->add(shard.data(), shard.size());
-    }
-    // Compute-dtype parameters: cast from the fp32 staging copy on the device.
-    DeviceBuffer staging = alloc(MemKind::buffer, DType::f32, stage == 3 ? L.shard_numel() : L.padded_numel());
-    const float* src = full.data() + (stage == 3 ? L.shard_begin(rank) : 0);
-    device.copy(staging.data(), src, staging.bytes(), s);
-    DeviceBuffer& dst = stage == 3 ? g.param_shard : g.param_full;
-    if (!param_store) {
-      dst = alloc(MemKind::model_state, dtype, staging.numel());
-      if (dtype == DType::f32) {
-        device.copy(dst.data(), staging.data(), staging.bytes(), s);
-      } else {
-        device.cast(staging.data(), DType::f32, dst.data(), dtype, staging.numel(), s);
-      }
+      g.param_id = param_store->add(static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype));
+    } else {
+      (stage == 3 ? g.param_shard : g.param_full) =
+          alloc(MemKind::model_state, dtype, stage == 3 ? L.shard_numel() : L.padded_numel());
     }
     if (stage <= 1) {
       g.grad_full = alloc(MemKind::model_state, dtype, L.padded_numel());
@@ -153,9 +145,7 @@ void EngineImpl::finalize() {
     }
     g.param_ready = device.create_event();
     g.update_done = device.create_event();
-    device.synchronize(s);  // staging and `full` die here
   }
-  for (ParamInfo& p : params) std::vector<float>().swap(p.initial);
   if (states) {
     states->finalize();
     ledger.add(Tier::host, MemKind::model_state, states->host_state_bytes());
@@ -168,6 +158,8 @@ void EngineImpl::finalize() {
     ledger.add(Tier::nvme, MemKind::model_state, param_store->nvme_bytes());
     ledger.add(Tier::host, MemKind::buffer, param_store->staging_bytes());
   }
+  write_initial_values();
+  for (ParamInfo& p : params) p.init = nullptr;  // releases what the initializers hold
   step_start_stats = comm.stats();
   finalized = true;
   std::int64_t live = 0;
@@ -259,24 +251,41 @@ Engine::Engine(const Config& config, RankContext rank) {
 
 Engine::~Engine() = default;
 
-ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t> shape,
-                              std::span<const float> initial) {
-  Impl& I = *impl_;
+// Elements of a parameter of `shape`; throws UsageError after the first forward or for a
+// negative dimension.
+static std::int64_t checked_numel(const core::EngineImpl& I, const std::string& name,
+                                  const std::vector<std::int64_t>& shape) {
   ZOE_CHECK_USAGE(!I.finalized, "add_parameter('", name, "') after the first forward");
   std::int64_t numel = 1;
   for (std::int64_t d : shape) {
     ZOE_CHECK_USAGE(d >= 0, "parameter '", name, "': negative dimension ", d);
     numel *= d;
   }
-  ZOE_CHECK_USAGE(static_cast<std::int64_t>(initial.size()) == numel, "parameter '", name, "': initial has ",
-                  initial.size(), " elements, shape has ", numel);
+  return numel;
+}
+
+ParamId Engine::add_parameter_from(const std::string& name, std::vector<std::int64_t> shape, ParamInitializer init) {
+  Impl& I = *impl_;
+  const std::int64_t numel = checked_numel(I, name, shape);
+  ZOE_CHECK_USAGE(static_cast<bool>(init), "parameter '", name, "': empty initializer");
   core::ParamInfo p;
   p.name = name;
   p.shape = std::move(shape);
   p.numel = numel;
-  p.initial.assign(initial.begin(), initial.end());
+  p.init = std::move(init);
   I.params.push_back(std::move(p));
   return ParamId{static_cast<std::uint32_t>(I.params.size() - 1)};
+}
+
+ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t> shape,
+                              std::span<const float> initial) {
+  const std::int64_t numel = checked_numel(*impl_, name, shape);
+  ZOE_CHECK_USAGE(static_cast<std::int64_t>(initial.size()) == numel, "parameter '", name, "': initial has ",
+                  initial.size(), " elements, shape has ", numel);
+  auto values = std::make_shared<const std::vector<float>>(initial.begin(), initial.end());
+  return add_parameter_from(name, std::move(shape), [values](std::int64_t offset, std::span<float> out) {
+    std::copy_n(values->begin() + offset, out.size(), out.begin());
+  });
 }
 
 ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params) {

@@ -35,7 +35,7 @@ struct ParamInfo {
   std::string name;
   std::vector<std::int64_t> shape;
   std::int64_t numel = 0;
-  std::vector<float> initial;  // dropped once partitioned
+  ParamInitializer init;       // the initial value's source; released after finalize
   int group = -1;              // owning group
   std::size_t slot = 0;        // index inside the owning group's layout
 };
@@ -148,6 +148,7 @@ struct EngineImpl {
   std::vector<ModuleInfo> modules;
   std::vector<Group> groups;
   bool finalized = false;
+  std::string finalize_error;  // why a finalize failed (the engine is unusable then)
 
   // Stage-3 gathering.
   std::vector<TraceEntry> trace, last_trace;
@@ -163,7 +164,10 @@ struct EngineImpl {
   std::int64_t elements_sent = 0, elements_at_step_start = 0;
 
   // engine.cpp
+  /// Builds the groups, places every state and writes the initial values (at the first call
+  /// that needs them). A failure is kept: later calls throw UsageError naming it.
   void finalize();
+  void build();
   void check_module(ModuleId m) const;
   ModuleTensors views(const ModuleInfo& m, bool with_grads);
   /// Makes work queued on `side` before now visible to the trainer's compute.
@@ -220,10 +224,19 @@ struct EngineImpl {
   // sub_groups.cpp
   /// How many sub-groups (of all groups, in order) stay on the device optimizer.
   int device_sub_group_count() const;
-  /// Splits the group's range into sub-groups and stores their initial states (master =
-  /// `range`, the range's fp32 initial values; moments zero): the first `device_left` on
-  /// the device (decremented), the rest in the offload tier.
-  void place_sub_groups(Group& g, std::span<const float> range, int& device_left);
+  /// Splits the group's range into sub-groups (their sizes only; initialize.cpp writes their
+  /// initial states): the first `device_left` get device memory (decremented), the rest are
+  /// registered with the offload tier.
+  void place_sub_groups(Group& g, int& device_left);
+
+  // initialize.cpp
+  /// Writes every group's initial values to their homes, chunk by chunk (see the file).
+  /// After the offload tiers' finalize().
+  void write_initial_values();
+  /// Fills `out` with the group's fp32 initial values of flat elements [begin, begin +
+  /// out.size()) from the parameters' initializers (padding zero). Throws Error naming the
+  /// parameter whose initializer failed.
+  void fill_initial(const Group& g, std::int64_t begin, std::span<float> out);
   /// Fills master / exp_avg / exp_avg_sq ([3 * opt_numel] floats, host memory) of the range.
   std::vector<float> read_states(Group& g);
   /// Writes all three states of the range from `all` ([3 * opt_numel] floats).

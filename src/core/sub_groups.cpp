@@ -21,19 +21,16 @@ int EngineImpl::device_sub_group_count() const {
   return static_cast<int>(total - std::min(total, host));
 }
 
-void EngineImpl::place_sub_groups(Group& g, std::span<const float> range, int& device_left) {
+void EngineImpl::place_sub_groups(Group& g, int& device_left) {
   for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
     SubGroup sg;
     sg.begin = c;
     sg.numel = std::min(sub_group_numel(), g.opt_numel - c);
-    const auto n = static_cast<std::size_t>(sg.numel);
     if (device_left > 0) {
       --device_left;
       sg.device_states = alloc(MemKind::model_state, DType::f32, 3 * sg.numel);
-      device.copy(sg.master(), range.data() + c, n * sizeof(float), *side);
-      device.fill(sg.master() + n, DType::f32, 2 * n, 0.0f, *side);
     } else {
-      sg.offload_id = states->add(range.subspan(static_cast<std::size_t>(c), n));
+      sg.offload_id = states->add(sg.numel);
     }
     g.subgroups.push_back(std::move(sg));
   }

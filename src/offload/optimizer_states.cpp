@@ -26,16 +26,14 @@ OptimizerStates::OptimizerStates(const OptimizerStatesOptions& options) : option
 
 OptimizerStates::~OptimizerStates() = default;
 
-int OptimizerStates::add(std::span<const float> master) {
+int OptimizerStates::add(std::int64_t numel) {
   ZOE_CHECK_USAGE(!finalized_, "OptimizerStates::add after finalize");
+  ZOE_CHECK_USAGE(numel >= 0, "OptimizerStates::add: negative size ", numel);
   const int id = static_cast<int>(numels_.size());
-  numels_.push_back(static_cast<std::int64_t>(master.size()));
-  AlignedBuffer b(std::max<std::size_t>(bytes(id), 1));
-  float* p = static_cast<float*>(b.data());
-  std::copy(master.begin(), master.end(), p);
-  std::fill(p + master.size(), p + 3 * master.size(), 0.0f);
-  host_.push_back(std::move(b));
-  AlignedBuffer g(options_.device == OffloadDevice::cpu ? grad_bytes(id) : 0);
+  numels_.push_back(numel);
+  const bool cpu = options_.device == OffloadDevice::cpu;
+  host_.push_back(cpu ? AlignedBuffer(std::max<std::size_t>(bytes(id), 1)) : AlignedBuffer());
+  AlignedBuffer g(cpu ? grad_bytes(id) : 0);
   if (g.data()) std::memset(g.data(), 0, grad_bytes(id));
   grads_.push_back(std::move(g));
   grad_sum_squares_.push_back(0.0);
@@ -72,24 +70,72 @@ void OptimizerStates::finalize() {
     store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
     store_->register_tensor(grad_name(id), grad_bytes(id));
   }
-  // Write the initial states through a staging buffer; host copies are dropped after.
-  PinnedBuffer staging = pool_->acquire();
-  for (std::size_t i = 0; i < numels_.size(); ++i) {
-    const int id = static_cast<int>(i);
-    const std::size_t n = std::max<std::size_t>(bytes(id), 1);
-    std::memcpy(staging.data(), host_[i].data(), n);
-    store_->swap_out(name(id), staging.data(), n).wait();
-    host_[i] = AlignedBuffer();
-    std::memset(staging.data(), 0, grad_bytes(id));
-    store_->swap_out(grad_name(id), staging.data(), grad_bytes(id)).wait();
-  }
   ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups on NVMe in {} ({} MiB, {} x {} MiB staging, O_DIRECT {})",
                options_.rank, numels_.size(), store_->path(), nvme_state_bytes() >> 20, pool_->buffer_count(),
                pool_->buffer_bytes() >> 20, store_->direct_io());
 }
 
+void OptimizerStates::write_initial(int id, std::span<const float> master) {
+  ZOE_CHECK_USAGE(finalized_, "OptimizerStates::write_initial before finalize");
+  ZOE_CHECK_USAGE(id >= 0 && static_cast<std::size_t>(id) < numels_.size(), "OptimizerStates::write_initial: unknown sub-group ", id);
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  ZOE_CHECK_USAGE(master.size() == n, "OptimizerStates::write_initial: sub-group ", id, " has ", n,
+                  " elements, got ", master.size());
+  ++initial_written_;
+  auto fill = [&](void* base) {
+    float* p = static_cast<float*>(base);
+    std::copy(master.begin(), master.end(), p);
+    std::fill(p + n, p + 3 * n, 0.0f);
+  };
+  if (options_.device == OffloadDevice::cpu) {
+    fill(host_[id].data());
+    return;
+  }
+  // A free staging buffer, reclaiming the oldest write in flight if there is none.
+  std::optional<PinnedBuffer> b = pool_->try_acquire();
+  while (!b && !initial_writes_.empty()) {
+    InitialWrite w = std::move(initial_writes_.front());
+    initial_writes_.pop_front();
+    w.states.wait();
+    w.grad.wait();
+    w.buffer.release();
+    b = pool_->try_acquire();
+  }
+  if (!b) b = pool_->acquire();  // throws OutOfMemoryError naming the pool if all are leased elsewhere
+  fill(b->data());
+  std::byte* grad = static_cast<std::byte*>(b->data()) + grad_offset(id);
+  std::memset(grad, 0, grad_bytes(id));
+  InitialWrite w{std::move(*b), {}, {}};
+  w.states = store_->swap_out(name(id), w.buffer.data(), std::max<std::size_t>(bytes(id), 1));
+  w.grad = store_->swap_out(grad_name(id), grad, grad_bytes(id));
+  initial_writes_.push_back(std::move(w));
+}
+
+void OptimizerStates::finish_initial() {
+  std::exception_ptr error;
+  while (!initial_writes_.empty()) {
+    InitialWrite w = std::move(initial_writes_.front());
+    initial_writes_.pop_front();
+    for (SwapHandle* h : {&w.states, &w.grad}) {
+      try {
+        h->wait();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void OptimizerStates::check_initialised() {
+  finish_initial();
+  ZOE_CHECK_USAGE(initial_written_ >= numels_.size(), "OptimizerStates: ", numels_.size() - initial_written_,
+                  " of ", numels_.size(), " sub-groups have no initial states (write_initial)");
+}
+
 void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn) {
   ZOE_CHECK_USAGE(finalized_, "OptimizerStates::for_each before finalize");
+  check_initialised();
   auto view = [&](int id, void* base, const void* grad) {
     float* p = static_cast<float*>(base);
     const std::int64_t n = numels_[id];
@@ -160,6 +206,7 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
 
 void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first, bool last) {
   ZOE_CHECK_USAGE(finalized_, "OptimizerStates::add_grad before finalize");
+  check_initialised();
   const auto n = static_cast<std::size_t>(numels_[id]);
   auto apply = [&](float* grad) {
     if (first) {
@@ -189,7 +236,8 @@ void OptimizerStates::zero_grad(int id) {
 }
 
 void OptimizerStates::read_master(int id, float* dst) {
-  if (options_.device == OffloadDevice::cpu || !finalized_) {
+  check_initialised();
+  if (options_.device == OffloadDevice::cpu) {
     std::memcpy(dst, host_[id].data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
     return;
   }
@@ -199,7 +247,8 @@ void OptimizerStates::read_master(int id, float* dst) {
 }
 
 void OptimizerStates::read_all(int id, float* data) {
-  if (options_.device == OffloadDevice::cpu || !finalized_) {
+  check_initialised();
+  if (options_.device == OffloadDevice::cpu) {
     std::memcpy(data, host_[id].data(), bytes(id));
     return;
   }
@@ -209,7 +258,8 @@ void OptimizerStates::read_all(int id, float* data) {
 }
 
 void OptimizerStates::write_all(int id, const float* data) {
-  if (options_.device == OffloadDevice::cpu || !finalized_) {
+  check_initialised();
+  if (options_.device == OffloadDevice::cpu) {
     std::memcpy(host_[id].data(), data, bytes(id));
     return;
   }

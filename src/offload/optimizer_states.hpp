@@ -9,6 +9,10 @@
 // size; buffer_count >= 3 gives full overlap, 2 serialises write-back and read-ahead).
 // Host memory then holds only those buffers, however large the model.
 //
+// Construction (nothing of the states is ever in host memory on the nvme tier): add(numel)
+// registers each sub-group's size, finalize() opens the tier, write_initial(id, master) then
+// writes each sub-group's initial states through the pinned staging buffers (write-behind).
+//
 // Gradients: each sub-group also keeps its fp32 gradient (ZeRO-Offload's fp32 gradient
 // partition): add_grad() writes or accumulates the reduced shard as soon as it is ready, in
 // host memory (cpu) or in its own NVMe tensor through a pinned gradient buffer (nvme), and
@@ -23,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -30,13 +35,12 @@
 #include <vector>
 
 #include "src/common/aligned_buffer.hpp"
+#include "src/offload/nvme_store.hpp"
+#include "src/offload/pinned_pool.hpp"
 #include "zoe/config.hpp"
 #include "zoe/dtype.hpp"
 
 namespace zoe::offload {
-
-class NvmeStore;
-class PinnedPool;
 
 struct OptimizerStatesOptions {
   OffloadDevice device = OffloadDevice::cpu;  // cpu or nvme
@@ -64,11 +68,22 @@ class OptimizerStates {
   explicit OptimizerStates(const OptimizerStatesOptions& options);
   ~OptimizerStates();
 
-  /// Adds a sub-group whose master weights start as `master` (exp_avg, exp_avg_sq zero).
-  /// Must be called for every sub-group before the first for_each. Returns its id (0, 1, ...).
-  int add(std::span<const float> master);
-  /// Finishes registration: allocates the staging buffers and writes the initial states.
+  /// Registers a sub-group of `numel` elements (sizes only: its values come from
+  /// write_initial). Before finalize(). Returns its id (0, 1, ...). cpu tier: allocates its
+  /// host arrays (16 bytes/element); nvme tier: nothing in host memory.
+  int add(std::int64_t numel);
+  /// Finishes registration: nvme tier: allocates the pinned staging buffers, opens the file
+  /// and registers every sub-group's tensors. Writes nothing.
   void finalize();
+  /// Sets sub-group `id`'s initial states: master = `master` (numel(id) floats, host
+  /// memory, copied before the call returns), exp_avg = exp_avg_sq = fp32 gradient = 0.
+  /// After finalize(), once per sub-group, every sub-group before the first for_each or
+  /// add_grad. nvme tier: written through a pinned staging buffer; up to buffer_count writes
+  /// stay in flight (write-behind) until finish_initial() or the next call needing the
+  /// buffers. Throws UsageError (wrong size, before finalize), IoError.
+  void write_initial(int id, std::span<const float> master);
+  /// Waits for the writes write_initial left in flight; rethrows the first I/O error.
+  void finish_initial();
 
   /// Calls fn on each sub-group of `ids` in order with its states loaded; changes are kept
   /// (written back). Rethrows the first error of fn or of the I/O, after draining I/O.
@@ -103,6 +118,8 @@ class OptimizerStates {
   std::int64_t staging_bytes() const;
 
  private:
+  /// Waits for the initial writes; throws UsageError if a sub-group was never written.
+  void check_initialised();
   std::string name(int id) const { return "optim.sg" + std::to_string(id); }
   std::string grad_name(int id) const { return "optim.grad" + std::to_string(id); }
   std::size_t bytes(int id) const { return static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float); }
@@ -112,12 +129,20 @@ class OptimizerStates {
 
   OptimizerStatesOptions options_;
   std::vector<std::int64_t> numels_;
-  std::vector<AlignedBuffer> host_;  // cpu tier: one per sub-group; nvme tier: initial values until finalize
+  /// An initial-state write in flight (nvme tier): its staging buffer returns when it is done.
+  struct InitialWrite {
+    PinnedBuffer buffer;
+    SwapHandle states, grad;
+  };
+
+  std::vector<AlignedBuffer> host_;  // cpu tier: one per sub-group ([master | exp_avg | exp_avg_sq])
   std::vector<AlignedBuffer> grads_;  // cpu tier: fp32 gradients
   std::vector<double> grad_sum_squares_;
   std::vector<char> grad_finite_;
   std::unique_ptr<PinnedPool> pool_, grad_pool_;
+  std::deque<InitialWrite> initial_writes_;  // destroyed after store_ (which waits for its I/O)
   std::unique_ptr<NvmeStore> store_;
+  std::size_t initial_written_ = 0;  // sub-groups given their initial states
   bool finalized_ = false;
 };
 

@@ -28,7 +28,7 @@ ParamShards::~ParamShards() {
   store_.reset();  // waits for outstanding swaps before the buffers go away
 }
 
-int ParamShards::add(const void* initial, std::size_t bytes) {
+int ParamShards::add(std::size_t bytes) {
   ZOE_CHECK_USAGE(!finalized_, "ParamShards::add after finalize");
   if (options_.device == OffloadDevice::nvme && bytes > options_.buffer_bytes)
     ZOE_THROW_CONFIG("zero_optimization.offload_param.buffer_size",
@@ -36,9 +36,8 @@ int ParamShards::add(const void* initial, std::size_t bytes) {
                      " bytes; raise buffer_size (elements) to at least the largest module's shard");
   const int id = static_cast<int>(bytes_.size());
   bytes_.push_back(bytes);
-  AlignedBuffer b(std::max<std::size_t>(bytes, 1));
-  if (bytes) std::memcpy(b.data(), initial, bytes);
-  host_.push_back(std::move(b));
+  host_.push_back(options_.device == OffloadDevice::cpu ? AlignedBuffer(std::max<std::size_t>(bytes, 1))
+                                                        : AlignedBuffer());
   return id;
 }
 
@@ -62,10 +61,6 @@ void ParamShards::finalize() {
   store_ = std::move(tier.store);
   for (std::size_t i = 0; i < bytes_.size(); ++i)
     store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes_[i], 1));
-  for (std::size_t i = 0; i < bytes_.size(); ++i) {
-    write(static_cast<int>(i), host_[i].data());
-    host_[i] = AlignedBuffer();
-  }
   ZOE_LOG_INFO("rank {}: {} parameter shards on NVMe in {} ({} MiB; {} x {} MiB pinned buffers)", options_.rank,
                bytes_.size(), store_->path(), nvme_bytes() >> 20, options_.buffer_count, read_pool_->buffer_bytes() >> 20);
 }
@@ -91,6 +86,7 @@ void ParamShards::issue(ShardRead& read) {
 }
 
 void* ParamShards::write_buffer(int id) {
+  ZOE_CHECK_USAGE(finalized_, "ParamShards::write_buffer before finalize");
   if (options_.device == OffloadDevice::cpu) return host_[id].data();
   ZOE_CHECK_USAGE(!writing_, "ParamShards: one write-back at a time");
   writing_ = write_pool_->acquire();
@@ -111,7 +107,8 @@ void ParamShards::commit(int id) {
 }
 
 void ParamShards::read(int id, void* dst) {
-  if (options_.device == OffloadDevice::cpu || !finalized_) {
+  ZOE_CHECK_USAGE(finalized_, "ParamShards: read/write before finalize");
+  if (options_.device == OffloadDevice::cpu) {
     std::memcpy(dst, host_[id].data(), bytes_[id]);
     return;
   }
@@ -121,7 +118,8 @@ void ParamShards::read(int id, void* dst) {
 }
 
 void ParamShards::write(int id, const void* src) {
-  if (options_.device == OffloadDevice::cpu || !finalized_) {
+  ZOE_CHECK_USAGE(finalized_, "ParamShards: read/write before finalize");
+  if (options_.device == OffloadDevice::cpu) {
     std::memcpy(host_[id].data(), src, bytes_[id]);
     return;
   }

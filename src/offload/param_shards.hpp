@@ -9,6 +9,10 @@
 // Pinned bytes are exactly buffer_count × buffer_bytes (rounded up to 4 KiB); no other host
 // copy of a shard is kept (max_in_cpu is therefore always respected).
 //
+// Construction: add() registers sizes, finalize() opens the tier, then the engine writes each
+// shard's initial bytes through write_buffer/commit (NVMe: the one write-back buffer, so no
+// host copy of a shard exists at any time).
+//
 // Units: bytes. Thread-safety: add/finalize on one thread; begin_read/end-of-read, the write
 // path and read/write may run on different threads for different shards, but a shard is
 // never read and written at the same time (the engine orders them with events).
@@ -60,10 +64,13 @@ class ParamShards {
   explicit ParamShards(const ParamShardsOptions& options);
   ~ParamShards();
 
-  /// Adds a shard of `bytes` bytes with initial contents `initial`. Before finalize().
-  /// Returns its id (0, 1, ...). Throws ConfigError if it exceeds the NVMe buffer size.
-  int add(const void* initial, std::size_t bytes);
-  /// Allocates the pinned buffers and writes the initial shards (NVMe).
+  /// Registers a shard of `bytes` bytes (its size only). Before finalize(). Returns its id
+  /// (0, 1, ...). cpu tier: allocates its host memory (uninitialised); nvme: nothing in host
+  /// memory. Throws ConfigError if it exceeds the NVMe buffer size.
+  int add(std::size_t bytes);
+  /// nvme tier: allocates the pinned buffers, opens the file and registers the shards.
+  /// Writes nothing: every shard's initial bytes are then written with write_buffer(id) /
+  /// commit(id) (or write()) before its first read.
   void finalize();
 
   /// Starts bringing shard `id` in: nullopt if no read buffer is free (NVMe; the caller
@@ -73,7 +80,8 @@ class ParamShards {
   /// Starts reading shard `id` into the caller's read `buffer` (see try_begin_read).
   void issue(ShardRead& read);
 
-  /// The write-back of an updated shard: write_buffer(id) is where the new bytes go (cpu:
+  /// The write of a shard's new bytes (initial values, the optimizer's update), after
+  /// finalize(): write_buffer(id) is where the new bytes go, all bytes(id) of them (cpu:
   /// the shard itself; nvme: the reserved pinned buffer, leased until commit), commit(id)
   /// stores them (nvme: swap-out, waited). One write at a time.
   void* write_buffer(int id);
@@ -81,7 +89,7 @@ class ParamShards {
   /// Gives the write buffer back without storing it (an update failed).
   void abort_write() { writing_.reset(); }
 
-  /// Copies shard `id` out / in (checkpoints, initial values); not on the training path.
+  /// Copies shard `id` out / in (checkpoints); not on the training path. After finalize().
   void read(int id, void* dst);
   void write(int id, const void* src);
 
@@ -95,7 +103,7 @@ class ParamShards {
 
   ParamShardsOptions options_;
   std::vector<std::size_t> bytes_;
-  std::vector<AlignedBuffer> host_;  // cpu tier; nvme: initial values until finalize
+  std::vector<AlignedBuffer> host_;  // cpu tier: the shards
   std::unique_ptr<PinnedPool> read_pool_, write_pool_;
   std::unique_ptr<NvmeStore> store_;
   std::optional<PinnedBuffer> writing_;
