@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,10 +36,30 @@ inline void add(const TensorView& t, std::int64_t i, float v) {
   }
 }
 
+/// A cheap deterministic initial value for element i of parameter `param`: a splitmix64 hash
+/// of (param, i) mapped to a uniform value in [-scale, scale) (24 random bits, exact in fp32).
+inline float hashed_uniform(std::uint64_t param, std::int64_t i, float scale) {
+  std::uint64_t z = (param << 40) ^ static_cast<std::uint64_t>(i);
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (static_cast<float>(z >> 40) * 0x1p-24f * 2.0f - 1.0f) * scale;
+}
+
 struct NetSpec {
   std::vector<int> widths{8, 8, 8, 4};  // input, hidden..., output
   bool tied_head = false;               // extra head module reusing layer 0's W (needs square W)
   std::uint32_t seed = 1234;
+  /// If set, element i of the p-th registered parameter (registration order: l0.weight,
+  /// l0.bias, l1.weight, ..., head.bias) starts as value(p, i) instead of seeded draws.
+  std::function<float(int param, std::int64_t i)> value;
+  /// Register through a ParamInitializer computing value() for the requested elements only
+  /// (needs `value`) instead of handing over a full array.
+  bool by_initializer = false;
+  /// Called (from the rank's thread) on every initializer call: rank, parameter, first
+  /// element, element count.
+  std::function<void(int rank, int param, std::int64_t offset, std::int64_t count)> on_init;
 };
 
 class TestNet {
@@ -51,8 +72,8 @@ class TestNet {
       std::vector<float> w(static_cast<std::size_t>(in) * out), b(out);
       for (float& v : w) v = nd(gen) / std::sqrt(static_cast<float>(in));
       for (float& v : b) v = nd(gen) * 0.1f;
-      ParamId W = e.add_parameter("l" + std::to_string(l) + ".weight", {in, out}, w);
-      ParamId B = e.add_parameter("l" + std::to_string(l) + ".bias", {out}, b);
+      ParamId W = add_param("l" + std::to_string(l) + ".weight", {in, out}, std::move(w));
+      ParamId B = add_param("l" + std::to_string(l) + ".bias", {out}, std::move(b));
       layers_.push_back({in, out, e.add_module("l" + std::to_string(l), {W, B})});
       params_.push_back(W);
       params_.push_back(B);
@@ -60,7 +81,7 @@ class TestNet {
     if (spec.tied_head) {
       int c = spec.widths.back();
       std::vector<float> b(c, 0.05f);
-      ParamId B = e.add_parameter("head.bias", {c}, b);
+      ParamId B = add_param("head.bias", {c}, std::move(b));
       layers_.push_back({c, c, e.add_module("head", {params_[0], B})});
       params_.push_back(B);
     }
@@ -119,6 +140,23 @@ class TestNet {
   };
   bool is_last(int l) const { return l + 1 == static_cast<int>(layers_.size()); }
 
+  // Registers the next parameter with `drawn` (the seeded draws) or as NetSpec asks.
+  ParamId add_param(const std::string& name, std::vector<std::int64_t> shape, std::vector<float> drawn) {
+    const int index = registered_++;
+    if (!spec_.value) return e_.add_parameter(name, std::move(shape), drawn);
+    if (!spec_.by_initializer) {
+      for (std::size_t i = 0; i < drawn.size(); ++i) drawn[i] = spec_.value(index, static_cast<std::int64_t>(i));
+      return e_.add_parameter(name, std::move(shape), drawn);
+    }
+    return e_.add_parameter(name, std::move(shape),
+                            [value = spec_.value, on_init = spec_.on_init, index, rank = e_.rank()](
+                                std::int64_t offset, std::span<float> out) {
+                              if (on_init) on_init(rank, index, offset, static_cast<std::int64_t>(out.size()));
+                              for (std::size_t i = 0; i < out.size(); ++i)
+                                out[i] = value(index, offset + static_cast<std::int64_t>(i));
+                            });
+  }
+
   void forward(int l, const ModuleTensors& t, const std::vector<float>& x, std::vector<float>& y, int n) {
     const Layer& L = layers_[l];
     y.assign(static_cast<std::size_t>(n) * L.out, 0.0f);
@@ -159,6 +197,7 @@ class TestNet {
   NetSpec spec_;
   std::vector<Layer> layers_;
   std::vector<ParamId> params_;
+  int registered_ = 0;
 };
 
 /// Trains `steps` steps of `global_batch` samples on `world` ranks as threads; returns every
