@@ -32,6 +32,13 @@ HostDevice::~HostDevice() {
   compute_.reset();  // drains queued work before the memory map goes away
   std::lock_guard lock(mutex_);
   for (auto& [ptr, bytes] : sizes_) std::free(ptr);
+  for (auto& [bytes, blocks] : cache_)
+    for (void* p : blocks) std::free(p);
+}
+
+std::size_t HostDevice::cached_bytes() const {
+  std::lock_guard lock(mutex_);
+  return cached_bytes_;
 }
 
 void* HostDevice::allocate(std::size_t bytes) {
@@ -44,11 +51,33 @@ void* HostDevice::allocate(std::size_t bytes) {
                 capacity_, " bytes (", stats_.current_bytes, " in use)");
     stats_.current_bytes += static_cast<std::int64_t>(bytes);
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    auto hit = cache_.find(rounded);
+    if (hit != cache_.end()) {
+      void* ptr = hit->second.back();
+      hit->second.pop_back();
+      if (hit->second.empty()) cache_.erase(hit);
+      cached_bytes_ -= rounded;
+      live_rounded_ += rounded;
+      sizes_.emplace(ptr, bytes);
+      return ptr;
+    }
+    // A miss: release cached blocks, largest first, until live + cached fits within the peak
+    // of live bytes (a new peak releases them all).
+    live_rounded_ += rounded;
+    live_rounded_peak_ = std::max(live_rounded_peak_, live_rounded_);
+    while (cached_bytes_ > 0 && live_rounded_ + cached_bytes_ > live_rounded_peak_) {
+      auto largest = std::prev(cache_.end());
+      std::free(largest->second.back());
+      largest->second.pop_back();
+      cached_bytes_ -= largest->first;
+      if (largest->second.empty()) cache_.erase(largest);
+    }
   }
   void* ptr = std::aligned_alloc(kAlignment, rounded);
   std::lock_guard lock(mutex_);
   if (!ptr) {
     stats_.current_bytes -= static_cast<std::int64_t>(bytes);
+    live_rounded_ -= rounded;
     ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
   }
   sizes_.emplace(ptr, bytes);
@@ -61,8 +90,16 @@ void HostDevice::deallocate(void* ptr) {
     std::lock_guard lock(mutex_);
     auto it = sizes_.find(ptr);
     ZOE_CHECK_USAGE(it != sizes_.end(), "HostDevice::deallocate: ", ptr, " was not allocated by this device");
-    stats_.current_bytes -= static_cast<std::int64_t>(it->second);
+    const std::size_t bytes = it->second;
+    stats_.current_bytes -= static_cast<std::int64_t>(bytes);
     sizes_.erase(it);
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    live_rounded_ -= rounded;
+    if (kCachesBlocks && rounded >= kCacheMinBytes) {
+      cache_[rounded].push_back(ptr);
+      cached_bytes_ += rounded;
+      return;
+    }
   }
   std::free(ptr);
 }

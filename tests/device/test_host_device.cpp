@@ -65,6 +65,51 @@ TEST(HostDevice, CapacityRaisesOutOfMemory) {
   dev.deallocate(b);
 }
 
+TEST(HostDevice, FreedLargeBlocksAreReusedAndAMissReleasesTheCache) {
+  if (!HostDevice::kCachesBlocks) GTEST_SKIP() << "the block cache is off under AddressSanitizer";
+  HostDevice dev;
+  const std::size_t big = 2 * HostDevice::kCacheMinBytes + 100;  // rounds up to 256 bytes
+  const std::size_t rounded = (big + 255) / 256 * 256;
+  void* a = dev.allocate(big);
+  void* b = dev.allocate(big);
+  void* small = dev.allocate(1000);  // live peak: 2 big blocks + 1024 bytes
+  dev.deallocate(small);
+  dev.deallocate(a);
+  dev.deallocate(b);
+  EXPECT_EQ(dev.cached_bytes(), 2 * rounded);  // small blocks are left to malloc
+  EXPECT_EQ(dev.memory_stats().current_bytes, 0);  // cached bytes are not in use
+  // The same rounded size comes back from the cache, most recently freed first.
+  EXPECT_EQ(dev.allocate(big - 50), b);
+  EXPECT_EQ(dev.cached_bytes(), rounded);
+  EXPECT_EQ(dev.memory_stats().current_bytes, static_cast<std::int64_t>(big - 50));
+  // A miss within the live peak releases nothing ...
+  small = dev.allocate(1000);
+  EXPECT_EQ(dev.cached_bytes(), rounded);
+  // ... one past it releases cached blocks until live + cached fit the peak again.
+  void* c = dev.allocate(3000);
+  EXPECT_EQ(dev.cached_bytes(), 0u);
+  dev.deallocate(c);
+  dev.deallocate(small);
+  // A new peak of live bytes releases the whole cache before allocating.
+  dev.deallocate(b);
+  EXPECT_EQ(dev.cached_bytes(), rounded);
+  void* d = dev.allocate(3 * HostDevice::kCacheMinBytes);
+  EXPECT_EQ(dev.cached_bytes(), 0u);
+  dev.deallocate(d);
+  EXPECT_EQ(dev.cached_bytes(), 3 * HostDevice::kCacheMinBytes);
+}
+
+TEST(HostDevice, CachedBlocksDoNotCountAgainstCapacity) {
+  HostDevice dev(3 * HostDevice::kCacheMinBytes);
+  void* a = dev.allocate(2 * HostDevice::kCacheMinBytes);
+  dev.deallocate(a);
+  // The freed block is cached, yet the whole capacity is available again.
+  void* b = dev.allocate(3 * HostDevice::kCacheMinBytes);
+  EXPECT_EQ(dev.memory_stats().current_bytes, static_cast<std::int64_t>(3 * HostDevice::kCacheMinBytes));
+  EXPECT_THROW(dev.allocate(1), OutOfMemoryError);
+  dev.deallocate(b);
+}
+
 TEST(HostDevice, StreamRunsInOrder) {
   HostDevice dev;
   auto s = dev.create_stream();
