@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   liburing-dev libtbb-dev libeigen3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libdnnl-dev
   fio python3 python3-numpy
 )
 # Only for regenerating the AdamW golden values (tests/data); CI does not need it.

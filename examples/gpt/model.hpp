@@ -12,9 +12,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "examples/gpt/error.hpp"
+#include "examples/gpt/lm_head.hpp"
 #include "examples/gpt/model_spec.hpp"
 #include "examples/gpt/ops.hpp"
 
@@ -57,9 +60,15 @@ class GptModel {
     const int head = head_module();
     const ModuleView<T> v = pp.begin_forward(head);
     final_layernorm(v);
-    const double loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets,
-                                                      N_, cfg_.n_embd, cfg_.vocab_size, nullptr,
-                                                      nullptr, logits_, head_chunk_);
+    double loss;
+    if constexpr (std::is_same_v<T, float>) {
+      loss = lm_head().loss(lnf_.data(), v.params[kHeadWte], targets, N_, cfg_.n_embd,
+                            cfg_.vocab_size);
+    } else {
+      loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets, N_,
+                                           cfg_.n_embd, cfg_.vocab_size, nullptr, nullptr, logits_,
+                                           head_chunk_);
+    }
     pp.end_forward(head);
     return loss;
   }
@@ -82,9 +91,14 @@ class GptModel {
       const ModuleView<T> v = pp.begin_backward(head);
       final_layernorm(v);
       dlnf_.assign(NC, T(0));
-      loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets, N_, C,
-                                           cfg_.vocab_size, dlnf_.data(), v.grads[kHeadWte],
-                                           logits_, head_chunk_);
+      if constexpr (std::is_same_v<T, float>) {
+        loss = lm_head().loss_and_grad(lnf_.data(), v.params[kHeadWte], targets, N_, C,
+                                       cfg_.vocab_size, dlnf_.data(), v.grads[kHeadWte]);
+      } else {
+        loss = ops::lm_head_cross_entropy<T>(lnf_.data(), v.params[kHeadWte], targets, N_, C,
+                                             cfg_.vocab_size, dlnf_.data(), v.grads[kHeadWte],
+                                             logits_, head_chunk_);
+      }
       ops::layernorm_backward<T>(dlnf_.data(), x_[L].data(), v.params[kLnfW], lnf_mean_.data(),
                                  lnf_rstd_.data(), N_, C, dx_.data(), v.grads[kLnfW],
                                  v.grads[kLnfB]);
@@ -124,7 +138,16 @@ class GptModel {
   }
 
   /// Rows per chunk of the fused lm_head + cross-entropy (memory chunk*V elements).
-  void set_head_chunk(int rows) { head_chunk_ = rows; }
+  void set_head_chunk(int rows) {
+    head_chunk_ = rows;
+    head_.reset();
+  }
+  /// The training head's matmul precision (lm_head.hpp; float models only, default fp32).
+  /// Evaluation (forward) always multiplies in fp32.
+  void set_head_precision(HeadPrecision p) {
+    head_precision_ = p;
+    head_.reset();
+  }
 
  private:
   // What a block's backward needs from its forward. x_mid = x_in + attention branch.
@@ -134,6 +157,11 @@ class GptModel {
   };
 
   int head_module() const { return cfg_.n_layer + 1; }
+
+  LmHead& lm_head() {
+    if (!head_) head_ = std::make_unique<LmHead>(head_precision_, head_chunk_);
+    return *head_;
+  }
 
   void run_trunk(ParamProvider<T>& pp, const std::int32_t* inputs, int B, int Tn) {
     GPT_CHECK(B > 0 && Tn > 0 && Tn <= cfg_.context, "batch ", B, " x sequence ", Tn,
@@ -241,6 +269,8 @@ class GptModel {
   ModelSpec spec_;
   bool checkpoint_;
   int head_chunk_ = 256;
+  HeadPrecision head_precision_ = HeadPrecision::fp32;
+  std::unique_ptr<LmHead> head_;   // float models: the oneDNN head (built on first use)
   int B_ = 0, T_ = 0, N_ = 0;
   std::vector<std::int32_t> inputs_;
   std::vector<std::vector<T>> x_;  // x_[l]: input of block l; x_[L]: input of ln_f

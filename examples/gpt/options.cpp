@@ -68,6 +68,10 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--top-k", o.top_k, "sampling from the k most likely tokens (1 = greedy)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--prompt", o.prompt, "text the sample continues");
   app.add_option("--log-every", o.log_every, "steps between progress lines when not on a terminal")->capture_default_str();
+  std::string head_precision = head_precision_name(o.head_precision);
+  app.add_option("--head-precision", head_precision,
+                 "lm_head matmuls in training: bf16 (bf16 operands, fp32 accumulation) or fp32; evaluation is fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
   app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
@@ -79,6 +83,7 @@ TrainOptions parse_options(int argc, char** argv) {
     std::exit(app.exit(e));
   }
 
+  o.head_precision = parse_head_precision(head_precision, "--head-precision");
   if (o.data_dir.empty()) o.data_dir = default_data_dir();
   if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
   GPT_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");

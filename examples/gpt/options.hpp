@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "examples/gpt/lm_head.hpp"
 #include "examples/gpt/model_spec.hpp"
 #include "zoe/config.hpp"
 
@@ -31,6 +32,7 @@ struct TrainOptions {
   std::string prompt = "\n";
   int log_every = 10;            // progress lines when stderr is not a terminal
   int head_chunk = 256;          // rows per chunk of the fused lm_head + cross-entropy
+  HeadPrecision head_precision = HeadPrecision::bf16;  // training head matmuls (lm_head.hpp)
   bool from_environment = false; // one process per rank under torchrun / mpirun / srun
   std::string checkpoint_dir;    // where checkpoints go (empty = none); see checkpoint.hpp
   int checkpoint_interval = 100; // steps between checkpoints (0 = only at the end)

@@ -122,6 +122,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
   zoe::Engine engine(opt.engine, ctx);
   GptModel<float> model(opt.model, opt.activation_checkpointing);
   model.set_head_chunk(opt.head_chunk);
+  model.set_head_precision(opt.head_precision);
   EngineProvider pp(engine, model.spec(), opt.seed);
   const int B = engine.config().train_micro_batch_size_per_gpu;
   const int GA = engine.config().gradient_accumulation_steps;
