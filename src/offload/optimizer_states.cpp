@@ -38,6 +38,8 @@ int OptimizerStates::add(std::int64_t numel) {
   grads_.push_back(std::move(g));
   grad_sum_squares_.push_back(0.0);
   grad_finite_.push_back(1);
+  initialised_.push_back(0);
+  ++uninitialised_;
   return id;
 }
 
@@ -81,7 +83,10 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
   const auto n = static_cast<std::size_t>(numels_[id]);
   ZOE_CHECK_USAGE(master.size() == n, "OptimizerStates::write_initial: sub-group ", id, " has ", n,
                   " elements, got ", master.size());
-  ++initial_written_;
+  if (!initialised_[id]) {
+    initialised_[id] = 1;
+    --uninitialised_;
+  }
   auto fill = [&](void* base) {
     float* p = static_cast<float*>(base);
     std::copy(master.begin(), master.end(), p);
@@ -105,10 +110,11 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
   fill(b->data());
   std::byte* grad = static_cast<std::byte*>(b->data()) + grad_offset(id);
   std::memset(grad, 0, grad_bytes(id));
-  InitialWrite w{std::move(*b), {}, {}};
+  // Queued before the swaps start, so a failing second swap leaves the first one's buffer
+  // leased until the store (destroyed first) has finished with it.
+  InitialWrite& w = initial_writes_.emplace_back(InitialWrite{std::move(*b), {}, {}});
   w.states = store_->swap_out(name(id), w.buffer.data(), std::max<std::size_t>(bytes(id), 1));
   w.grad = store_->swap_out(grad_name(id), grad, grad_bytes(id));
-  initial_writes_.push_back(std::move(w));
 }
 
 void OptimizerStates::finish_initial() {
@@ -129,8 +135,8 @@ void OptimizerStates::finish_initial() {
 
 void OptimizerStates::check_initialised() {
   finish_initial();
-  ZOE_CHECK_USAGE(initial_written_ >= numels_.size(), "OptimizerStates: ", numels_.size() - initial_written_,
-                  " of ", numels_.size(), " sub-groups have no initial states (write_initial)");
+  ZOE_CHECK_USAGE(uninitialised_ == 0, "OptimizerStates: ", uninitialised_, " of ", numels_.size(),
+                  " sub-groups have no initial states (write_initial)");
 }
 
 void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn) {

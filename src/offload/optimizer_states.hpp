@@ -77,8 +77,8 @@ class OptimizerStates {
   void finalize();
   /// Sets sub-group `id`'s initial states: master = `master` (numel(id) floats, host
   /// memory, copied before the call returns), exp_avg = exp_avg_sq = fp32 gradient = 0.
-  /// After finalize(), once per sub-group, every sub-group before the first for_each or
-  /// add_grad. nvme tier: written through a pinned staging buffer; up to buffer_count writes
+  /// After finalize(), for every sub-group before the first for_each, add_grad or read
+  /// (a second call overwrites the first). nvme tier: written through a pinned staging buffer; up to buffer_count writes
   /// stay in flight (write-behind) until finish_initial() or the next call needing the
   /// buffers. Throws UsageError (wrong size, before finalize), IoError.
   void write_initial(int id, std::span<const float> master);
@@ -142,7 +142,8 @@ class OptimizerStates {
   std::unique_ptr<PinnedPool> pool_, grad_pool_;
   std::deque<InitialWrite> initial_writes_;  // destroyed after store_ (which waits for its I/O)
   std::unique_ptr<NvmeStore> store_;
-  std::size_t initial_written_ = 0;  // sub-groups given their initial states
+  std::vector<char> initialised_;    // per sub-group: write_initial done
+  std::size_t uninitialised_ = 0;    // sub-groups still without initial states
   bool finalized_ = false;
 };
 
