@@ -243,6 +243,7 @@ void OptimizerStates::zero_grad(int id) {
 
 void OptimizerStates::read_master(int id, float* dst) {
   check_initialised();
+  if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(dst, host_[id].data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
     return;
@@ -254,6 +255,7 @@ void OptimizerStates::read_master(int id, float* dst) {
 
 void OptimizerStates::read_all(int id, float* data) {
   check_initialised();
+  if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(data, host_[id].data(), bytes(id));
     return;
@@ -265,6 +267,7 @@ void OptimizerStates::read_all(int id, float* data) {
 
 void OptimizerStates::write_all(int id, const float* data) {
   check_initialised();
+  if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(host_[id].data(), data, bytes(id));
     return;
