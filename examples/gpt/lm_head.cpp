@@ -132,10 +132,17 @@ double LmHead::run(const float* x, const float* wte, const std::int32_t* targets
       row = (row - mx).exp();  // softmax numerators
       const float sum = row.sum();
       loss += std::log(static_cast<double>(sum)) + static_cast<double>(mx - target_logit);
-      if (grad) {
-        row *= 1.0f / (sum * static_cast<float>(N));
+      if (!grad) continue;
+      // G = softmax / N - onehot / N; in bf16 the scaling and the rounding share one pass.
+      const float scale = 1.0f / (sum * static_cast<float>(N));
+      if (bf16) {
+        std::uint16_t* g = g16 + static_cast<std::size_t>(r) * V;
+        const float* e = row.data();
+        for (int v = 0; v < V; ++v) g[v] = to_bf16_bits(e[v] * scale);
+        g[y] = to_bf16_bits(e[y] * scale - inv_n);
+      } else {
+        row *= scale;
         row(y) -= inv_n;
-        if (bf16) to_bf16(row.data(), static_cast<std::size_t>(V), g16 + static_cast<std::size_t>(r) * V);
       }
     }
     if (grad) {
