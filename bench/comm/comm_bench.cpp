@@ -1,13 +1,17 @@
-// zoe-comm-bench: bus bandwidth of the host (Gloo) backend's all_gather and reduce_scatter
-// (fp32 sum), ranks as threads of this process, for buffers of 1 MiB ... 256 MiB, printed
-// next to the memcpy bandwidth of the same size measured in the same run.
+// zoe-comm-bench: bus bandwidth of the host backends' all_gather and reduce_scatter (fp32
+// sum), ranks as threads of this process, for buffers of 1 MiB ... 256 MiB, printed next
+// to the memcpy bandwidth of the same size measured in the same run. Both backends run in
+// the same process: "local" (LocalCommunicator, what make_local_ranks builds: peers'
+// buffers read directly) and "gloo" (HostCommunicator over TCP loopback, what
+// multi-process runs use); a "local_vs_gloo" line per case gives local's busbw with
+// gloo's as the bound, so its ratio is the speedup.
 //
 // Definitions (nccl-tests, doc/PERFORMANCE.md): S = bytes of the full buffer (all ranks'
 // data: all_gather's output, reduce_scatter's input), t = time of one collective (slowest
 // rank, best of --iters), algbw = S / t, busbw = algbw * (N-1)/N. The bound is memcpy of S
 // bytes between two warm buffers (S / t_memcpy) on one thread: the loopback transport
-// moves every byte through at least one such copy, so ratio = busbw / memcpy says how
-// close the collective gets to the memory system.
+// moves every byte through at least one such copy (local: exactly one), so ratio =
+// busbw / memcpy says how close the collective gets to the memory system.
 // --json prints one object per line: {"bench","case","value","unit","bound","ratio"}.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "src/comm/communicator.hpp"
+#include "src/comm/gloo_local_ranks.hpp"
 #include "src/device/device.hpp"
 #include "zoe/engine.hpp"
 
@@ -60,7 +65,7 @@ double collective_seconds(std::vector<RankContext>& ranks, Op op, std::size_t fu
     auto* out = static_cast<float*>(dev.allocate(out_elems * sizeof(float)));
     dev.fill(in, DType::f32, in_elems, 1.0f + ctx.rank, s);
     dev.fill(out, DType::f32, out_elems, 0.0f, s);
-    for (int i = 0; i < iters + 1; ++i) {  // first pass warms pages and Gloo's buffers
+    for (int i = 0; i < iters + 1; ++i) {  // first pass warms pages and the transport's buffers
       ctx.comm->barrier(s);
       dev.synchronize(s);
       auto t0 = Clock::now();
@@ -98,29 +103,42 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "one JSON object per line");
   CLI11_PARSE(app, argc, argv);
 
-  auto ranks = make_local_ranks(world, 600.0);
+  HostCommOptions gloo_options;
+  gloo_options.timeout = std::chrono::seconds(600);
+  struct Backend {
+    const char* name;
+    std::vector<RankContext> ranks;
+  };
+  Backend backends[] = {{"local", make_local_ranks(world, 600.0)}, {"gloo", make_gloo_local_ranks(world, gloo_options)}};
+  auto print = [&](const std::string& name, std::size_t mib, double value, double bound) {
+    if (json) {
+      nlohmann::json j = {{"bench", "comm"},
+                          {"case", name + "/world" + std::to_string(world) + "/" + std::to_string(mib) + "MiB"},
+                          {"value", value / 1e9},
+                          {"unit", "GB/s"},
+                          {"bound", bound / 1e9},
+                          {"ratio", value / bound}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      std::printf("%-32s %7zu MiB %12.2f %12.2f %8.3f\n", name.c_str(), mib, value / 1e9, bound / 1e9, value / bound);
+    }
+    std::fflush(stdout);
+  };
   if (!json)
-    std::printf("%-16s %10s %12s %12s %8s   (world %d, best of %d)\n", "case", "size", "busbw GB/s", "memcpy GB/s",
-                "ratio", world, iters);
+    std::printf("%-32s %10s %12s %12s %8s   (world %d, best of %d; local_vs_gloo: bound = gloo busbw)\n", "case",
+                "size", "busbw GB/s", "bound GB/s", "ratio", world, iters);
   for (std::size_t mib = min_mib; mib <= max_mib; mib *= 2) {
     std::size_t bytes = mib << 20;
     double bound = memcpy_bandwidth(bytes, iters);
     for (Op op : {Op::all_gather, Op::reduce_scatter}) {
-      double t = collective_seconds(ranks, op, bytes, iters);
-      double busbw = double(bytes) / t * double(world - 1) / double(world);
-      const char* name = op == Op::all_gather ? "all_gather" : "reduce_scatter";
-      if (json) {
-        nlohmann::json j = {{"bench", "comm"},
-                            {"case", std::string(name) + "/world" + std::to_string(world) + "/" + std::to_string(mib) + "MiB"},
-                            {"value", busbw / 1e9},
-                            {"unit", "GB/s"},
-                            {"bound", bound / 1e9},
-                            {"ratio", busbw / bound}};
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        std::printf("%-16s %7zu MiB %12.2f %12.2f %8.3f\n", name, mib, busbw / 1e9, bound / 1e9, busbw / bound);
+      const std::string name = op == Op::all_gather ? "all_gather" : "reduce_scatter";
+      double busbw[2];
+      for (int b = 0; b < 2; ++b) {
+        double t = collective_seconds(backends[b].ranks, op, bytes, iters);
+        busbw[b] = double(bytes) / t * double(world - 1) / double(world);
+        print(std::string(backends[b].name) + "/" + name, mib, busbw[b], bound);
       }
-      std::fflush(stdout);
+      print("local_vs_gloo/" + name, mib, busbw[0], busbw[1]);
     }
   }
   return 0;

@@ -48,8 +48,12 @@ struct RankContext {
 };
 
 /// `world_size` ranks as threads of this process, each with its own host device and a
-/// communicator of one in-process group. Element i is rank i. `timeout_s` bounds every
-/// collective. Throws Error if world_size < 1.
+/// communicator of one in-process group (no sockets: each rank reads its peers' buffers
+/// directly, with results bitwise equal to the multi-process Gloo backend's). Element i
+/// is rank i; run each rank's collectives from its own thread (run_ranks). `timeout_s`
+/// (seconds) bounds how long a collective waits for every rank to join; it then throws
+/// TimeoutError naming the collective and the missing rank. Throws UsageError if
+/// world_size < 1 or timeout_s is not a positive finite number.
 std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300.0);
 
 /// This process's rank from the launcher's environment (torchrun: RANK/WORLD_SIZE/

@@ -1,7 +1,8 @@
 // The Communicator interface: collectives over the data-parallel group, queued on a
-// device stream (NCCL semantics). Backends: HostCommunicator (Gloo, ranks as threads or
-// processes) and NcclCommunicator. All ranks must issue the same collectives in the same
-// order. Buffers are device memory of the communicator's device. `count` is elements.
+// device stream (NCCL semantics). Backends: LocalCommunicator (ranks as threads of one
+// process), HostCommunicator (Gloo, ranks as processes) and NcclCommunicator. All ranks
+// must issue the same collectives in the same order. Buffers are device memory of the
+// communicator's device. `count` is elements.
 //
 // Byte counters follow nccl-tests' bus-bandwidth accounting per rank, with S = bytes of
 // the full (all ranks') buffer and N = world size: all_gather and reduce_scatter add

@@ -1,9 +1,11 @@
-// make_local_ranks and run_ranks of include/zoe/engine.hpp: ranks as threads.
+// make_local_ranks and run_ranks of include/zoe/engine.hpp: ranks as threads, connected
+// by a LocalCommunicator group (multi-process runs use HostCommunicator, rendezvous.cpp).
 #include <cmath>
 #include <exception>
 #include <thread>
 
-#include "src/comm/host_communicator.hpp"
+#include "src/comm/host_communicator.hpp"  // timeout_from_seconds
+#include "src/comm/local_communicator.hpp"
 #include "src/common/check.hpp"
 #include "src/device/host_device.hpp"
 #include "zoe/engine.hpp"
@@ -18,26 +20,14 @@ std::chrono::milliseconds timeout_from_seconds(double timeout_s) {
 
 std::vector<RankContext> make_local_ranks(int world_size, double timeout_s) {
   ZOE_CHECK_USAGE(world_size >= 1, "make_local_ranks: world_size must be >= 1, got ", world_size);
-  HostCommOptions options;
-  options.timeout = timeout_from_seconds(timeout_s);
-  auto store = std::make_shared<InMemoryStore>();
+  // Threads share one address space: the in-process communicator reads peers' buffers
+  // directly (no sockets), with the same results bit for bit as Gloo's.
+  auto group = make_local_group(world_size, timeout_from_seconds(timeout_s));
   std::vector<RankContext> ranks(world_size);
-  std::vector<std::exception_ptr> errors(world_size);
-  std::vector<std::thread> threads;
-  // Every rank must join concurrently: Gloo's rendezvous waits for all of them.
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        auto device = std::make_shared<HostDevice>();
-        ranks[r] = {r, world_size, device, std::make_shared<HostCommunicator>(device, store, r, world_size, options)};
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
+    auto device = std::make_shared<HostDevice>();
+    ranks[r] = {r, world_size, device, std::make_shared<LocalCommunicator>(device, group, r)};
   }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
   return ranks;
 }
 

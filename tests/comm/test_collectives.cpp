@@ -1,7 +1,8 @@
-// Host (Gloo) collectives, ranks as threads: every collective x world sizes 1-4 x
+// Host collectives, ranks as threads, on both host backends (LocalCommunicator from
+// make_local_ranks, and Gloo's HostCommunicator): every collective x world sizes 1-4 x
 // element counts 0, 1, 7, 1M+3 x fp32/bf16 against a direct computation, the
 // determinism contract (rank-order sums, identical bits everywhere, all-reduce slice ==
-// reduce-scatter), exact byte counters.
+// reduce-scatter), exact byte counters; and the two backends give identical bits.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 
 #include "kernels/half.hpp"
 #include "src/comm/communicator.hpp"
+#include "src/comm/gloo_local_ranks.hpp"
 #include "src/device/device.hpp"
 #include "zoe/engine.hpp"
 
@@ -23,11 +25,20 @@ namespace k = zoe::kernels;
 namespace {
 constexpr std::size_t kCounts[] = {0, 1, 7, (1u << 20) + 3};
 
-// One group per world size, built once: creating Gloo meshes is the slow part.
-std::vector<RankContext>& group(int world) {
-  static std::map<int, std::vector<RankContext>> groups;
-  auto it = groups.find(world);
-  if (it == groups.end()) it = groups.emplace(world, make_local_ranks(world, 60.0)).first;
+enum class Backend { local, gloo };
+std::string backend_name(Backend b) { return b == Backend::local ? "Local" : "Gloo"; }
+
+// One group per backend and world size, built once: creating Gloo meshes is slow.
+std::vector<RankContext>& ranks_of(Backend backend, int world) {
+  static std::map<std::pair<Backend, int>, std::vector<RankContext>> groups;
+  auto key = std::make_pair(backend, world);
+  auto it = groups.find(key);
+  if (it == groups.end()) {
+    HostCommOptions options;
+    options.timeout = std::chrono::seconds(60);
+    it = groups.emplace(key, backend == Backend::local ? make_local_ranks(world, 60.0)
+                                                       : make_gloo_local_ranks(world, options)).first;
+  }
   return it->second;
 }
 
@@ -103,7 +114,14 @@ std::string describe(const Case& c) {
 bool check_index(std::size_t i, std::size_t n) { return n < 10000 || i < 4096 || i + 4096 >= n || i % 61 == 0; }
 }  // namespace
 
-TEST(HostCollectives, AllGather) {
+class Collectives : public ::testing::TestWithParam<Backend> {
+ protected:
+  std::vector<RankContext>& group(int world) { return ranks_of(GetParam(), world); }
+};
+INSTANTIATE_TEST_SUITE_P(Backends, Collectives, ::testing::Values(Backend::local, Backend::gloo),
+                         [](const auto& info) { return backend_name(info.param); });
+
+TEST_P(Collectives, AllGather) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(describe(c));
     run_ranks(group(c.world), [&](RankContext& ctx) {
@@ -122,7 +140,7 @@ TEST(HostCollectives, AllGather) {
   }
 }
 
-TEST(HostCollectives, ReduceScatterSumAndAvg) {
+TEST_P(Collectives, ReduceScatterSumAndAvg) {
   for (const Case& c : all_cases()) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
       SCOPED_TRACE(describe(c) + (op == ReduceOp::sum ? ", sum" : ", avg"));
@@ -145,7 +163,7 @@ TEST(HostCollectives, ReduceScatterSumAndAvg) {
   }
 }
 
-TEST(HostCollectives, AllReduceInAndOutOfPlace) {
+TEST_P(Collectives, AllReduceInAndOutOfPlace) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(describe(c));
     run_ranks(group(c.world), [&](RankContext& ctx) {
@@ -167,7 +185,7 @@ TEST(HostCollectives, AllReduceInAndOutOfPlace) {
   }
 }
 
-TEST(HostCollectives, AllReduceF64) {
+TEST_P(Collectives, AllReduceF64) {
   for (int w = 1; w <= 4; ++w) {
     for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(1000)}) {
       run_ranks(group(w), [&](RankContext& ctx) {
@@ -186,7 +204,7 @@ TEST(HostCollectives, AllReduceF64) {
   }
 }
 
-TEST(HostCollectives, BroadcastFromEveryRoot) {
+TEST_P(Collectives, BroadcastFromEveryRoot) {
   for (const Case& c : all_cases()) {
     for (int root = 0; root < c.world; ++root) {
       SCOPED_TRACE(describe(c) + ", root " + std::to_string(root));
@@ -203,7 +221,7 @@ TEST(HostCollectives, BroadcastFromEveryRoot) {
   }
 }
 
-TEST(HostCollectives, BarrierWaitsForEveryRank) {
+TEST_P(Collectives, BarrierWaitsForEveryRank) {
   for (int w = 1; w <= 4; ++w) {
     std::atomic<int> arrived{0};
     run_ranks(group(w), [&](RankContext& ctx) {
@@ -219,7 +237,7 @@ TEST(HostCollectives, BarrierWaitsForEveryRank) {
 
 // The contract the engine's bitwise stage-equality tests rest on: every rank gets the
 // same bits, and all_reduce's part r equals reduce_scatter's result on rank r.
-TEST(HostCollectives, AllReduceSliceEqualsReduceScatterBitwise) {
+TEST_P(Collectives, AllReduceSliceEqualsReduceScatterBitwise) {
   for (int w = 1; w <= 4; ++w) {
     for (DType t : {DType::f32, DType::bf16, DType::f16}) {
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
@@ -245,7 +263,7 @@ TEST(HostCollectives, AllReduceSliceEqualsReduceScatterBitwise) {
   }
 }
 
-TEST(HostCollectives, CollectivesOnSeveralStreamsRunInIssueOrder) {
+TEST_P(Collectives, CollectivesOnSeveralStreamsRunInIssueOrder) {
   // Issued alternately on two streams: each rank runs them in issue order, so they match.
   run_ranks(group(3), [&](RankContext& ctx) {
     Device& dev = *ctx.device;
@@ -265,7 +283,7 @@ TEST(HostCollectives, CollectivesOnSeveralStreamsRunInIssueOrder) {
   });
 }
 
-TEST(HostCollectives, ByteCountersAreExact) {
+TEST_P(Collectives, ByteCountersAreExact) {
   // S = full buffer bytes, N = 3: all_gather/reduce_scatter add floor(S*2/3), all_reduce
   // floor(2*S*2/3), broadcast S; all_reduce_f64 counts as an all_reduce of 8*count bytes.
   run_ranks(group(3), [&](RankContext& ctx) {
@@ -302,4 +320,73 @@ TEST(HostCollectives, ByteCountersAreExact) {
     EXPECT_EQ(ctx.comm->stats().total(), 0);
     EXPECT_EQ(ctx.comm->stats().calls, 2);
   });
+}
+
+// The in-place layouts NCCL allows, and reduce_scatter writing over the start of its own
+// send buffer (not its slice; a zero-copy backend must not let peers read it after).
+TEST_P(Collectives, AliasedBuffers) {
+  const std::size_t count = 1003;
+  for (int w = 1; w <= 3; ++w) {
+    SCOPED_TRACE("world " + std::to_string(w));
+    run_ranks(group(w), [&](RankContext& ctx) {
+      auto stream = ctx.device->create_stream();
+      const std::size_t es = 4;
+      // all_gather in place: send is this rank's block of recv.
+      std::vector<char> gathered(count * w * es, 0);
+      auto mine = make(DType::f32, count, [&](std::size_t i) { return value(ctx.rank, i, 7); });
+      std::memcpy(gathered.data() + ctx.rank * count * es, mine.data(), count * es);
+      ctx.comm->all_gather(gathered.data() + ctx.rank * count * es, gathered.data(), count, DType::f32, *stream);
+      // reduce_scatter in place (recv = this rank's slice) and over the buffer's start.
+      auto a = make(DType::f32, count * w, [&](std::size_t i) { return value(ctx.rank, i, 8); });
+      auto b = a;
+      ctx.comm->reduce_scatter(a.data(), a.data() + ctx.rank * count * es, count, DType::f32, ReduceOp::sum,
+                               *stream);
+      ctx.comm->reduce_scatter(b.data(), b.data(), count, DType::f32, ReduceOp::avg, *stream);
+      ctx.device->synchronize(*stream);
+      for (std::size_t i = 0; i < count; ++i) {
+        for (int r = 0; r < w; ++r)
+          ASSERT_EQ(bits_at(gathered.data(), DType::f32, r * count + i), bits_of_rounded(value(r, i, 7), DType::f32));
+        auto v = [&](int r) { return value(r, ctx.rank * count + i, 8); };
+        ASSERT_EQ(bits_at(a.data(), DType::f32, ctx.rank * count + i), reference_reduce(w, DType::f32, false, v));
+        ASSERT_EQ(bits_at(b.data(), DType::f32, i), reference_reduce(w, DType::f32, true, v));
+      }
+    });
+  }
+}
+
+// The zero-copy backend and Gloo's give identical bits for every reducing collective, at
+// counts that do not divide evenly into all_reduce's parts.
+TEST(CollectiveBackends, LocalAndGlooAgreeBitwise) {
+  for (int w = 1; w <= 4; ++w) {
+    for (DType t : {DType::bf16, DType::f16, DType::f32}) {
+      for (std::size_t count : {std::size_t(1), std::size_t(3), std::size_t(1001), std::size_t(65537)}) {
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+          SCOPED_TRACE("world " + std::to_string(w) + ", " + std::string(dtype_name(t)) + ", count " +
+                       std::to_string(count) + (op == ReduceOp::avg ? ", avg" : ", sum"));
+          const std::size_t es = dtype_size(t), ar_count = count * w + 1;
+          // results[backend][rank]: reduce_scatter's slice, then all_reduce's buffer.
+          std::vector<std::vector<char>> results[2];
+          for (Backend b : {Backend::local, Backend::gloo}) {
+            auto& out = results[int(b)];
+            out.assign(w, {});
+            run_ranks(ranks_of(b, w), [&](RankContext& ctx) {
+              auto stream = ctx.device->create_stream();
+              auto send = make(t, ar_count, [&](std::size_t i) { return value(ctx.rank, i, 9) * 7.0f; });
+              std::vector<char> rs(count * es), ar(ar_count * es);
+              ctx.comm->reduce_scatter(send.data(), rs.data(), count, t, op, *stream);
+              ctx.comm->all_reduce(send.data(), ar.data(), ar_count, t, op, *stream);
+              ctx.device->synchronize(*stream);
+              rs.insert(rs.end(), ar.begin(), ar.end());
+              out[ctx.rank] = std::move(rs);
+            });
+          }
+          for (int r = 0; r < w; ++r) {
+            ASSERT_EQ(results[0][r].size(), results[1][r].size());
+            ASSERT_EQ(std::memcmp(results[0][r].data(), results[1][r].data(), results[0][r].size()), 0)
+                << "rank " << r << " differs between the Local and Gloo backends";
+          }
+        }
+      }
+    }
+  }
 }

@@ -1,13 +1,19 @@
-// Failure paths of the host communicator: a rank that never issues a collective makes
-// the others time out with an error naming the collective and the missing rank (not a
-// hang); a rank missing at rendezvous is listed; bad arguments are usage errors.
+// Failure paths of the host communicators (LocalCommunicator and Gloo's
+// HostCommunicator): a rank that never issues a collective makes the others time out with
+// an error naming the collective and the missing rank (not a hang); a rank missing at
+// rendezvous is listed; mismatched collectives name both sides; bad arguments are usage
+// errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "src/comm/gloo_local_ranks.hpp"
 #include "src/comm/host_communicator.hpp"
+#include "src/comm/local_communicator.hpp"
 #include "src/device/host_device.hpp"
 #include "zoe/engine.hpp"
 
@@ -25,30 +31,108 @@ std::string error_of(const std::function<void()>& fn) {
 }
 }  // namespace
 
+// Both backends: the ranks that issued a collective time out naming it and the rank that
+// did not, and their communicators stay unusable afterwards.
 TEST(HostCommFailures, MissingRankTimesOutNamingOperationAndRank) {
-  auto ranks = make_local_ranks(3, 0.4);
-  std::vector<std::string> errors(3);
-  run_ranks(ranks, [&](RankContext& ctx) {
-    if (ctx.rank == 2) return;  // rank 2 never issues the collective
-    auto stream = ctx.device->create_stream();
-    std::vector<float> send(2 * 3), recv(2);
-    ctx.comm->reduce_scatter(send.data(), recv.data(), 2, DType::f32, ReduceOp::sum, *stream);
-    try {
-      ctx.device->synchronize(*stream);
-    } catch (const TimeoutError& e) {
-      errors[ctx.rank] = e.what();
+  HostCommOptions gloo_options;
+  gloo_options.timeout = std::chrono::milliseconds(400);
+  for (bool local : {true, false}) {
+    SCOPED_TRACE(local ? "LocalCommunicator" : "Gloo HostCommunicator");
+    auto ranks = local ? make_local_ranks(3, 0.4) : make_gloo_local_ranks(3, gloo_options);
+    std::vector<std::string> errors(3);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      if (ctx.rank == 2) return;  // rank 2 never issues the collective
+      auto stream = ctx.device->create_stream();
+      std::vector<float> send(2 * 3), recv(2);
+      ctx.comm->reduce_scatter(send.data(), recv.data(), 2, DType::f32, ReduceOp::sum, *stream);
+      try {
+        ctx.device->synchronize(*stream);
+      } catch (const TimeoutError& e) {
+        errors[ctx.rank] = e.what();
+      }
+      // The communicator is unusable afterwards, and says why.
+      ctx.comm->barrier(*stream);
+      std::string later = error_of([&] { ctx.device->synchronize(*stream); });
+      EXPECT_THAT(later, HasSubstr("unusable after an earlier failure"));
+      EXPECT_THAT(later, HasSubstr("reduce_scatter"));
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_THAT(errors[r], HasSubstr("reduce_scatter")) << errors[r];
+      EXPECT_THAT(errors[r], HasSubstr("rank 2")) << errors[r];
+      EXPECT_THAT(errors[r], HasSubstr("timed out after 0.4 s")) << errors[r];
     }
-    // The communicator is unusable afterwards, and says why.
-    ctx.comm->barrier(*stream);
-    std::string later = error_of([&] { ctx.device->synchronize(*stream); });
-    EXPECT_THAT(later, HasSubstr("unusable after an earlier failure"));
-    EXPECT_THAT(later, HasSubstr("reduce_scatter"));
-  });
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_THAT(errors[r], HasSubstr("reduce_scatter")) << errors[r];
-    EXPECT_THAT(errors[r], HasSubstr("rank 2")) << errors[r];
-    EXPECT_THAT(errors[r], HasSubstr("timed out after 0.4 s")) << errors[r];
   }
+}
+
+// A rank that arrives after its peer gave up fails at once, quoting the peer's failure,
+// instead of waiting for a peer that will never come (and no peer reads its buffers).
+TEST(LocalCommFailures, LateRankFailsFastAfterPeerTimedOut) {
+  auto ranks = make_local_ranks(2, 0.3);
+  std::atomic<bool> rank0_failed{false};
+  std::string late_error;
+  run_ranks(ranks, [&](RankContext& ctx) {
+    auto stream = ctx.device->create_stream();
+    std::vector<float> send(4, 1.0f), recv(8);
+    if (ctx.rank == 1)
+      while (!rank0_failed.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ctx.comm->all_gather(send.data(), recv.data(), 4, DType::f32, *stream);
+    std::string error = error_of([&] { ctx.device->synchronize(*stream); });
+    if (ctx.rank == 0) {
+      EXPECT_THAT(error, HasSubstr("all_gather (collective #0) on rank 0 timed out after 0.3 s waiting for rank 1"));
+      rank0_failed = true;
+    } else {
+      late_error = error;
+    }
+  });
+  EXPECT_THAT(late_error, HasSubstr("all_gather (collective #0) on rank 1: the group failed earlier"));
+  EXPECT_THAT(late_error, HasSubstr("waiting for rank 1")) << "quotes rank 0's timeout";
+}
+
+// Different collectives, or different counts, at the same position: every rank throws a
+// CommError naming both, at once (no timeout).
+TEST(LocalCommFailures, MismatchedCollectivesNameBoth) {
+  {
+    auto ranks = make_local_ranks(2, 60.0);
+    std::vector<std::string> errors(2);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      auto stream = ctx.device->create_stream();
+      std::vector<float> a(8), b(8);
+      if (ctx.rank == 0) ctx.comm->all_gather(a.data(), b.data(), 4, DType::f32, *stream);
+      else ctx.comm->reduce_scatter(a.data(), b.data(), 4, DType::bf16, ReduceOp::avg, *stream);
+      errors[ctx.rank] = error_of([&] { ctx.device->synchronize(*stream); });
+    });
+    for (const auto& e : errors) {
+      EXPECT_THAT(e, HasSubstr("mismatched collectives: rank 0 issued all_gather (collective #0, count 4, f32) but "
+                               "rank 1 issued reduce_scatter (collective #0, count 4, bf16, avg)")) << e;
+    }
+  }
+  {
+    auto ranks = make_local_ranks(3, 60.0);
+    std::vector<std::string> errors(3);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      auto stream = ctx.device->create_stream();
+      std::vector<float> a(64);
+      ctx.comm->barrier(*stream);
+      ctx.comm->all_reduce(a.data(), a.data(), ctx.rank == 2 ? 5 : 6, DType::f32, ReduceOp::sum, *stream);
+      errors[ctx.rank] = error_of([&] { ctx.device->synchronize(*stream); });
+      // Later collectives fail at once too.
+      ctx.comm->barrier(*stream);
+      EXPECT_THAT(error_of([&] { ctx.device->synchronize(*stream); }), HasSubstr("mismatched collectives"));
+    });
+    for (const auto& e : errors) {
+      EXPECT_THAT(e, HasSubstr("issued all_reduce (collective #1, count 6, f32, sum) but rank 2 issued all_reduce "
+                               "(collective #1, count 5, f32, sum)")) << e;
+    }
+  }
+}
+
+TEST(LocalCommFailures, OneCommunicatorPerRank) {
+  auto group = make_local_group(2, std::chrono::milliseconds(1000));
+  auto device = std::make_shared<HostDevice>();
+  LocalCommunicator first(device, group, 1);
+  EXPECT_THROW(LocalCommunicator(device, group, 1), UsageError);
+  EXPECT_THROW(LocalCommunicator(device, group, 2), UsageError);
+  EXPECT_THROW(make_local_group(0, std::chrono::milliseconds(1000)), UsageError);
 }
 
 TEST(HostCommFailures, RankMissingAtRendezvousIsListed) {
