@@ -115,9 +115,13 @@ class LocalGroup {
     if (mine != nullptr) {
       // A failed peer will never join: fail now instead of timing out, and before
       // publishing, so no peer can read this rank's buffers after it returns.
-      if (!failure.empty())
-        ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", r,
-                       ": the group failed earlier: ", failure);
+      if (!failure.empty()) {
+        std::string message =
+            detail::concat(op.name, " (collective #", op.seq, ") on rank ", r, ": the group failed earlier: ", failure);
+        // A peer that timed out waiting for this collective means it timed out here too.
+        if (failure_is_timeout) throw TimeoutError(message, __FILE__, __LINE__);
+        ZOE_THROW_COMM(message);
+      }
       slots[r] = *mine;
     }
     std::uint64_t point = ++points[r];
@@ -129,7 +133,10 @@ class LocalGroup {
           op.name, " (collective #", op.seq, ") on rank ", r, " timed out after ", timeout.count() / 1000.0,
           " s waiting for rank ", missing,
           " to join (the lowest rank missing: it did not issue this collective, is stuck, or died)");
-      if (failure.empty()) failure = message;
+      if (failure.empty()) {
+        failure = message;
+        failure_is_timeout = true;
+      }
       throw TimeoutError(message, __FILE__, __LINE__);
     }
     if (mine == nullptr) return {};
@@ -165,6 +172,7 @@ class LocalGroup {
   std::vector<std::uint64_t> points;  // meeting points each rank has arrived at (guarded)
   std::vector<bool> claimed;          // ranks that have a communicator (guarded)
   std::string failure;                // first failure of any rank (guarded)
+  bool failure_is_timeout = false;    // that failure was a TimeoutError (guarded)
 };
 
 std::shared_ptr<LocalGroup> make_local_group(int world, milliseconds timeout) {

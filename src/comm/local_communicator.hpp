@@ -32,7 +32,8 @@
 // that did not join (rethrown by Device::synchronize of the stream). After any failure
 // the communicator is unusable (later collectives throw CommError quoting the first
 // failure), and the whole group is marked failed: a rank joining a collective after a
-// peer failed throws CommError at once instead of waiting for a peer that will not come.
+// peer failed throws at once, quoting the peer's failure, instead of waiting for a peer
+// that will not come (TimeoutError if the peer timed out, else CommError).
 // Byte counters: as Communicator documents; all_reduce_f64 counts as an all_reduce of
 // count*8 bytes; barrier counts nothing.
 // Thread-safety: as Communicator (one issuing thread per rank; stats() from any thread).
