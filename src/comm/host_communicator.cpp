@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "kernels/reduce.hpp"
+#include "src/comm/collective_sequencer.hpp"
 #include "src/common/check.hpp"
 
-#define ZOE_THROW_COMM(...) throw ::zoe::CommError(::zoe::detail::concat(__VA_ARGS__), 0, __FILE__, __LINE__)
 
 namespace zoe {
 namespace {
@@ -66,11 +66,7 @@ void reduce_into(const std::vector<const void*>& slices, DType t, void* out, std
   }
 }
 
-struct Op {
-  const char* name;
-  std::uint64_t seq;
-  Clock::time_point deadline;
-};
+using Op = CollectiveOp;
 struct SendSpec {
   int peer;
   const void* ptr;
@@ -91,10 +87,6 @@ struct HostCommunicator::Impl {
   std::shared_ptr<gloo::transport::Device> transport;
   std::shared_ptr<gloo::rendezvous::Context> context;
 
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::uint64_t issued = 0, executed = 0;
-  std::string failure;           // first failure; the communicator is unusable after it
   std::vector<char> scratch;     // used by one collective at a time (they are serialized)
 
   char* scratch_bytes(std::size_t bytes) {
@@ -102,41 +94,10 @@ struct HostCommunicator::Impl {
     return scratch.data();
   }
 
-  // Queues `body` on `stream`; it runs after every collective issued before it.
-  void submit(Stream& stream, const char* name, std::function<void(const Op&)> body) {
-    std::uint64_t seq;
-    {
-      std::lock_guard lock(mutex);
-      seq = issued++;
-    }
-    device->host_func(stream, [this, seq, name, body = std::move(body)] { run(seq, name, body); });
-  }
+  std::unique_ptr<CollectiveSequencer> sequencer;  // issue order, first-failure latch
 
-  void run(std::uint64_t seq, const char* name, const std::function<void(const Op&)>& body) {
-    std::string earlier;
-    {
-      std::unique_lock lock(mutex);
-      cv.wait(lock, [&] { return executed == seq; });
-      earlier = failure;
-    }
-    try {
-      if (!earlier.empty())
-        ZOE_THROW_COMM(name, " (collective #", seq, ") on rank ", rank,
-                       ": the communicator is unusable after an earlier failure: ", earlier);
-      body(Op{name, seq, Clock::now() + timeout});
-    } catch (const std::exception& e) {
-      {
-        // Notify under the lock: once it is released the destructor may free this.
-        std::lock_guard lock(mutex);
-        if (failure.empty()) failure = e.what();
-        ++executed;
-        cv.notify_all();
-      }
-      throw;
-    }
-    std::lock_guard lock(mutex);
-    ++executed;
-    cv.notify_all();
+  void submit(Stream& stream, const char* name, std::function<void(const Op&)> body) {
+    sequencer->submit(stream, name, std::move(body));
   }
 
   // Posts every receive and send of one phase of `op`, then waits for the receives in
@@ -198,6 +159,7 @@ HostCommunicator::HostCommunicator(std::shared_ptr<Device> device, std::shared_p
   impl_->world = world;
   impl_->timeout = options.timeout;
   impl_->device = device_;
+  impl_->sequencer = std::make_unique<CollectiveSequencer>(*device_, rank, options.timeout);
   impl_->store = std::move(store);
   if (world == 1) return;  // no peers: every collective is a local copy
   ZOE_CHECK_USAGE(impl_->store != nullptr, "HostCommunicator: null store for world size ", world);
@@ -217,8 +179,7 @@ HostCommunicator::HostCommunicator(std::shared_ptr<Device> device, std::shared_p
 }
 
 HostCommunicator::~HostCommunicator() {
-  std::unique_lock lock(impl_->mutex);
-  impl_->cv.wait(lock, [&] { return impl_->executed == impl_->issued; });
+  impl_->sequencer->wait_idle();
 }
 
 void HostCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) {

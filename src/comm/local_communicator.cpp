@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "kernels/reduce.hpp"
+#include "src/comm/collective_sequencer.hpp"
 #include "src/common/check.hpp"
 
-#define ZOE_THROW_COMM(...) throw ::zoe::CommError(::zoe::detail::concat(__VA_ARGS__), 0, __FILE__, __LINE__)
 
 namespace zoe {
 namespace {
@@ -44,11 +44,7 @@ struct Descriptor {
   }
 };
 
-struct Op {
-  const char* name;
-  std::uint64_t seq;
-  Clock::time_point deadline;  // for every rank to join
-};
+using Op = CollectiveOp;
 
 // The N near-equal parts all_reduce splits a buffer of `count` elements into (the same
 // split as HostCommunicator, so part r is computed from the same operands).
@@ -186,10 +182,6 @@ struct LocalCommunicator::Impl {
   std::shared_ptr<Device> device;
   std::shared_ptr<LocalGroup> group;
 
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::uint64_t issued = 0, executed = 0;
-  std::string failure;        // first failure; the communicator is unusable after it
   std::vector<char> scratch;  // a private copy of an aliased send buffer (one collective at a time)
 
   const void* private_copy(const void* src, std::size_t bytes) {
@@ -198,41 +190,10 @@ struct LocalCommunicator::Impl {
     return scratch.data();
   }
 
-  // Queues `body` on `stream`; it runs after every collective issued before it.
-  void submit(Stream& stream, const char* name, std::function<void(const Op&)> body) {
-    std::uint64_t seq;
-    {
-      std::lock_guard lock(mutex);
-      seq = issued++;
-    }
-    device->host_func(stream, [this, seq, name, body = std::move(body)] { run(seq, name, body); });
-  }
+  std::unique_ptr<CollectiveSequencer> sequencer;  // issue order, first-failure latch
 
-  void run(std::uint64_t seq, const char* name, const std::function<void(const Op&)>& body) {
-    std::string earlier;
-    {
-      std::unique_lock lock(mutex);
-      cv.wait(lock, [&] { return executed == seq; });
-      earlier = failure;
-    }
-    try {
-      if (!earlier.empty())
-        ZOE_THROW_COMM(name, " (collective #", seq, ") on rank ", rank,
-                       ": the communicator is unusable after an earlier failure: ", earlier);
-      body(Op{name, seq, Clock::now() + group->timeout});
-    } catch (const std::exception& e) {
-      {
-        // Notify under the lock: once it is released the destructor may free this.
-        std::lock_guard lock(mutex);
-        if (failure.empty()) failure = e.what();
-        ++executed;
-        cv.notify_all();
-      }
-      throw;
-    }
-    std::lock_guard lock(mutex);
-    ++executed;
-    cv.notify_all();
+  void submit(Stream& stream, const char* name, std::function<void(const Op&)> body) {
+    sequencer->submit(stream, name, std::move(body));
   }
 
   // Publishes `mine` and waits for every rank to publish this collective; returns all
@@ -279,13 +240,11 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<Device> device, std::shared
   impl_->world = world_;
   impl_->device = device_;
   impl_->group = std::move(group);
+  impl_->sequencer = std::make_unique<CollectiveSequencer>(*device_, rank, impl_->group->timeout);
 }
 
 LocalCommunicator::~LocalCommunicator() {
-  {
-    std::unique_lock lock(impl_->mutex);
-    impl_->cv.wait(lock, [&] { return impl_->executed == impl_->issued; });
-  }
+  impl_->sequencer->wait_idle();
   impl_->group->release(rank_);
 }
 
