@@ -28,6 +28,21 @@ struct NvmeTierOptions {
   bool require_direct_io = false;
 };
 
+/// The fields every store's options share (budget, pinning, path, rank, aio, O_DIRECT), taken
+/// from a store's options `o` (OptimizerStatesOptions, ParamShardsOptions); the buffer sizes
+/// and counts are left for the caller.
+template <class StoreOptions>
+NvmeTierOptions nvme_tier_options(const StoreOptions& o) {
+  NvmeTierOptions to;
+  to.pinned_budget_bytes = o.pinned_budget_bytes;
+  to.pin_memory = o.pin_memory;
+  to.nvme_path = o.nvme_path;
+  to.rank = o.rank;
+  to.aio = o.aio;
+  to.require_direct_io = o.require_direct_io;
+  return to;
+}
+
 struct NvmeTier {
   std::unique_ptr<PinnedPool> pool, extra;
   std::unique_ptr<NvmeStore> store;

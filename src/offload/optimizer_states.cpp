@@ -53,16 +53,10 @@ void OptimizerStates::finalize() {
     largest = std::max(largest, grad_offset(id) + grad_bytes(id));  // states, then the gradient
     largest_grad = std::max(largest_grad, grad_bytes(id));
   }
-  NvmeTierOptions to;
+  NvmeTierOptions to = nvme_tier_options(options_);
   to.buffer_count = static_cast<std::size_t>(options_.buffer_count);
   to.buffer_bytes = largest;
   to.extra_buffer_bytes = largest_grad;  // the gradient buffer
-  to.pinned_budget_bytes = options_.pinned_budget_bytes;
-  to.pin_memory = options_.pin_memory;
-  to.nvme_path = options_.nvme_path;
-  to.rank = options_.rank;
-  to.aio = options_.aio;
-  to.require_direct_io = options_.require_direct_io;
   NvmeTier tier = open_nvme_tier(to);
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);

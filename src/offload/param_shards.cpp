@@ -45,16 +45,10 @@ void ParamShards::finalize() {
   if (finalized_) return;
   finalized_ = true;
   if (options_.device != OffloadDevice::nvme) return;
-  NvmeTierOptions to;
+  NvmeTierOptions to = nvme_tier_options(options_);
   to.buffer_count = static_cast<std::size_t>(options_.buffer_count - 1);  // reads
   to.buffer_bytes = std::max<std::size_t>(options_.buffer_bytes, 1);
   to.extra_buffer_bytes = to.buffer_bytes;  // the optimizer's write-back
-  to.pinned_budget_bytes = options_.pinned_budget_bytes;
-  to.pin_memory = options_.pin_memory;
-  to.nvme_path = options_.nvme_path;
-  to.rank = options_.rank;
-  to.aio = options_.aio;
-  to.require_direct_io = options_.require_direct_io;
   NvmeTier tier = open_nvme_tier(to);
   read_pool_ = std::move(tier.pool);
   write_pool_ = std::move(tier.extra);
