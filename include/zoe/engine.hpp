@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "zoe/config.hpp"
+#include "zoe/device_kind.hpp"
 #include "zoe/dtype.hpp"
 #include "zoe/error.hpp"
 
@@ -103,6 +104,15 @@ struct TensorView {
 struct ModuleTensors {
   std::vector<TensorView> params;
   std::vector<TensorView> grads;  // empty during forward
+};
+
+/// Where the trainer computes: ModuleTensors point into this device's memory, and on CUDA the
+/// trainer must queue its kernels on `stream` (the engine orders its gathers, gradient
+/// reductions and frees against that stream; work on another stream races with them).
+struct ComputePlace {
+  DeviceKind kind = DeviceKind::host;
+  int ordinal = -1;        // CUDA device ordinal to make current (cudaSetDevice); -1 on the host
+  void* stream = nullptr;  // the engine's compute stream as a cudaStream_t; nullptr on the host
 };
 
 /// Result of one optimizer step.
@@ -201,6 +211,9 @@ class Engine {
   /// every rank must call it). numel elements.
   std::vector<float> gather_parameter(ParamId param);
 
+  /// The device this rank computes on and, on CUDA, the stream to compute on. Host: the views
+  /// are host memory, valid for the calling thread as soon as begin_* returns.
+  ComputePlace compute_place() const;
   MemoryReport memory_report() const;
   TrafficReport last_step_traffic() const;
   const Config& config() const;

@@ -403,6 +403,11 @@ MemoryReport Engine::memory_report() const {
 
 TrafficReport Engine::last_step_traffic() const { return impl_->last_traffic; }
 const Config& Engine::config() const { return impl_->config; }
+
+ComputePlace Engine::compute_place() const {
+  Device& d = impl_->device;
+  return ComputePlace{d.kind(), d.ordinal(), d.native_handle(d.compute_stream())};
+}
 int Engine::rank() const { return impl_->rank; }
 int Engine::world_size() const { return impl_->world; }
 

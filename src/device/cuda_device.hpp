@@ -28,7 +28,8 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::cuda; }
   std::string name() const override { return name_; }
-  int ordinal() const { return ordinal_; }
+  int ordinal() const override { return ordinal_; }
+  void* native_handle(Stream& stream) override { return native(stream); }
 
   void* allocate(std::size_t bytes) override;
   void deallocate(void* ptr) override;

@@ -16,11 +16,10 @@
 #include <string>
 
 #include "kernels/adam_math.hpp"
+#include "zoe/device_kind.hpp"
 #include "zoe/dtype.hpp"
 
 namespace zoe {
-
-enum class DeviceKind { host, cuda };
 
 /// An in-order queue of device work. Created by Device::create_stream().
 class Stream {
@@ -45,6 +44,10 @@ class Device {
   virtual DeviceKind kind() const = 0;
   /// e.g. "host" or "cuda:0 (NVIDIA H200)".
   virtual std::string name() const = 0;
+  /// The CUDA device ordinal (cudaSetDevice), -1 for the host device.
+  virtual int ordinal() const { return -1; }
+  /// The backend's native handle of `stream`: its cudaStream_t on CUDA, nullptr on the host.
+  virtual void* native_handle(Stream& stream) { return nullptr; }
 
   // ---- memory (bytes) ----
   /// Allocates `bytes` of device memory, 256-byte aligned, uninitialised. Throws OutOfMemoryError.

@@ -233,3 +233,13 @@ TEST(Engine, BadUsageIsAClearError) {
     EXPECT_EQ(err.key(), "zero_optimization.offload_param.device");
   }
 }
+
+TEST(Engine, ComputePlaceOfAHostRankIsTheHostWithNoStream) {
+  auto ranks = make_local_ranks(1, 10.0);
+  Engine e(base_config(0, DType::f32), ranks[0]);
+  const ComputePlace place = e.compute_place();
+  EXPECT_EQ(place.kind, DeviceKind::host);
+  EXPECT_EQ(place.ordinal, -1);
+  EXPECT_EQ(place.stream, nullptr);
+  EXPECT_STREQ(device_kind_name(place.kind), "host");
+}

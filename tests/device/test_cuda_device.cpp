@@ -42,6 +42,10 @@ TEST(CudaDevice, OpensOrRaisesCudaErrorWithTheCudaText) {
   if (o.device) {
     EXPECT_THAT(o.device->name(), HasSubstr("cuda:0 ("));
     EXPECT_EQ(o.device->kind(), DeviceKind::cuda);
+    EXPECT_EQ(o.device->ordinal(), 0);
+    // The trainer's kernels go on this stream (Engine::compute_place).
+    EXPECT_EQ(o.device->native_handle(o.device->compute_stream()),
+              CudaDevice::native(o.device->compute_stream()));
   } else {
     std::printf("no usable GPU here: %s\n", o.error.c_str());
     EXPECT_NE(o.code, 0);
