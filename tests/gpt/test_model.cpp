@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "examples/gpt/kernel_ops.hpp"
 #include "examples/gpt/model.hpp"
 #include "tests/gpt/fd_check.hpp"
 #include "tests/gpt/plain_provider.hpp"
@@ -59,11 +60,12 @@ TEST(ModelSpec, InitIsDeterministicWithGpt2Std) {
   EXPECT_NEAR(proj.stddev, 0.02 / std::sqrt(4.0), 1e-15);
 }
 
-class ModelGradient : public ::testing::TestWithParam<bool> {};
-
-TEST_P(ModelGradient, EveryParameterMatchesFiniteDifferences) {
+// The whole model on backend Ops (double): every parameter's gradient against finite
+// differences of the forward loss.
+template <class Ops>
+void check_model_gradient(bool checkpoint_activations) {
   const GptConfig cfg = tiny();
-  GptModel<double> model(cfg, /*checkpoint_activations=*/GetParam());
+  GptModel<double, Ops> model(cfg, checkpoint_activations);
   model.set_head_chunk(4);
   test::PlainProvider<double> pp(model.spec(), 11);
   // Larger weights than GPT-2's 0.02 so every path carries signal.
@@ -81,6 +83,16 @@ TEST_P(ModelGradient, EveryParameterMatchesFiniteDifferences) {
   EXPECT_EQ(trained_loss, loss());  // the same float operations in the same order
   for (std::size_t i = 0; i < pp.values.size(); ++i)
     test::expect_gradient(model.spec().params[i].name, pp.values[i], pp.grads[i], loss, 1e-6, 1e-6);
+}
+
+class ModelGradient : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ModelGradient, EveryParameterMatchesFiniteDifferences) {
+  check_model_gradient<CpuOps<double>>(GetParam());
+}
+// The CUDA kernels' math (KernelOps, the host twin of CudaOps) through the same graph.
+TEST_P(ModelGradient, EveryParameterMatchesFiniteDifferencesWithTheKernelsMath) {
+  check_model_gradient<KernelOps<double>>(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpointing, ModelGradient, ::testing::Values(false, true));

@@ -1,8 +1,10 @@
 // Every op's backward against central finite differences in double precision (small shapes),
-// plus forward values against direct formulas.
+// plus forward values against direct formulas, for each compute backend that runs in double on
+// the host: CpuOps (the CPU trainer's Eigen ops) and KernelOps (the CUDA kernels' math).
 #include <gtest/gtest.h>
 
-#include "examples/gpt/ops.hpp"
+#include "examples/gpt/cpu_ops.hpp"
+#include "examples/gpt/kernel_ops.hpp"
 #include "tests/gpt/fd_check.hpp"
 
 namespace gpt {
@@ -13,31 +15,45 @@ using test::expect_gradient;
 using test::random_vector;
 using Vec = std::vector<double>;
 
-TEST(Ops, EmbeddingGradient) {
+template <class Backend>
+class Ops : public ::testing::Test {};
+using Backends = ::testing::Types<CpuOps<double>, KernelOps<double>>;
+class BackendNames {
+ public:
+  template <class T>
+  static std::string GetName(int) {
+    return std::is_same_v<T, CpuOps<double>> ? "Cpu" : "Kernel";
+  }
+};
+TYPED_TEST_SUITE(Ops, Backends, BackendNames);
+
+TYPED_TEST(Ops, EmbeddingGradient) {
+  TypeParam ops;
   std::mt19937_64 rng(1);
   const int B = 2, T = 3, C = 4, V = 5;
   const std::vector<std::int32_t> tok{0, 3, 3, 4, 1, 3};
   Vec wte = random_vector(V * C, rng), wpe = random_vector(T * C, rng), g = random_vector(B * T * C, rng);
   Vec out(B * T * C);
   auto f = [&] {
-    ops::embedding_forward<double>(tok.data(), B, T, C, wte.data(), wpe.data(), out.data());
+    ops.embedding_forward(tok.data(), B, T, C, wte.data(), wpe.data(), out.data());
     return dot(g, out);
   };
   f();
   EXPECT_DOUBLE_EQ(out[(1 * T + 2) * C + 1], wte[3 * C + 1] + wpe[2 * C + 1]);
   Vec dwte(V * C, 0.0), dwpe(T * C, 0.0);
-  ops::embedding_backward<double>(tok.data(), B, T, C, g.data(), dwte.data(), dwpe.data());
+  ops.embedding_backward(tok.data(), B, T, C, g.data(), dwte.data(), dwpe.data());
   expect_gradient("dwte", wte, dwte, f);
   expect_gradient("dwpe", wpe, dwpe, f);
 }
 
-TEST(Ops, LayerNormForwardAndGradient) {
+TYPED_TEST(Ops, LayerNormForwardAndGradient) {
+  TypeParam ops;
   std::mt19937_64 rng(2);
   const int N = 3, C = 8;
   Vec x = random_vector(N * C, rng), w = random_vector(C, rng), b = random_vector(C, rng);
   Vec g = random_vector(N * C, rng), out(N * C), mean(N), rstd(N);
   auto f = [&] {
-    ops::layernorm_forward<double>(x.data(), w.data(), b.data(), N, C, out.data(), mean.data(),
+    ops.layernorm_forward(x.data(), w.data(), b.data(), N, C, out.data(), mean.data(),
                                    rstd.data());
     return dot(g, out);
   };
@@ -48,20 +64,21 @@ TEST(Ops, LayerNormForwardAndGradient) {
   for (int c = 0; c < C; ++c) var += (x[C + c] - mu) * (x[C + c] - mu) / C;
   EXPECT_NEAR(out[C + 5], (x[C + 5] - mu) / std::sqrt(var + 1e-5) * w[5] + b[5], 1e-12);
   Vec dx(N * C, 0.0), dw(C, 0.0), db(C, 0.0);
-  ops::layernorm_backward<double>(g.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C,
+  ops.layernorm_backward(g.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C,
                                   dx.data(), dw.data(), db.data());
   expect_gradient("dx", x, dx, f);
   expect_gradient("dw", w, dw, f);
   expect_gradient("db", b, db, f);
 }
 
-TEST(Ops, LinearForwardAndGradient) {
+TYPED_TEST(Ops, LinearForwardAndGradient) {
+  TypeParam ops;
   std::mt19937_64 rng(3);
   const int N = 4, in = 3, out_dim = 5;
   Vec x = random_vector(N * in, rng), W = random_vector(in * out_dim, rng);
   Vec b = random_vector(out_dim, rng), g = random_vector(N * out_dim, rng), y(N * out_dim);
   auto f = [&] {
-    ops::linear_forward<double>(x.data(), W.data(), b.data(), N, in, out_dim, y.data());
+    ops.linear_forward(x.data(), W.data(), b.data(), N, in, out_dim, y.data());
     return dot(g, y);
   };
   f();
@@ -69,18 +86,19 @@ TEST(Ops, LinearForwardAndGradient) {
   for (int k = 0; k < in; ++k) ref += x[2 * in + k] * W[k * out_dim + 4];
   EXPECT_NEAR(y[2 * out_dim + 4], ref, 1e-12);
   Vec dx(N * in, 0.0), dW(in * out_dim, 0.0), db(out_dim, 0.0);
-  ops::linear_backward<double>(g.data(), x.data(), W.data(), N, in, out_dim, dx.data(), dW.data(),
+  ops.linear_backward(g.data(), x.data(), W.data(), N, in, out_dim, dx.data(), dW.data(),
                                db.data());
   expect_gradient("dx", x, dx, f);
   expect_gradient("dW", W, dW, f);
   expect_gradient("db", b, db, f);
 }
 
-TEST(Ops, GeluForwardAndGradient) {
+TYPED_TEST(Ops, GeluForwardAndGradient) {
+  TypeParam ops;
   std::mt19937_64 rng(4);
   Vec x = random_vector(20, rng, 2.0), g = random_vector(20, rng), y(20);
   auto f = [&] {
-    ops::gelu_forward<double>(x.data(), 20, y.data());
+    ops.gelu_forward(x.data(), 20, y.data());
     return dot(g, y);
   };
   f();
@@ -88,17 +106,18 @@ TEST(Ops, GeluForwardAndGradient) {
   EXPECT_NEAR(y[7], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))),
               1e-15);
   Vec dx(20, 0.0);
-  ops::gelu_backward<double>(g.data(), x.data(), 20, dx.data());
+  ops.gelu_backward(g.data(), x.data(), 20, dx.data());
   expect_gradient("dx", x, dx, f);
 }
 
-TEST(Ops, AttentionIsCausalAndItsGradientMatches) {
+TYPED_TEST(Ops, AttentionIsCausalAndItsGradientMatches) {
+  TypeParam ops;
   std::mt19937_64 rng(5);
   const int B = 2, T = 5, C = 6, H = 2;
   Vec qkv = random_vector(B * T * 3 * C, rng), g = random_vector(B * T * C, rng);
   Vec out(B * T * C), att(B * H * T * T);
   auto f = [&] {
-    ops::attention_forward<double>(qkv.data(), B, T, C, H, out.data(), att.data());
+    ops.attention_forward(qkv.data(), B, T, C, H, out.data(), att.data());
     return dot(g, out);
   };
   f();
@@ -120,20 +139,18 @@ TEST(Ops, AttentionIsCausalAndItsGradientMatches) {
   for (int i = 0; i < 4 * C; ++i) EXPECT_EQ(out[i], before[i]);
   Vec dqkv(qkv.size(), 0.0);
   f();
-  ops::attention_backward<double>(g.data(), qkv.data(), att.data(), B, T, C, H, dqkv.data());
+  ops.attention_backward(g.data(), qkv.data(), att.data(), B, T, C, H, dqkv.data());
   expect_gradient("dqkv", qkv, dqkv, f);
 }
 
-TEST(Ops, LmHeadCrossEntropyGradientAndChunking) {
+TYPED_TEST(Ops, LmHeadCrossEntropyGradientAndChunking) {
+  TypeParam ops;
   std::mt19937_64 rng(6);
   const int N = 7, C = 4, V = 11;
   Vec x = random_vector(N * C, rng), wte = random_vector(V * C, rng);
   const std::vector<std::int32_t> y{0, 10, 3, 3, 7, 1, 5};
-  std::vector<double> scratch;
-  auto f = [&] {
-    return ops::lm_head_cross_entropy<double>(x.data(), wte.data(), y.data(), N, C, V, nullptr,
-                                              nullptr, scratch, 3);
-  };
+  ops.configure_head(3, HeadPrecision::fp32);
+  auto f = [&] { return ops.head_loss(x.data(), wte.data(), y.data(), N, C, V); };
   // Reference loss by the definition.
   double ref = 0;
   for (int n = 0; n < N; ++n) {
@@ -151,15 +168,16 @@ TEST(Ops, LmHeadCrossEntropyGradientAndChunking) {
   EXPECT_NEAR(f(), ref, 1e-12);
   for (int chunk : {1, 3, 7, 100}) {
     Vec dx(N * C, 0.0), dwte(V * C, 0.0);
-    const double loss = ops::lm_head_cross_entropy<double>(x.data(), wte.data(), y.data(), N, C,
-                                                           V, dx.data(), dwte.data(), scratch, chunk);
+    ops.configure_head(chunk, HeadPrecision::fp32);
+    const double loss =
+        ops.head_loss_and_grad(x.data(), wte.data(), y.data(), N, C, V, dx.data(), dwte.data());
     EXPECT_NEAR(loss, ref, 1e-12) << "chunk " << chunk;
     expect_gradient("dx chunk " + std::to_string(chunk), x, dx, f);
     expect_gradient("dwte chunk " + std::to_string(chunk), wte, dwte, f);
   }
 }
 
-TEST(Ops, FloatAttentionMatchesDouble) {
+TEST(OpsFloat, AttentionMatchesDouble) {
   // The float instantiation the trainer uses agrees with double to float precision.
   std::mt19937_64 rng(7);
   const int B = 1, T = 16, C = 8, H = 2;
