@@ -17,6 +17,9 @@
 #include "examples/gpt/rank_means.hpp"
 #include "examples/gpt/schedule.hpp"
 #include "zoe/engine.hpp"
+#if defined(ZOE_GPT_HAVE_CUDA)
+#include "examples/gpt/cuda_ops.hpp"
+#endif
 
 namespace gpt {
 namespace {
@@ -29,7 +32,7 @@ class EngineProvider final : public ParamProvider<float> {
   EngineProvider(zoe::Engine& engine, const ModelSpec& spec, std::uint64_t seed)
       : engine_(engine) {
     GPT_CHECK(engine.config().compute_dtype() == zoe::DType::f32,
-              "the CPU trainer computes in fp32: disable fp16 and bf16 in the config (got ",
+              "the trainer computes in fp32: disable fp16 and bf16 in the config (got ",
               zoe::dtype_name(engine.config().compute_dtype()), ")");
     for (const ParamSpec& p : spec.params) {
       const std::vector<float> init = initial_value(p, seed);
@@ -111,19 +114,14 @@ std::string gib(std::int64_t bytes) {
   return buf;
 }
 
-void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
+// The training loop of one rank on `model` (a GptModel over the backend where the engine's
+// tensors live).
+template <class Model>
+void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared& sh,
+                int local_rank) {
   const TrainOptions& opt = sh.opt;
-  const int world = ctx.world_size, rank = ctx.rank;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  omp_set_num_threads(opt.threads_per_rank > 0 ? opt.threads_per_rank
-                                               : std::max(1, cores / std::max(1, world)));
+  const int world = engine.world_size(), rank = engine.rank();
   const bool lead = rank == 0 && sh.verbose;
-
-  zoe::Engine engine(opt.engine, ctx);
-  GptModel<float> model(opt.model, opt.activation_checkpointing);
-  model.set_head_chunk(opt.head_chunk);
-  model.set_head_precision(opt.head_precision);
-  EngineProvider pp(engine, model.spec(), opt.seed);
   const int B = engine.config().train_micro_batch_size_per_gpu;
   const int GA = engine.config().gradient_accumulation_steps;
   const int T = opt.model.context;
@@ -255,6 +253,38 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
                   sh.tok.decode(generated).c_str());
     }
   }
+}
+
+// One rank: its engine, the model's parameters registered with it, and the model on the
+// backend where the engine computes (Engine::compute_place): CpuOps on the host device,
+// CudaOps (cuBLAS and kernels, on the engine's compute stream) on a GPU.
+void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
+  const TrainOptions& opt = sh.opt;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  omp_set_num_threads(opt.threads_per_rank > 0 ? opt.threads_per_rank
+                                               : std::max(1, cores / std::max(1, ctx.world_size)));
+  zoe::Engine engine(opt.engine, ctx);
+  const ModelSpec spec = make_model_spec(opt.model);
+  EngineProvider pp(engine, spec, opt.seed);
+  const zoe::ComputePlace place = engine.compute_place();
+  if (place.kind == zoe::DeviceKind::host) {
+    GptModel<float> model(opt.model, opt.activation_checkpointing);
+    model.set_head_chunk(opt.head_chunk);
+    model.set_head_precision(opt.head_precision);
+    train_rank(engine, model, pp, sh, local_rank);
+    return;
+  }
+#if defined(ZOE_GPT_HAVE_CUDA)
+  GptModel<float, CudaOps> model(opt.model, opt.activation_checkpointing,
+                                 CudaOps(place.ordinal, place.stream));
+  model.set_head_chunk(opt.head_chunk);
+  model.set_head_precision(opt.head_precision);
+  train_rank(engine, model, pp, sh, local_rank);
+#else
+  GPT_CHECK(false, "rank ", ctx.rank, " computes on a ", zoe::device_kind_name(place.kind),
+            " device, but this zoe-gpt was built without its CUDA backend (needs nvcc and cuBLAS "
+            "at build time); run without --launcher to train on the CPU");
+#endif
 }
 
 }  // namespace
