@@ -31,22 +31,15 @@
 
 namespace gpt {
 
-/// The CPU backend: ops.hpp's Eigen ops, the oneDNN LmHead for float (ops.hpp's reference
-/// head for other scalars).
+/// What the host backends (CpuOps, KernelOps) share: buffers are std::vector in host memory
+/// (uploads and downloads are copies), and the embedding and LayerNorm, whose ops.hpp loops
+/// already are the CUDA kernels' functions.
 template <class T>
-class CpuOps {
+class HostOpsBase {
  public:
   using Scalar = T;
   template <class U>
   using Array = std::vector<U>;
-
-  /// Rows per head chunk (>= 1) and the training head's precision (float only; evaluation and
-  /// the double reference always multiply in their own precision).
-  void configure_head(int chunk_rows, HeadPrecision precision) {
-    chunk_ = chunk_rows;
-    precision_ = precision;
-    head_.reset();
-  }
 
   template <class U>
   void upload(const U* host, std::size_t n, Array<U>& dst) {
@@ -55,10 +48,6 @@ class CpuOps {
   void download(const T* src, std::size_t n, T* host) { std::copy_n(src, n, host); }
   void zero(Array<T>& b, std::size_t n) { b.assign(n, T(0)); }
   void copy(const T* src, std::size_t n, T* dst) { std::copy_n(src, n, dst); }
-  void add(const T* x, std::size_t n, T* y) {
-    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(y, n) +=
-        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x, n);
-  }
 
   void embedding_forward(const std::int32_t* tokens, int B, int Tn, int C, const T* wte,
                          const T* wpe, T* out) {
@@ -76,6 +65,26 @@ class CpuOps {
                           int N, int C, T* dx, T* dw, T* db) {
     ops::layernorm_backward<T>(dout, x, w, mean, rstd, N, C, dx, dw, db);
   }
+};
+
+/// The CPU backend: ops.hpp's Eigen ops, the oneDNN LmHead for float (ops.hpp's reference
+/// head for other scalars).
+template <class T>
+class CpuOps : public HostOpsBase<T> {
+ public:
+  /// Rows per head chunk (>= 1) and the training head's precision (float only; evaluation and
+  /// the double reference always multiply in their own precision).
+  void configure_head(int chunk_rows, HeadPrecision precision) {
+    chunk_ = chunk_rows;
+    precision_ = precision;
+    head_.reset();
+  }
+
+  void add(const T* x, std::size_t n, T* y) {
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(y, n) +=
+        Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x, n);
+  }
+
   void linear_forward(const T* x, const T* W, const T* b, int N, int in, int out, T* y) {
     ops::linear_forward<T>(x, W, b, N, in, out, y);
   }

@@ -1,5 +1,6 @@
 // KernelOps: the host twin of CudaOps (cuda_ops.hpp). Every non-GEMM op runs the CUDA
-// kernels' own functions from kernel_math.hpp, called for every element / row / column the
+// kernels' own functions from kernel_math.hpp (the embedding and LayerNorm through
+// HostOpsBase, whose ops.hpp loops are those functions), called for every element / row / column the
 // way the kernels' threads call them (in plain loops here), and the GEMMs are the same
 // row-major products CudaOps asks of cuBLAS (Eigen here). So a test that trains, checks
 // gradients against finite differences or compares with CpuOps through KernelOps covers the
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "examples/gpt/cpu_ops.hpp"
 #include "examples/gpt/kernel_math.hpp"
 #include "examples/gpt/lm_head.hpp"
 #include "examples/gpt/ops.hpp"
@@ -21,12 +23,8 @@
 namespace gpt {
 
 template <class T>
-class KernelOps {
+class KernelOps : public HostOpsBase<T> {
  public:
-  using Scalar = T;
-  template <class U>
-  using Array = std::vector<U>;
-
   /// Rows per head chunk (>= 1) and the training head's precision: bf16 rounds the three head
   /// GEMMs' operands to bfloat16 and accumulates in T, as cuBLAS's
   /// CUBLAS_COMPUTE_32F_FAST_16BF does for CudaOps.
@@ -35,39 +33,10 @@ class KernelOps {
     precision_ = precision;
   }
 
-  template <class U>
-  void upload(const U* host, std::size_t n, Array<U>& dst) {
-    dst.assign(host, host + n);
-  }
-  void download(const T* src, std::size_t n, T* host) { std::copy_n(src, n, host); }
-  void zero(Array<T>& b, std::size_t n) { b.assign(n, T(0)); }
-  void copy(const T* src, std::size_t n, T* dst) { std::copy_n(src, n, dst); }
   void add(const T* x, std::size_t n, T* y) {
     for (std::size_t i = 0; i < n; ++i) kernels::add_element<T>(static_cast<std::int64_t>(i), x, y);
   }
 
-  void embedding_forward(const std::int32_t* tokens, int B, int Tn, int C, const T* wte,
-                         const T* wpe, T* out) {
-    const std::int64_t n = static_cast<std::int64_t>(B) * Tn * C;
-    for (std::int64_t i = 0; i < n; ++i)
-      kernels::embedding_forward_element<T>(i, tokens, Tn, C, wte, wpe, out);
-  }
-  void embedding_backward(const std::int32_t* tokens, int B, int Tn, int C, const T* dout,
-                          T* dwte, T* dwpe) {
-    for (int c = 0; c < C; ++c)
-      kernels::embedding_backward_column<T>(c, tokens, B * Tn, Tn, C, dout, dwte, dwpe);
-  }
-  void layernorm_forward(const T* x, const T* w, const T* b, int N, int C, T* out, T* mean,
-                         T* rstd) {
-    for (int n = 0; n < N; ++n) kernels::layernorm_forward_row<T>(n, x, w, b, C, out, mean, rstd);
-  }
-  void layernorm_backward(const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
-                          int N, int C, T* dx, T* dw, T* db) {
-    for (int n = 0; n < N; ++n)
-      kernels::layernorm_backward_row<T>(n, dout, x, w, mean, rstd, C, dx);
-    for (int c = 0; c < C; ++c)
-      kernels::layernorm_param_grad_column<T>(c, dout, x, mean, rstd, N, C, dw, db);
-  }
   void linear_forward(const T* x, const T* W, const T* b, int N, int in, int out, T* y) {
     gemm(false, false, N, out, in, T(1), x, in, W, out, T(0), y, out);
     const std::int64_t n = static_cast<std::int64_t>(N) * out;

@@ -6,6 +6,9 @@
 // gradient outputs (input and parameter gradients alike), so residual branches and tied
 // weights accumulate without extra buffers; callers zero them first. Weights use the Hugging
 // Face GPT-2 (Conv1D) layout W[in, out], y = x W + b.
+// The embedding, LayerNorm and attention-softmax loops call the CUDA kernels' own functions
+// (kernel_math.hpp), so the CPU trainer and the GPU backend share that math; the GEMMs, GELU
+// (Eigen's vectorized tanh) and the head differ by backend.
 // Thread-safety: pure functions of their arguments; Eigen GEMMs use the OpenMP threads of the
 // calling thread (omp_set_num_threads), attention parallelizes over (batch, head) the same way.
 #pragma once
@@ -16,6 +19,8 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
+
+#include "examples/gpt/kernel_math.hpp"
 
 namespace gpt::ops {
 
@@ -41,78 +46,36 @@ using CStridedMap = Eigen::Map<const MatR<T>, 0, Eigen::OuterStride<>>;
 template <class T>
 void embedding_forward(const std::int32_t* tokens, int B, int Tn, int C, const T* wte,
                        const T* wpe, T* out) {
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < Tn; ++t) {
-      const T* e = wte + static_cast<std::int64_t>(tokens[b * Tn + t]) * C;
-      const T* p = wpe + static_cast<std::int64_t>(t) * C;
-      T* o = out + (static_cast<std::int64_t>(b) * Tn + t) * C;
-      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
-    }
+  const std::int64_t n = static_cast<std::int64_t>(B) * Tn * C;
+  for (std::int64_t i = 0; i < n; ++i)
+    kernels::embedding_forward_element<T>(i, tokens, Tn, C, wte, wpe, out);
 }
 // dwte[tokens[b,t]] += dout[b,t]; dwpe[t] += dout[b,t].
 template <class T>
 void embedding_backward(const std::int32_t* tokens, int B, int Tn, int C, const T* dout, T* dwte,
                         T* dwpe) {
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < Tn; ++t) {
-      const T* d = dout + (static_cast<std::int64_t>(b) * Tn + t) * C;
-      T* e = dwte + static_cast<std::int64_t>(tokens[b * Tn + t]) * C;
-      T* p = dwpe + static_cast<std::int64_t>(t) * C;
-      for (int c = 0; c < C; ++c) {
-        e[c] += d[c];
-        p[c] += d[c];
-      }
-    }
+  for (int c = 0; c < C; ++c)
+    kernels::embedding_backward_column<T>(c, tokens, B * Tn, Tn, C, dout, dwte, dwpe);
 }
 
 // ---------------------------------------------------------------------------------------------
 // LayerNorm (Ba et al. 2016), eps = 1e-5 as GPT-2: out = (x - mean) * rstd * w + b per row.
 // x, out [N, C]; w, b [C]; saves mean, rstd [N] for the backward.
-constexpr double kLayerNormEps = 1e-5;
+using kernels::kLayerNormEps;
 
 template <class T>
 void layernorm_forward(const T* x, const T* w, const T* bias, int N, int C, T* out, T* mean,
                        T* rstd) {
-  for (int n = 0; n < N; ++n) {
-    const T* xr = x + static_cast<std::int64_t>(n) * C;
-    T m = 0;
-    for (int c = 0; c < C; ++c) m += xr[c];
-    m /= C;
-    T v = 0;
-    for (int c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
-    v /= C;
-    const T s = T(1) / std::sqrt(v + T(kLayerNormEps));
-    T* o = out + static_cast<std::int64_t>(n) * C;
-    for (int c = 0; c < C; ++c) o[c] = (xr[c] - m) * s * w[c] + bias[c];
-    mean[n] = m;
-    rstd[n] = s;
-  }
+  for (int n = 0; n < N; ++n) kernels::layernorm_forward_row<T>(n, x, w, bias, C, out, mean, rstd);
 }
 // With xhat = (x-mean)*rstd and g = dout*w:
 // dx += rstd * (g - mean(g) - xhat * mean(g*xhat)); dw += dout*xhat; db += dout.
 template <class T>
 void layernorm_backward(const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
                         int N, int C, T* dx, T* dw, T* db) {
-  for (int n = 0; n < N; ++n) {
-    const T* d = dout + static_cast<std::int64_t>(n) * C;
-    const T* xr = x + static_cast<std::int64_t>(n) * C;
-    T g_mean = 0, gx_mean = 0;
-    for (int c = 0; c < C; ++c) {
-      const T xhat = (xr[c] - mean[n]) * rstd[n];
-      const T g = d[c] * w[c];
-      g_mean += g;
-      gx_mean += g * xhat;
-    }
-    g_mean /= C;
-    gx_mean /= C;
-    T* dxr = dx + static_cast<std::int64_t>(n) * C;
-    for (int c = 0; c < C; ++c) {
-      const T xhat = (xr[c] - mean[n]) * rstd[n];
-      dw[c] += d[c] * xhat;
-      db[c] += d[c];
-      dxr[c] += rstd[n] * (d[c] * w[c] - g_mean - xhat * gx_mean);
-    }
-  }
+  for (int n = 0; n < N; ++n) kernels::layernorm_backward_row<T>(n, dout, x, w, mean, rstd, C, dx);
+  for (int c = 0; c < C; ++c)
+    kernels::layernorm_param_grad_column<T>(c, dout, x, mean, rstd, N, C, dw, db);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -187,18 +150,8 @@ void attention_forward(const T* qkv, int B, int Tn, int C, int H, T* out, T* att
       CStridedMap<T> V(base + 2 * C + h * d, Tn, d, Eigen::OuterStride<>(3 * C));
       Map<T> P(att + (static_cast<std::int64_t>(b) * H + h) * Tn * Tn, Tn, Tn);
       P.noalias() = (Q * K.transpose()) * scale;
-      for (int t = 0; t < Tn; ++t) {
-        T* row = P.data() + static_cast<std::int64_t>(t) * Tn;
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int s = 0; s <= t; ++s) mx = std::max(mx, row[s]);
-        T sum = 0;
-        for (int s = 0; s <= t; ++s) {
-          row[s] = std::exp(row[s] - mx);
-          sum += row[s];
-        }
-        for (int s = 0; s <= t; ++s) row[s] /= sum;
-        for (int s = t + 1; s < Tn; ++s) row[s] = 0;
-      }
+      for (int t = 0; t < Tn; ++t)
+        kernels::causal_softmax_row<T>(P.data() + static_cast<std::int64_t>(t) * Tn, t, Tn);
       StridedMap<T> O(out + static_cast<std::int64_t>(b) * Tn * C + h * d, Tn, d,
                       Eigen::OuterStride<>(C));
       O.noalias() = P * V;
@@ -226,12 +179,10 @@ void attention_backward(const T* dout, const T* qkv, const T* att, int B, int Tn
       CMap<T> P(att + (static_cast<std::int64_t>(b) * H + h) * Tn * Tn, Tn, Tn);
       dV.noalias() += P.transpose() * dO;
       MatR<T> dS = dO * V.transpose();  // dP, then turned into dS in place
-      for (int t = 0; t < Tn; ++t) {
-        T dot = 0;
-        for (int s = 0; s <= t; ++s) dot += dS(t, s) * P(t, s);
-        for (int s = 0; s <= t; ++s) dS(t, s) = P(t, s) * (dS(t, s) - dot) * scale;
-        for (int s = t + 1; s < Tn; ++s) dS(t, s) = 0;
-      }
+      for (int t = 0; t < Tn; ++t)
+        kernels::causal_softmax_backward_row<T>(dS.data() + static_cast<std::int64_t>(t) * Tn,
+                                                P.data() + static_cast<std::int64_t>(t) * Tn, t,
+                                                Tn, scale);
       dQ.noalias() += dS * K;
       dK.noalias() += dS.transpose() * Q;
     }
