@@ -72,6 +72,11 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--head-precision", head_precision,
                  "lm_head matmuls in training: bf16 (bf16 operands, fp32 accumulation) or fp32; evaluation is fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
+  app.add_option("--host-ops", o.host_ops,
+                 "compute on a host rank: cpu (Eigen, oneDNN) or kernels (the CUDA backend's math on the host: slow, for checking it)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, TrainOptions::HostOps>{
+          {"cpu", TrainOptions::HostOps::cpu}, {"kernels", TrainOptions::HostOps::kernels}}))
+      ->capture_default_str();
   app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();

@@ -33,6 +33,11 @@ struct TrainOptions {
   int log_every = 10;            // progress lines when stderr is not a terminal
   int head_chunk = 256;          // rows per chunk of the fused lm_head + cross-entropy
   HeadPrecision head_precision = HeadPrecision::bf16;  // training head matmuls (lm_head.hpp)
+  // Compute backend of a rank on the host device: the CPU ops (Eigen, oneDNN), or the CUDA
+  // backend's kernels run on the host (KernelOps: slow; checks the GPU path's math without a
+  // GPU). A rank on a GPU always computes with CudaOps.
+  enum class HostOps { cpu, kernels };
+  HostOps host_ops = HostOps::cpu;
   bool from_environment = false; // one process per rank under torchrun / mpirun / srun
   std::string checkpoint_dir;    // where checkpoints go (empty = none); see checkpoint.hpp
   int checkpoint_interval = 100; // steps between checkpoints (0 = only at the end)

@@ -11,6 +11,7 @@
 
 #include "examples/gpt/checkpoint.hpp"
 #include "examples/gpt/error.hpp"
+#include "examples/gpt/kernel_ops.hpp"
 #include "examples/gpt/metrics.hpp"
 #include "examples/gpt/model.hpp"
 #include "examples/gpt/progress.hpp"
@@ -267,19 +268,27 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
   const ModelSpec spec = make_model_spec(opt.model);
   EngineProvider pp(engine, spec, opt.seed);
   const zoe::ComputePlace place = engine.compute_place();
-  if (place.kind == zoe::DeviceKind::host) {
-    GptModel<float> model(opt.model, opt.activation_checkpointing);
+  auto train_on = [&](auto ops, const std::string& what) {
+    if (ctx.rank == 0 && sh.verbose) {
+      std::printf("compute: %s\n", what.c_str());
+      std::fflush(stdout);
+    }
+    GptModel<float, decltype(ops)> model(opt.model, opt.activation_checkpointing, std::move(ops));
     model.set_head_chunk(opt.head_chunk);
     model.set_head_precision(opt.head_precision);
     train_rank(engine, model, pp, sh, local_rank);
+  };
+  if (place.kind == zoe::DeviceKind::host) {
+    if (opt.host_ops == TrainOptions::HostOps::kernels) {
+      train_on(KernelOps<float>(), "host, the CUDA backend's kernels run on the CPU (--host-ops kernels)");
+    } else {
+      train_on(CpuOps<float>(), "host, CPU ops (Eigen, oneDNN head)");
+    }
     return;
   }
 #if defined(ZOE_GPT_HAVE_CUDA)
-  GptModel<float, CudaOps> model(opt.model, opt.activation_checkpointing,
-                                 CudaOps(place.ordinal, place.stream));
-  model.set_head_chunk(opt.head_chunk);
-  model.set_head_precision(opt.head_precision);
-  train_rank(engine, model, pp, sh, local_rank);
+  train_on(CudaOps(place.ordinal, place.stream),
+           "cuda:" + std::to_string(place.ordinal) + ", cuBLAS and the CUDA backend's kernels");
 #else
   GPT_CHECK(false, "rank ", ctx.rank, " computes on a ", zoe::device_kind_name(place.kind),
             " device, but this zoe-gpt was built without its CUDA backend (needs nvcc and cuBLAS "
