@@ -29,7 +29,10 @@ fi
 log "build: $(( $(date +%s) - start )) s"
 
 status=0
-ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 >"$OUT/ctest-gpu.log" 2>&1 || status=1
+# -V: every test's own output lands in the log, so a GoogleTest skip (no usable GPU) shows.
+# The GPU tests: CUDA device, kernels, the GPT trainer's CudaOps (tests/gpt, built from
+# gpt_core.cmake even with the examples off).
+ctest --test-dir "$build" -L gpu -V --timeout 300 >"$OUT/ctest-gpu.log" 2>&1 || status=1
 grep -E "tests passed|Passed|Failed|SKIPPED|Skipped" "$OUT/ctest-gpu.log" | tee -a "$OUT/summary.txt"
 # A skipped GPU test on a GPU machine is a failure of this check.
 if grep -q "Skipped\|SKIPPED" "$OUT/ctest-gpu.log"; then log "a GPU test skipped on a GPU machine"; status=1; fi

@@ -40,3 +40,6 @@ if(TARGET zoe_core)
   target_compile_options(zoe_gpt_trainer PRIVATE -Wall -Wextra -Wno-unused-parameter)
   target_link_libraries(zoe_gpt_trainer PUBLIC zoe_gpt_core CLI11::CLI11)
 endif()
+
+# The CUDA backend (CudaOps), when zoe has CUDA.
+include(${_gpt}/gpt_cuda.cmake)
