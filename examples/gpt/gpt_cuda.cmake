@@ -18,6 +18,10 @@ if(ZOE_HAVE_CUDA AND TARGET CUDA::cublas)
   target_link_libraries(zoe_gpt_cuda PRIVATE zoe::zoe CUDA::cudart_static CUDA::cublas
     INTERFACE zoe_gpt_core)
   target_compile_definitions(zoe_gpt_cuda PUBLIC ZOE_GPT_HAVE_CUDA=1)
+  # The trainer then computes with CudaOps on a rank whose engine lives on a GPU.
+  if(TARGET zoe_gpt_trainer)
+    target_link_libraries(zoe_gpt_trainer PRIVATE zoe_gpt_cuda)
+  endif()
 elseif(ZOE_HAVE_CUDA)
   message(STATUS "examples/gpt: CudaOps skipped (CUDA found but not cuBLAS)")
 endif()
