@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <optional>
 #include <random>
 #include <string>
@@ -40,6 +41,7 @@ TEST(CudaOpsWithoutGpu, UsableAnswersAndConstructionCarriesCudasErrorText) {
   std::string why;
   const bool usable = cuda_usable(&why);
   std::cout << "cuda_usable: " << (usable ? "yes" : "no, " + why) << "\n";
+  EXPECT_EQ(cuda_usable(nullptr), usable);  // the reason is optional, the answer the same
   if (!usable) {
     ASSERT_FALSE(why.empty());
     try {
