@@ -14,6 +14,7 @@
 
 #include "examples/gpt/cuda_ops.hpp"
 #include "examples/gpt/error.hpp"
+#include "examples/gpt/gemm_layout.hpp"
 #include "examples/gpt/kernel_math.hpp"
 #include "zoe/error.hpp"
 
@@ -221,30 +222,31 @@ struct CudaOps::Impl {
     if (blas) cublasDestroy(blas);
   }
 
-  // Row-major C [M, N] = alpha op(A) op(B) + beta C, `batch` times with element strides
-  // sA, sB, sC between the batch's matrices; lda, ldb, ldc are row strides (elements) of the
-  // matrices as stored (A is [M, K], or [K, M] when ta; B is [K, N], or [N, K] when tb).
-  // cuBLAS is column-major, where a row-major X is X^T: C^T = op(B)^T op(A)^T, so B and A swap
-  // places and M and N swap, the transpose flags unchanged. `bf16`: operands rounded to
-  // bfloat16 by cuBLAS, fp32 accumulation; otherwise full fp32 (no TF32).
+  // Row-major C [M, N] = alpha op(A) op(B) + beta C, `batch` times (gemm_layout.hpp's
+  // RowMajorGemm: lda, ldb, ldc are stored row strides, sA, sB, sC element strides between the
+  // batch's matrices), as the column-major cuBLAS call of column_major_gemm. The arguments are
+  // those of KernelOps' gemm, call for call. `bf16`: operands rounded to bfloat16 by cuBLAS,
+  // fp32 accumulation; otherwise full fp32 (no TF32).
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             std::int64_t sA, const float* B, int ldb, std::int64_t sB, float beta, float* C,
             int ldc, std::int64_t sC, int batch = 1, bool bf16 = false) {
-    const cublasOperation_t opA = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t opB = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const ColumnMajorGemm g =
+        column_major_gemm(RowMajorGemm{ta, tb, M, N, K, A, lda, sA, B, ldb, sB, ldc, sC});
+    const cublasOperation_t op1 = g.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op2 = g.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasComputeType_t compute = bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
     if (batch == 1) {
-      GPT_CUBLAS_CHECK(cublasGemmEx(blas, opB, opA, N, M, K, &alpha, B, CUDA_R_32F, ldb, A,
-                                    CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, compute,
-                                    CUBLAS_GEMM_DEFAULT),
+      GPT_CUBLAS_CHECK(cublasGemmEx(blas, op1, op2, g.m, g.n, g.k, &alpha, g.first, CUDA_R_32F,
+                                    g.ld_first, g.second, CUDA_R_32F, g.ld_second, &beta, C,
+                                    CUDA_R_32F, g.ldc, compute, CUBLAS_GEMM_DEFAULT),
                        "cublasGemmEx (row-major ", M, "x", N, "x", K, ")");
     } else {
-      GPT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas, opB, opA, N, M, K, &alpha, B, CUDA_R_32F,
-                                                  ldb, sB, A, CUDA_R_32F, lda, sA, &beta, C,
-                                                  CUDA_R_32F, ldc, sC, batch, compute,
-                                                  CUBLAS_GEMM_DEFAULT),
-                       "cublasGemmStridedBatchedEx (row-major ", batch, " x ", M, "x", N, "x", K,
-                       ")");
+      GPT_CUBLAS_CHECK(
+          cublasGemmStridedBatchedEx(blas, op1, op2, g.m, g.n, g.k, &alpha, g.first, CUDA_R_32F,
+                                     g.ld_first, g.stride_first, g.second, CUDA_R_32F,
+                                     g.ld_second, g.stride_second, &beta, C, CUDA_R_32F, g.ldc,
+                                     g.stride_c, batch, compute, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx (row-major ", batch, " x ", M, "x", N, "x", K, ")");
     }
   }
 
