@@ -1,47 +1,109 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU (the device tool's lent H200): build zoe with
-# CUDA, run the GPU-labelled tests (CUDA device, kernels, the device Adam kernel against the
-# host device bit for bit) and the benches, and write everything under $OUT (default
-# ./gpu-out). Run it after the CPU build and tests pass; it installs nothing (the device
-# machine reaches no package mirror), so it stops with a clear message if a tool is missing.
-# Exit status: 0 when the build and every GPU test passed.
+# The GPU check, for a machine with an NVIDIA GPU (the device tool's lent H200). Runs the
+# GPU-labelled tests (CUDA device and kernels, the device Adam kernel against the host device
+# bit for bit, the GPT trainer's CudaOps against its host twin KernelOps) and a short GPT
+# training run on the GPU compared step by step with the same run on the CPU through the CUDA
+# backend's host twin (`--host-ops kernels`). Writes at most 7 files under $OUT (default
+# ./gpu-out): summary.txt, machine.txt, build.log, tests.log, gpt.log, gpt-losses.txt,
+# bench.jsonl.
+#
+# Two ways to get the binaries, chosen by what is there:
+#  - out/gpu-bundle.tar.xz (made here by scripts/gpu-bundle.sh, carried along): prebuilt
+#    binaries, their libraries and the data. For GPU machines without zoe's Debian packages.
+#  - otherwise it builds with CUDA from source (needs every package of scripts/setup.sh).
+# It installs nothing. Exit status: 0 when every GPU test passed (none skipped) and the GPU run's
+# losses follow the CPU run's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 build=${ZOE_BUILD_DIR:-build-gpu}
+bundle=${ZOE_GPU_BUNDLE:-out/gpu-bundle.tar.xz}
 log() { echo "[gpu-check] $*" | tee -a "$OUT/summary.txt"; }
 
-for tool in cmake ninja nvcc nvidia-smi; do
-  command -v "$tool" >/dev/null || { log "missing tool: $tool"; exit 2; }
-done
-{ nvidia-smi; nvcc --version; nproc; } >"$OUT/machine.txt" 2>&1
+command -v nvidia-smi >/dev/null || { log "missing tool: nvidia-smi"; exit 2; }
+{ nvidia-smi; command -v nvcc && nvcc --version; nproc; } >"$OUT/machine.txt" 2>&1
 log "GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-
 start=$(date +%s)
-if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZOE_CUDA=ON -DZOE_BUILD_EXAMPLES=OFF \
-    >"$OUT/configure.log" 2>&1; then
-  log "configure failed (see configure.log)"; tail -30 "$OUT/configure.log"; exit 1
-fi
-if ! cmake --build "$build" -j"$(nproc)" >"$OUT/build.log" 2>&1; then
-  log "build failed (see build.log)"; grep -m20 -E "error|FAILED" "$OUT/build.log"; exit 1
-fi
-log "build: $(( $(date +%s) - start )) s"
-
 status=0
-# -V: every test's own output lands in the log, so a GoogleTest skip (no usable GPU) shows.
-# The GPU tests: CUDA device, kernels, the GPT trainer's CudaOps (tests/gpt, built from
-# gpt_core.cmake even with the examples off).
-ctest --test-dir "$build" -L gpu -V --timeout 300 >"$OUT/ctest-gpu.log" 2>&1 || status=1
-grep -E "tests passed|Passed|Failed|SKIPPED|Skipped" "$OUT/ctest-gpu.log" | tee -a "$OUT/summary.txt"
-# A skipped GPU test on a GPU machine is a failure of this check.
-if grep -q "Skipped\|SKIPPED" "$OUT/ctest-gpu.log"; then log "a GPU test skipped on a GPU machine"; status=1; fi
 
-# Benches: each prints its ratio against a bound measured in the same run (--json lines).
-for b in adam/zoe-adam-bench zero/zoe-zero-bench; do
-  [[ -x "$build/bench/$b" ]] || continue
-  timeout 120 "$build/bench/$b" --json >"$OUT/$(basename "$b").jsonl" 2>"$OUT/$(basename "$b").err" ||
-    log "bench $b failed"
-done
+if [[ -f "$bundle" ]]; then
+  root=$(mktemp -d)
+  tar -C "$root" -xJf "$bundle" || { log "cannot unpack $bundle"; exit 1; }
+  bin=$root/gpu-bundle/bin
+  gpt=$bin/zoe-gpt
+  data=$root/gpu-bundle/data
+  # CUDA's own libraries: the toolkit's, else those of the image's Python wheels (nvidia-*).
+  wheels=$(python3 -c 'import importlib, os
+dirs = []
+for m in ("nvidia.cublas", "nvidia.cuda_runtime", "nvidia.nccl"):
+    try:
+        dirs += [os.path.join(p, "lib") for p in importlib.import_module(m).__path__]
+    except Exception:
+        pass
+print(":".join(dirs))' 2>/dev/null)
+  export LD_LIBRARY_PATH="$root/gpu-bundle/lib:/usr/local/cuda/lib64:${wheels}:${LD_LIBRARY_PATH:-}"
+  log "binaries: bundle of commit $(cat "$root/gpu-bundle/commit" 2>/dev/null)"
+  for f in "$bin"/*; do echo "== ldd $f"; ldd "$f"; done >>"$OUT/machine.txt" 2>&1
+  for t in test_cuda_device test_gpt_cuda; do
+    echo "===== $t" >>"$OUT/tests.log"
+    timeout 300 "$bin/$t" >>"$OUT/tests.log" 2>&1 || { log "$t failed"; status=1; }
+  done
+else
+  gpt=$build/examples/gpt/zoe-gpt
+  data=${ZOE_GPT_DATA:-data/gpt}
+  for tool in cmake ninja nvcc; do
+    command -v "$tool" >/dev/null || { log "missing tool: $tool"; exit 2; }
+  done
+  if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZOE_CUDA=ON -DZOE_GPT_NATIVE=OFF &&
+         cmake --build "$build" -j"$(nproc)"; } >"$OUT/build.log" 2>&1; then
+    log "configure or build failed (see build.log; without zoe's packages use scripts/gpu-bundle.sh)"
+    grep -m20 -E "error|Could not find|FAILED" "$OUT/build.log"; exit 1
+  fi
+  log "build: $(( $(date +%s) - start )) s"
+  # -V: every test's own output lands in the log, so a GoogleTest skip (no usable GPU) shows.
+  ctest --test-dir "$build" -L gpu -V --timeout 300 >"$OUT/tests.log" 2>&1 || status=1
+  for b in adam/zoe-adam-bench zero/zoe-zero-bench; do  # each prints its ratio to a bound
+    [[ -x "$build/bench/$b" ]] && { timeout 120 "$build/bench/$b" --json >>"$OUT/bench.jsonl" 2>&1 || log "bench $b failed"; }
+  done
+fi
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|tests failed" "$OUT/tests.log" | tee -a "$OUT/summary.txt"
+# A skipped GPU test on a GPU machine is a failure of this check.
+if grep -q "SKIPPED\|Skipped" "$OUT/tests.log"; then log "a GPU test skipped on a GPU machine"; status=1; fi
+
+# The trainer on the GPU (one rank under launcher variables: CudaOps, device Adam, NCCL) against
+# the same run on the CPU with the CUDA backend's math (KernelOps): the same fp32 model, data
+# and steps, so the losses must agree closely (they differ only in summation order).
+if [[ -x "$gpt" && -d "$data/gutenberg" ]]; then
+  metrics_cuda=$(mktemp --suffix .csv)
+  metrics_host=$(mktemp --suffix .csv)
+  args=(--data-dir "$data" --layers 4 --heads 4 --width 128 --context 64 --batch 16 --steps 30
+        --warmup 5 --lr 3e-3 --zero-stage 3 --offload-optimizer none --head-precision fp32
+        --eval-interval 0 --eval-batches 4 --sample-length 0 --log-every 10)
+  echo "===== cuda" >>"$OUT/gpt.log"
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 \
+    timeout 300 "$gpt" --launcher "${args[@]}" --metrics "$metrics_cuda" >>"$OUT/gpt.log" 2>&1 ||
+    { log "zoe-gpt on the GPU failed (see gpt.log)"; status=1; }
+  echo "===== host, --host-ops kernels" >>"$OUT/gpt.log"
+  timeout 300 "$gpt" --world-size 1 --host-ops kernels "${args[@]}" \
+    --metrics "$metrics_host" >>"$OUT/gpt.log" 2>&1 || { log "zoe-gpt on the host failed"; status=1; }
+  grep -E "compute:|tokens/s" "$OUT/gpt.log" | tee -a "$OUT/summary.txt"
+  if ! python3 - "$metrics_cuda" "$metrics_host" >"$OUT/gpt-losses.txt" 2>&1 <<'EOF'
+import csv, sys
+cuda, host = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:3])
+assert len(cuda) == len(host) == 30, (len(cuda), len(host))
+worst = 0.0
+for i, (c, h) in enumerate(zip(cuda, host)):
+    worst = max(worst, abs(c - h) / h)
+    print(f"step {i + 1}: cuda {c:.6f} host {h:.6f}")
+print(f"largest relative difference {worst:.2e}")
+assert worst < 2e-3, "the GPU run's losses left the CPU run's"
+assert cuda[-1] < cuda[0] - 1.0, "the GPU run did not learn"
+EOF
+  then log "GPU and CPU losses disagree (see gpt-losses.txt)"; status=1; fi
+  tail -1 "$OUT/gpt-losses.txt" | tee -a "$OUT/summary.txt"
+else
+  log "no zoe-gpt or no data at $data: trainer comparison skipped"; status=1
+fi
 log "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

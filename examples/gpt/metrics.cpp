@@ -1,6 +1,7 @@
 #include "examples/gpt/metrics.hpp"
 
 #include <filesystem>
+#include <iomanip>
 #include <nlohmann/json.hpp>
 
 #include "examples/gpt/error.hpp"
@@ -49,6 +50,9 @@ MetricsWriter::MetricsWriter(const std::string& path, int resume_step) {
   GPT_CHECK(!ec, "cannot replace the metrics file '", path, "': ", ec.message());
   out_.open(path, std::ios::app);
   GPT_CHECK(out_, "cannot open the metrics file '", path, "'");
+  // Losses to 9 significant digits (the stream's default 6 hides the differences between runs
+  // that scripts/gpu-check.sh and resumed runs compare).
+  out_ << std::setprecision(9);
   enabled_ = true;
 }
 
