@@ -26,6 +26,9 @@ std::string cuda_text(cudaError_t err) {
 }
 [[noreturn]] void throw_cuda(cudaError_t err, const std::string& what, const char* file,
                              int line) {
+  // A failed call also becomes the runtime's last error, which no successful call resets: clear
+  // it, or the next launch check (cudaGetLastError) would report this failure again.
+  cudaGetLastError();
   throw zoe::CudaError("CudaOps: " + what + ": " + cuda_text(err), static_cast<int>(err), file,
                        line);
 }
@@ -225,8 +228,8 @@ struct CudaOps::Impl {
   // Row-major C [M, N] = alpha op(A) op(B) + beta C, `batch` times (gemm_layout.hpp's
   // RowMajorGemm: lda, ldb, ldc are stored row strides, sA, sB, sC element strides between the
   // batch's matrices), as the column-major cuBLAS call of column_major_gemm. The arguments are
-  // those of KernelOps' gemm, call for call. `bf16`: operands rounded to bfloat16 by cuBLAS,
-  // fp32 accumulation; otherwise full fp32 (no TF32).
+  // those of KernelOps' gemm, call for call. `bf16`: cuBLAS may down-convert the operands to
+  // bfloat16 (or TF32), fp32 accumulation; otherwise full fp32 (no TF32).
   void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
             std::int64_t sA, const float* B, int ldb, std::int64_t sB, float beta, float* C,
             int ldc, std::int64_t sC, int batch = 1, bool bf16 = false) {

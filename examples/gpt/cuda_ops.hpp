@@ -90,8 +90,9 @@ class CudaOps {
   CudaOps& operator=(const CudaOps&) = delete;
 
   /// Rows per chunk of the head (>= 1, clamped to N; device scratch chunk_rows*V floats) and the
-  /// training head's precision: bf16 = fp32 operands rounded to bfloat16 by cuBLAS
-  /// (CUBLAS_COMPUTE_32F_FAST_16BF), fp32 accumulation. Evaluation always multiplies in fp32.
+  /// training head's precision: bf16 = CUBLAS_COMPUTE_32F_FAST_16BF, which lets cuBLAS
+  /// down-convert the fp32 operands to bfloat16 (or TF32, its choice) and accumulate in fp32.
+  /// Evaluation always multiplies in fp32.
   /// Throws zoe::Error if chunk_rows < 1.
   void configure_head(int chunk_rows, HeadPrecision precision);
 

@@ -8,11 +8,12 @@ if(ZOE_HAVE_CUDA AND TARGET CUDA::cublas)
   add_library(zoe_gpt_cuda STATIC ${PROJECT_SOURCE_DIR}/examples/gpt/cuda_ops.cu)
   # CMake 3.25 (Debian 12) knows no C++20 flag for nvcc, so the device code is C++17 (as
   # kernels/); kernel_math.hpp's __host__ __device__ functions call constexpr std:: functions
-  # (numeric_limits), hence --expt-relaxed-constexpr. No contracted multiply-adds, so the kernels
-  # compute kernel_math.hpp's expressions as the host twin KernelOps does.
+  # (numeric_limits), hence --expt-relaxed-constexpr. CudaOps equals KernelOps to rounding, not
+  # bitwise (cuBLAS and Eigen sum in other orders, and GCC contracts multiply-adds on the host
+  # too), so the kernels keep nvcc's default fused multiply-adds.
   set_target_properties(zoe_gpt_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
   target_compile_options(zoe_gpt_cuda PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --fmad=false>)
+    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
   target_include_directories(zoe_gpt_cuda PUBLIC ${PROJECT_SOURCE_DIR})
   # zoe_gpt_core only for users: its PUBLIC host flags (-march=native) are not nvcc options.
   target_link_libraries(zoe_gpt_cuda PRIVATE zoe::zoe CUDA::cudart_static CUDA::cublas

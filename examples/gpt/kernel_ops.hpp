@@ -26,8 +26,8 @@ template <class T>
 class KernelOps : public HostOpsBase<T> {
  public:
   /// Rows per head chunk (>= 1) and the training head's precision: bf16 rounds the three head
-  /// GEMMs' operands to bfloat16 and accumulates in T, as cuBLAS's
-  /// CUBLAS_COMPUTE_32F_FAST_16BF does for CudaOps.
+  /// GEMMs' operands to bfloat16 (nearest even) and accumulates in T: the most rounding that
+  /// CudaOps' CUBLAS_COMPUTE_32F_FAST_16BF allows cuBLAS (it may also pick TF32).
   void configure_head(int chunk_rows, HeadPrecision precision) {
     chunk_ = std::max(1, chunk_rows);
     precision_ = precision;
