@@ -29,7 +29,7 @@ mkdir -p "$tmp/nvme"
 echo "build + data: $(( $(date +%s) - start )) s"
 "$build"/examples/gpt/zoe-gpt --data-dir "$data" --nvme-path "$tmp/nvme" \
   --checkpoint-dir "${ZOE_GPT_CHECKPOINT:-$tmp/checkpoint}" --checkpoint-interval 200 \
-  --layers 4 --heads 4 --width 128 --context 64 --batch 16 --micro-batches 1 --steps 900 \
+  --layers 4 --heads 4 --width 128 --context 64 --batch 16 --micro-batches 1 --steps 450 \
   --lr 3e-3 --warmup 20 --zero-stage 3 --offload-optimizer nvme --world-size 2 \
   --head-chunk 1024 --eval-interval 100 --eval-batches 16 --metrics "$build/gpt-metrics.csv" "$@"
 echo "main job wall time (build, data, training): $(( $(date +%s) - start )) s"
