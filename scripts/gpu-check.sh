@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU (the device tool's lent H200). Runs the
+# The GPU check, for a machine with an NVIDIA GPU (e.g. an H200). Runs the
 # GPU-labelled tests (CUDA device and kernels, the device Adam kernel against the host device
 # bit for bit, the GPT trainer's CudaOps against its host twin KernelOps) and a short GPT
 # training run on the GPU compared step by step with the same run on the CPU through the CUDA

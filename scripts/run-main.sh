@@ -32,4 +32,7 @@ echo "build + data: $(( $(date +%s) - start )) s"
   --layers 4 --heads 4 --width 128 --context 64 --batch 16 --micro-batches 1 --steps 450 \
   --lr 3e-3 --warmup 20 --zero-stage 3 --offload-optimizer nvme --world-size 2 \
   --head-chunk 1024 --eval-interval 100 --eval-batches 16 --metrics "$build/gpt-metrics.csv" "$@"
+echo "metrics per step: $build/gpt-metrics.csv"
+[[ -z "${ZOE_GPT_CHECKPOINT:-}" ]] &&
+  echo "(the checkpoint was in a temp dir, removed now; ZOE_GPT_CHECKPOINT=DIR keeps it)"
 echo "main job wall time (build, data, training): $(( $(date +%s) - start )) s"

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <thread>
 
 #include "examples/gpt/dataset.hpp"
+#include "examples/gpt/error.hpp"
 #include "examples/gpt/options.hpp"
 #include "examples/gpt/trainer.hpp"
 #include "zoe/engine.hpp"
@@ -15,6 +17,13 @@
 int main(int argc, char** argv) {
   try {
     const gpt::TrainOptions opt = gpt::parse_options(argc, argv);
+    GPT_CHECK(std::filesystem::exists(std::filesystem::path(opt.data_dir) / "encoder.json") &&
+                  std::filesystem::is_directory(std::filesystem::path(opt.data_dir) / "gutenberg"),
+              "--data-dir '", opt.data_dir, "' has no encoder.json and gutenberg/: fetch the data "
+              "there first with scripts/fetch-data.sh ", opt.data_dir);
+    if (opt.warmup >= opt.steps)
+      std::printf("note: --warmup %d >= --steps %d: the learning rate only ramps up (no cosine "
+                  "decay)\n", opt.warmup, opt.steps);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const gpt::Tokenizer tok = gpt::Tokenizer::load(opt.data_dir + "/encoder.json",
                                                     opt.data_dir + "/vocab.bpe");
@@ -37,15 +46,16 @@ int main(int argc, char** argv) {
     std::printf("data: %zu train tokens, %zu val tokens; unigram entropy of the training tokens "
                 "%.3f nats; ln(vocab) %.3f\n",
                 data.train.size(), data.val.size(), entropy, std::log(50257.0));
-    std::printf("batch: %d x %d tokens per micro-batch, %d micro-batches, %d steps; lr %.2e "
+    std::printf("batch: %d x %d tokens per micro-batch, micro-batches per step %d, %d steps; lr %.2e "
                 "(warmup %d, cosine to %.2e)\n",
                 opt.engine.train_micro_batch_size_per_gpu, opt.model.context,
                 opt.engine.gradient_accumulation_steps, opt.steps, opt.lr, opt.warmup,
                 opt.lr * opt.min_lr_ratio);
     std::fflush(stdout);
     const gpt::TrainSummary s = gpt::train(opt, data, tok, true);
-    std::printf("train loss %.4f -> %.4f; final val loss %.4f nats vs unigram entropy %.4f nats\n",
-                s.first_loss, s.last_loss, s.final_val_loss, entropy);
+    std::printf("train loss %.4f -> %.4f; final val loss %.4f nats vs unigram entropy %.4f nats "
+                "(%+.2f)\n",
+                s.first_loss, s.last_loss, s.final_val_loss, entropy, s.final_val_loss - entropy);
     std::printf("%.0f tokens/s over %.1f s of training\n", s.tokens_per_s, s.train_seconds);
     return 0;
   } catch (const std::exception& e) {

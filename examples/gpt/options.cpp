@@ -2,7 +2,6 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <map>
 
 #include "examples/gpt/error.hpp"
 
@@ -53,7 +52,7 @@ TrainOptions parse_options(int argc, char** argv) {
   auto* o_offpar = app.add_option("--offload-param", offload_param, "parameters (stage 3): none|cpu|nvme")->check(offload_check)->capture_default_str();
   auto* o_nvme = app.add_option("--nvme-path", nvme_path, "directory of the NVMe tier's files")->capture_default_str();
   app.add_option("--world-size", o.world_size, "ranks (threads of this process)")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_flag("--launcher", o.from_environment, "one rank per process from torchrun/mpirun/srun variables");
+  app.add_flag("--launcher", o.from_environment, "one rank per process from torchrun/mpirun/srun variables (on a GPU with a CUDA build: one GPU per process)");
   app.add_option("--threads-per-rank", o.threads_per_rank, "compute threads per rank (0 = cores / world size)")->capture_default_str();
   app.add_option("--config", config_path, "DeepSpeed-style JSON config; flags given override it")->check(CLI::ExistingFile);
   app.add_option("--data-dir", o.data_dir, "data from scripts/fetch-data.sh (default $ZOE_GPT_DATA or data/gpt)");
@@ -72,11 +71,10 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--head-precision", head_precision,
                  "lm_head matmuls in training: bf16 (bf16 operands, fp32 accumulation) or fp32; evaluation is fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
-  app.add_option("--host-ops", o.host_ops,
+  std::string host_ops = "cpu";
+  app.add_option("--host-ops", host_ops,
                  "compute on a host rank: cpu (Eigen, oneDNN) or kernels (the CUDA backend's math on the host: slow, for checking it)")
-      ->transform(CLI::CheckedTransformer(std::map<std::string, TrainOptions::HostOps>{
-          {"cpu", TrainOptions::HostOps::cpu}, {"kernels", TrainOptions::HostOps::kernels}}))
-      ->capture_default_str();
+      ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
   app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
@@ -89,6 +87,7 @@ TrainOptions parse_options(int argc, char** argv) {
   }
 
   o.head_precision = parse_head_precision(head_precision, "--head-precision");
+  o.host_ops = host_ops == "kernels" ? TrainOptions::HostOps::kernels : TrainOptions::HostOps::cpu;
   if (o.data_dir.empty()) o.data_dir = default_data_dir();
   if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
   GPT_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");

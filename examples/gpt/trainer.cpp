@@ -282,13 +282,15 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
     if (opt.host_ops == TrainOptions::HostOps::kernels) {
       train_on(KernelOps<float>(), "host, the CUDA backend's kernels run on the CPU (--host-ops kernels)");
     } else {
-      train_on(CpuOps<float>(), "host, CPU ops (Eigen, oneDNN head)");
+      train_on(CpuOps<float>(), "host, CPU ops (Eigen; oneDNN head, " +
+                                    head_precision_name(opt.head_precision) + " training matmuls)");
     }
     return;
   }
 #if defined(ZOE_GPT_HAVE_CUDA)
   train_on(CudaOps(place.ordinal, place.stream),
-           "cuda:" + std::to_string(place.ordinal) + ", cuBLAS and the CUDA backend's kernels");
+           "cuda:" + std::to_string(place.ordinal) + ", cuBLAS and the CUDA backend's kernels (" +
+               head_precision_name(opt.head_precision) + " head training matmuls)");
 #else
   GPT_CHECK(false, "rank ", ctx.rank, " computes on a ", zoe::device_kind_name(place.kind),
             " device, but this zoe-gpt was built without its CUDA backend (needs nvcc and cuBLAS "
