@@ -61,6 +61,19 @@ class Device {
   virtual bool register_host_memory(void* ptr, std::size_t bytes) = 0;
   virtual void unregister_host_memory(void* ptr) = 0;
 
+  // ---- transfer accounting and host-access checks ----
+  /// How many copy() calls so far moved bytes between device memory and host memory that is
+  /// neither device memory nor registered (register_host_memory / the pinned pool): the
+  /// pageable path, which a CUDA copy runs synchronously through a bounce buffer. The engine's
+  /// hot path makes none. Thread-safe (a relaxed counter).
+  virtual std::int64_t pageable_copy_count() const { return 0; }
+  /// Throws UsageError naming `what`, the address and the size when [ptr, ptr + bytes) lies in
+  /// memory the host may not read or write directly (device memory of a discrete device; the
+  /// discrete host device's arena). Host code of the engine (CPU optimizer, tiers, checkpoints,
+  /// memcpy) calls it on every pointer it is handed, so a missing Device copy fails loudly on
+  /// the CPU suite. No-op where host code may touch device memory (the unified host device).
+  virtual void check_host_accessible(const void* ptr, std::size_t bytes, const char* what) const {}
+
   // ---- streams and events ----
   /// The stream the trainer's compute runs on.
   virtual Stream& compute_stream() = 0;
