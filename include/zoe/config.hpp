@@ -103,7 +103,9 @@ struct ZeroConfig {
   /// Elements per all-gather bucket (stage 1-2 parameter all-gather after the step).
   std::int64_t allgather_bucket_size = 500'000'000;
   /// Elements per optimizer sub-group (unit of NVMe swapping and of the pipelined step).
-  std::int64_t sub_group_size = 1'000'000'000;
+  /// zoe's default is 1e7, not DeepSpeed's 1e9: with 1e9 a module's shard is one sub-group
+  /// and its read, Adam and write-back cannot overlap (the key keeps DeepSpeed's meaning).
+  std::int64_t sub_group_size = 10'000'000;
   /// Elements of parameters prefetched ahead of use (stage 3).
   std::int64_t stage3_prefetch_bucket_size = 50'000'000;
   /// Modules with fewer elements than this stay gathered (stage 3).

@@ -92,12 +92,18 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     const std::int64_t gathered = std::min(psi, std::max(L, std::min(z.stage3_max_live_parameters, L + P)));
     r.buffers.device += B * gathered + B * L;
   }
+  // Sub-groups never span modules: the largest is bounded by the largest module's shard.
+  const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
+  const std::int64_t module_shard =
+      model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : s;
+  const std::int64_t largest = std::min({sub_group, module_shard, off});
+  if (offloaded && largest > 0) {
+    // The update pipeline's pinned staging of one sub-group each (src/core/gradient_sink.hpp,
+    // update_pipeline.hpp): two for gradients, two for new parameters bound for the device.
+    const bool outputs_to_param_tier = z.stage == 3 && z.offload_param.device != OffloadDevice::none;
+    r.buffers.host += (outputs_to_param_tier ? 2 : 4) * round_up(B * largest, kPage);
+  }
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
-    // Sub-groups never span modules: the largest is bounded by the largest module's shard.
-    const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
-    const std::int64_t module_shard =
-        model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : s;
-    const std::int64_t largest = std::min({sub_group, module_shard, off});
     // Each staging buffer holds a sub-group's states, page-aligned, then its fp32 gradient;
     // one more buffer stages gradient writes.
     r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} *

@@ -72,6 +72,9 @@ struct RankEstimate {
   ///    l = min(sub_group_size, module shard, o) and page() rounding up to whole 4096-byte
   ///    pages (module shard = ceil(L/Nd) rounded up to 16, or s if L is unknown; o = offloaded
   ///    shard elements), plus one gradient buffer page(4·l);
+  ///    offload_optimizer cpu or nvme: the update pipeline's pinned staging, 2·page(B·l) for the
+  ///    reduced gradients on their way to the tier and, unless offload_param moves the outputs
+  ///    into the parameter tier, 2·page(B·l) for the new parameters on their way to the device;
   ///    offload_param nvme: buffer_count staging buffers of buffer_size·B bytes, each rounded
   ///    up to whole 4096-byte pages (zoe keeps no other host copy of the shards).
   TierBytes buffers;

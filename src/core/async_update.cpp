@@ -18,20 +18,23 @@
 // the same order): the update only writes memory; stages 1-2 leave the new shard in
 // Group::updated and after_update() all-gathers it before the group's next use.
 //
-// Sub-groups on the device optimizer are Device::adam_step calls queued on the update stream.
-// Offloaded ones run the CPU optimizer: on the host device as host functions on the update
-// stream (an executor thread); on other devices synchronously on the calling thread.
+// Sub-groups on the device optimizer are Device::adam_step calls queued on the update stream
+// (its event `update_done`). Offloaded ones form the group's host part, run by the one
+// UpdatePipeline on every device (its worker thread, CpuAdam's own arena); their GroupDone is
+// set once the new parameters are on the device. after_update() orders the side stream after
+// both: a device wait on update_done, and a host function waiting for GroupDone. The host
+// latch, not an event the worker records, because waiting on a CUDA event that is not yet
+// recorded does not wait; the side stream, not the engine's thread, blocks, so prefetching
+// queues ahead without waiting for later groups' updates.
 #include <algorithm>
 #include <cstring>
 
 #include "src/common/check.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/core/test_hooks.hpp"
 
 namespace zoe::core {
 
 void EngineImpl::start_update(const UpdatePlan& plan) {
-  const bool queue = config.zoe.overlap_step && device.kind() == DeviceKind::host;
   // Delayed update: the next step's backward refills the gradient buffers while this update
   // still reads them, so it reads a snapshot (stage 1's reduce-scatter output is already
   // private to the step), and the persistent buffers are zeroed now.
@@ -50,71 +53,81 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
     }
     device.synchronize(*side);
   }
+  std::vector<PipelineGroup> host_parts;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     Group& g = groups[gi];
+    ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
     if (stage == 1 || stage == 2 || delayed) {
       // The new parameters wait in `updated` until after_update applies them.
       g.updated = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
-      g.params_stale = true;
     }
     // Pointers are taken now: the buffers may change hands before the work runs.
     const void* grad = snapshots[gi] ? snapshots[gi]->data() : grad_of(g);
     void* out = g.updated ? g.updated.data() : stage == 0 ? g.param_full.data() : g.param_shard.data();
-    // Parameter offload: device sub-groups write into a device buffer the write-back reads.
+    // Parameter offload: device sub-groups write into a device buffer the host part copies
+    // into the tier.
     std::shared_ptr<DeviceBuffer> device_out;
     if (param_store) {
-      const bool any_on_device = std::any_of(g.subgroups.begin(), g.subgroups.end(),
-                                             [](const SubGroup& sg) { return !sg.offloaded(); });
       device_out = std::make_shared<DeviceBuffer>(
-          any_on_device ? alloc(MemKind::buffer, dtype, g.layout->shard_numel()) : DeviceBuffer());
+          has_device_sub_groups(g) ? alloc(MemKind::buffer, dtype, g.layout->shard_numel()) : DeviceBuffer());
       out = device_out->data();
     }
     if (out) update_on_device(g, plan, grad, out, *update_stream);
-    auto host_work = [this, &g, gi, plan, out, device_out] {
-      if (device_out) {
-        update_offloaded_params(g, plan, *device_out);
-      } else {
-        update_offloaded(g, plan, out, *update_stream);
-      }
-      if (test_hooks::after_group_update) test_hooks::after_group_update(static_cast<int>(gi));
-    };
-    if (queue) {
-      device.host_func(*update_stream, std::move(host_work));
-    } else {
-      device.synchronize(*update_stream);  // the device sub-groups' output is read below
-      host_work();
-    }
     // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
     if (stage <= 1 && !delayed) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
     device.record(*g.update_done, *update_stream);
-    // Buffers the update reads are freed after it.
+    g.update_state = Group::UpdateState::pending;
+    g.host_done.reset();
+    if (param_store || has_offloaded_sub_groups(g)) {
+      host_parts.push_back(param_store ? param_host_part(g, static_cast<int>(gi), device_out)
+                                       : host_part(g, static_cast<int>(gi), out));
+      g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
+    }
+    // Buffers the device part reads are freed after it.
     auto free_after_update = [&](DeviceBuffer buffer, std::shared_ptr<void> hold) {
       PendingFree f{std::move(buffer), device.create_event(), 0, std::move(hold)};
       device.record(*f.after, *update_stream);
       pending_frees.push_back(std::move(f));
     };
-    if (device_out && *device_out) free_after_update(DeviceBuffer(), device_out);
     if (snapshots[gi]) free_after_update(DeviceBuffer(), snapshots[gi]);
     if (stage == 1) free_after_update(std::move(g.grad_shard), nullptr);
   }
-  if (!queue && !delayed) finish_update();
+  if (!host_parts.empty()) pipeline->start(std::move(host_parts), plan);
+  if (!config.zoe.overlap_step && !delayed) finish_update();
+}
+
+PipelineGroup EngineImpl::host_part(Group& g, int index, void* out) {
+  PipelineGroup pg;
+  pg.index = index;
+  pg.out = out;
+  pg.out_on_device = true;
+  const std::size_t esz = dtype_size(dtype);
+  for (const SubGroup& sg : g.subgroups)
+    if (sg.offloaded())
+      pg.subgroups.push_back(PipelineSubGroup{sg.offload_id, sg.numel, static_cast<std::size_t>(sg.begin) * esz});
+  return pg;
 }
 
 void EngineImpl::after_update(Group& g) {
+  if (g.update_state != Group::UpdateState::pending) return;
+  g.update_state = Group::UpdateState::settled;
   device.wait(*side, *g.update_done);
-  if (!g.params_stale) return;
-  g.params_stale = false;
-  if (stage == 1 || stage == 2) {
-    all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype);
-  } else {  // stage 3, delayed update
-    device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);
+  // The host part: wait on the side stream (not on this thread) for its latch.
+  if (g.host_done) device.host_func(*side, [done = g.host_done] { done->wait(); });
+  if (g.updated) {
+    if (stage == 1 || stage == 2) {
+      all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype);
+    } else {  // stage 3, delayed update
+      device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);
+    }
+    free_after_side(std::move(g.updated));
   }
   device.record(*g.param_ready, *side);
-  free_after_side(std::move(g.updated));
 }
 
 void EngineImpl::finish_update() {
-  device.synchronize(*update_stream);  // rethrows an error of the update
+  if (pipeline) pipeline->finish();        // rethrows an error of the host part
+  device.synchronize(*update_stream);       // and of the device part
   for (Group& g : groups) after_update(g);
 }
 

@@ -18,6 +18,10 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
+  // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
+  Device* dev = &device;
+  auto register_fn = [dev](void* p, std::size_t bytes) { return dev->register_host_memory(p, bytes); };
+  auto unregister_fn = [dev](void* p) { dev->unregister_host_memory(p); };
   const auto& oo = c.zero_optimization.offload_optimizer;
   if (oo.device != OffloadDevice::none) {
     offload::OptimizerStatesOptions so;
@@ -29,6 +33,8 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     so.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
     so.aio = c.aio;
     so.require_direct_io = c.zoe.require_direct_io;
+    so.register_fn = register_fn;
+    so.unregister_fn = unregister_fn;
     states = std::make_unique<offload::OptimizerStates>(so);
   }
   const auto& op = c.zero_optimization.offload_param;
@@ -43,6 +49,8 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     po.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
     po.aio = c.aio;
     po.require_direct_io = c.zoe.require_direct_io;
+    po.register_fn = register_fn;
+    po.unregister_fn = unregister_fn;
     param_store = std::make_unique<offload::ParamShards>(po);
   }
   ZOE_LOG_DEBUG("rank {}/{}: engine on {}, stage {}, compute {}", rank, world, device.name(), stage,
@@ -50,6 +58,8 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
 }
 
 EngineImpl::~EngineImpl() {
+  pipeline.reset();   // waits for a running update
+  grad_sink.reset();  // and for gradients on their way to the tier
   try {
     device.synchronize(*update_stream);
   } catch (...) {
@@ -158,6 +168,7 @@ void EngineImpl::build() {
     ledger.add(Tier::nvme, MemKind::model_state, param_store->nvme_bytes());
     ledger.add(Tier::host, MemKind::buffer, param_store->staging_bytes());
   }
+  build_update_paths();
   write_initial_values();
   for (ParamInfo& p : params) p.init = nullptr;  // releases what the initializers hold
   step_start_stats = comm.stats();
@@ -166,6 +177,31 @@ void EngineImpl::build() {
   for (const Group& g : groups) live += g.layout->live_numel();
   ZOE_LOG_DEBUG("rank {}: {} parameters ({} elements) in {} groups, stage {}, {} on {}", rank, params.size(), live,
                groups.size(), stage, dtype_name(dtype), device.name());
+}
+
+void EngineImpl::build_update_paths() {
+  if (!states && !param_store) return;  // every update is device work on the update stream
+  // Pinned staging of one sub-group each: the largest offloaded one.
+  std::int64_t largest = 0;
+  for (const Group& g : groups)
+    for (const SubGroup& sg : g.subgroups)
+      if (sg.offloaded()) largest = std::max(largest, sg.numel);
+  const auto& oo = config.zero_optimization.offload_optimizer;
+  UpdatePipelineOptions po;
+  po.out_dtype = dtype;
+  // With parameter offload the outputs go into the parameter tier (host memory): no staging.
+  po.staging_bytes = param_store ? 0 : static_cast<std::size_t>(largest) * dtype_size(dtype);
+  po.pin_memory = oo.pin_memory;
+  pipeline = std::make_unique<UpdatePipeline>(device, states.get(), *adam, po);
+  ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(pipeline->staging_bytes()));
+  if (states && largest > 0) {
+    GradientSinkOptions go;
+    go.dtype = dtype;
+    go.largest_numel = largest;
+    go.pin_memory = oo.pin_memory;
+    grad_sink = std::make_unique<GradientSink>(device, *states, go);
+    ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(grad_sink->staging_bytes()));
+  }
 }
 
 ModuleTensors EngineImpl::views(const ModuleInfo& m, bool with_grads) {
@@ -180,13 +216,7 @@ ModuleTensors EngineImpl::views(const ModuleInfo& m, bool with_grads) {
   return t;
 }
 
-void EngineImpl::ready_for_compute(Event& event) {
-  if (device.kind() == DeviceKind::host) {
-    device.synchronize(event);  // the trainer computes on this thread
-  } else {
-    device.wait(device.compute_stream(), event);
-  }
-}
+void EngineImpl::ready_for_compute(Event& event) { device.compute_waits(event); }
 
 void EngineImpl::side_waits_for_compute() {
   auto e = device.create_event();
@@ -200,6 +230,11 @@ void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elem
   PendingFree f{std::move(buffer), device.create_event(), gathered_elements, std::move(hold)};
   device.record(*f.after, *side);
   pending_frees.push_back(std::move(f));
+}
+
+void EngineImpl::free_after(DeviceBuffer buffer, std::shared_ptr<Event> after) {
+  if (!buffer) return;
+  pending_frees.push_back(PendingFree{std::move(buffer), std::move(after), 0, nullptr});
 }
 
 void EngineImpl::reap_frees(bool wait_all) {
@@ -349,6 +384,7 @@ StepResult Engine::step() {
 
 void Engine::synchronize() {
   impl_->finish_update();
+  if (impl_->grad_sink) impl_->grad_sink->drain();
   impl_->device.synchronize(*impl_->side);
   impl_->device.synchronize(impl_->device.compute_stream());
   impl_->reap_frees(true);
@@ -396,7 +432,9 @@ MemoryReport Engine::memory_report() const {
   r.device_peak = I.device.memory_stats().peak_bytes;
   r.host_model_states = I.ledger.get(Tier::host, MemKind::model_state);
   r.host_buffers = I.ledger.get(Tier::host, MemKind::buffer);
-  r.host_pinned_peak = (I.states ? I.states->staging_bytes() : 0) + (I.param_store ? I.param_store->staging_bytes() : 0);
+  r.host_pinned_peak = (I.states ? I.states->staging_bytes() : 0) + (I.param_store ? I.param_store->staging_bytes() : 0) +
+                       (I.pipeline ? static_cast<std::int64_t>(I.pipeline->staging_bytes()) : 0) +
+                       (I.grad_sink ? static_cast<std::int64_t>(I.grad_sink->staging_bytes()) : 0);
   r.nvme_model_states = I.ledger.get(Tier::nvme, MemKind::model_state);
   return r;
 }

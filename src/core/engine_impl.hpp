@@ -22,7 +22,9 @@
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/core/loss_scaler.hpp"
+#include "src/core/gradient_sink.hpp"
 #include "src/core/memory_ledger.hpp"
+#include "src/core/update_pipeline.hpp"
 #include "src/device/device.hpp"
 #include "src/offload/optimizer_states.hpp"
 #include "src/offload/param_shards.hpp"
@@ -83,20 +85,19 @@ struct Group {
   std::int64_t opt_begin = 0, opt_numel = 0;
   std::vector<SubGroup> subgroups;
 
+  // The update lifecycle (see async_update.cpp). start_update: settled -> pending;
+  // after_update: pending -> settled (the side stream is ordered after the update and, stages
+  // 1-2 / delayed update, the new parameters waiting in `updated` are applied).
+  enum class UpdateState { settled, pending } update_state = UpdateState::settled;
   // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
   // param_full (lazily, before the group's next use, in module order on every rank).
   // Delayed update, every stage: the new parameters wait there until the next step().
   DeviceBuffer updated;
-  bool params_stale = false;
-  /// Recorded on the update stream after this group's optimizer update.
+  /// Recorded on the update stream after the device sub-groups' update (the device part).
   std::unique_ptr<Event> update_done;
-};
-
-/// The optimizer update of one step (Adam hyper-parameters, step number, gradient factor).
-struct UpdatePlan {
-  optim::AdamHyper hyper;
-  std::int64_t step;
-  float grad_scale;  // 1 / (loss_scale * world * micro_batches) * clip_coef
+  /// The host part (CPU optimizer) of the last update: set once its new parameters are on
+  /// the device (or in the parameter tier). Null when the group has no host part.
+  std::shared_ptr<GroupDone> host_done;
 };
 
 
@@ -117,7 +118,7 @@ struct TraceEntry {
 
 struct PendingFree {
   DeviceBuffer buffer;
-  std::unique_ptr<Event> after;
+  std::shared_ptr<Event> after;
   std::int64_t gathered_elements = 0;  // a released stage-3 gather buffer's elements
   std::shared_ptr<void> hold;          // released with the buffer (e.g. a pinned read buffer)
 };
@@ -140,6 +141,10 @@ struct EngineImpl {
   std::unique_ptr<offload::OptimizerStates> states;  // optimizer offload (cpu / nvme)
   std::unique_ptr<Stream> update_stream;             // the optimizer update, group by group
   std::unique_ptr<offload::ParamShards> param_store;  // parameter offload (stage 3: cpu / nvme)
+  // With optimizer offload (built by finalize): the CPU optimizer's pipeline and the
+  // gradients' way into the offload tier. Declared after what they use: destroyed first.
+  std::unique_ptr<UpdatePipeline> pipeline;
+  std::unique_ptr<GradientSink> grad_sink;
   double lr;
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
@@ -168,6 +173,9 @@ struct EngineImpl {
   /// that needs them). A failure is kept: later calls throw UsageError naming it.
   void finalize();
   void build();
+  /// With optimizer or parameter offload: the update pipeline and the gradient sink, with
+  /// pinned staging of the largest offloaded sub-group (after the tiers' finalize).
+  void build_update_paths();
   void check_module(ModuleId m) const;
   ModuleTensors views(const ModuleInfo& m, bool with_grads);
   /// Makes work queued on `side` before now visible to the trainer's compute.
@@ -175,6 +183,8 @@ struct EngineImpl {
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
   void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
+  /// Frees `buffer` once `after` has completed.
+  void free_after(DeviceBuffer buffer, std::shared_ptr<Event> after);
   void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
@@ -198,9 +208,10 @@ struct EngineImpl {
   void prepare_grads(ModuleInfo& m);
   void finish_backward(ModuleInfo& m);
   void reduce_group(Group& g);
-  /// Adds the group's reduced shard (compute dtype, device memory) to the fp32 gradients of
-  /// its offloaded sub-groups, on the side stream (after the group's previous update).
-  void offload_grads(Group& g, const void* shard, bool first, bool last);
+  /// Adds the group's reduced shard (compute dtype, device memory; reduced on the side stream)
+  /// to the fp32 gradients of its offloaded sub-groups through the GradientSink (after the
+  /// group's previous update). Returns the event after which `shard` is no longer read.
+  std::shared_ptr<Event> offload_grads(Group& g, const void* shard, bool first, bool last);
   /// Sets the offloaded sub-groups' gradients to zero (no backward reached the group).
   void zero_offloaded_grads(Group& g);
   /// The dtype of grad_of(): fp32 for stages 2-3 accumulating micro-batches (the shard sums
@@ -214,10 +225,9 @@ struct EngineImpl {
   StepResult step();
   std::int64_t sub_group_numel() const;
   const void* grad_of(const Group& g) const;
-  /// The CPU optimizer over the group's offloaded sub-groups: reads their fp32 gradients from
-  /// the offload tier, writes their new compute-dtype parameters into `out` (the group's
-  /// range). Runs on the calling thread; `stream` orders its device copies (off the host device).
-  void update_offloaded(Group& g, const UpdatePlan& plan, void* out, Stream& stream);
+  /// The group's host part of the update for the pipeline: its offloaded sub-groups, their new
+  /// compute-dtype parameters going to `out` (device memory, the group's range).
+  PipelineGroup host_part(Group& g, int index, void* out);
   /// Queues Device::adam_step for the group's device sub-groups on `stream`, reading `grad`
   /// (grad_dtype(), the group's range).
   void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
@@ -242,14 +252,13 @@ struct EngineImpl {
   /// Writes all three states of the range from `all` ([3 * opt_numel] floats).
   void write_states(Group& g, const std::vector<float>& all);
 
-  /// Parameter offload: the update of one group written back to its shard's home.
-  void update_offloaded_params(Group& g, const UpdatePlan& plan, const DeviceBuffer& device_out);
-  /// Copies device memory to host memory now (a plain memcpy on the host device, where this
-  /// may run inside a host function).
-  void copy_to_host_now(void* dst, const void* src, std::size_t bytes, Stream& stream);
+  /// Parameter offload: the host part writing the group's update into its shard's home
+  /// (the tier's write buffer, committed after the last sub-group).
+  PipelineGroup param_host_part(Group& g, int index, std::shared_ptr<DeviceBuffer> device_out);
 
   // async_update.cpp
-  /// Queues the update of every group on the update stream (zoe.overlap_step) or runs it now.
+  /// Queues every group's update: device sub-groups on the update stream, offloaded ones in the
+  /// pipeline; returns at once (zoe.overlap_step) or after finish_update().
   void start_update(const UpdatePlan& plan);
   /// Makes `side` wait for group g's update and, stages 1-2, all-gathers its new shard.
   void after_update(Group& g);

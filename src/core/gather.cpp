@@ -42,7 +42,7 @@ void EngineImpl::acquire(int module, bool backward) {
   if (stage < 3) {
     for (int gi : m.groups) {
       if (!delayed) after_update(groups[gi]);  // the previous step's update of this group (and its all-gather)
-      ready_for_compute(stage == 0 ? *groups[gi].update_done : *groups[gi].param_ready);
+      ready_for_compute(*groups[gi].param_ready);
       ++groups[gi].active;
     }
     return;

@@ -6,7 +6,9 @@
 //    stream) and accumulated into the persistent grad_shard.
 // A group's reduction is one bucket (the module's flat buffer). With optimizer offload the
 // reduced shard also goes, as soon as it is ready, into the fp32 gradients of the offloaded
-// sub-groups (host memory or NVMe; offload_grads), accumulating over micro-batches.
+// sub-groups (host memory or NVMe; offload_grads through the GradientSink: a copy stream of its
+// own into pinned buffers, then an I/O worker, never the collective stream), accumulating over
+// micro-batches.
 #include <algorithm>
 
 #include "src/common/check.hpp"
@@ -55,7 +57,7 @@ void EngineImpl::reduce_group(Group& g) {
     case 1:
       g.grad_shard = alloc(MemKind::buffer, dtype, S);
       reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
-      if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);
+      if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);  // read before the step (drained)
       break;
     default: {
       const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
@@ -68,8 +70,12 @@ void EngineImpl::reduce_group(Group& g) {
         // Micro-batches add up in fp32 (grad_dtype() is f32 when gas > 1).
         if (g.grad_shard && first) device.cast(part.data(), dtype, g.grad_shard.data(), DType::f32, S, *side);
         if (g.grad_shard && !first) device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);
-        if (offloaded) offload_grads(g, part.data(), first, last);
-        free_after_side(std::move(part));
+        if (offloaded) {
+          std::shared_ptr<Event> read = offload_grads(g, part.data(), first, last);
+          free_after(std::move(part), std::move(read));
+        } else {
+          free_after_side(std::move(part));
+        }
       }
       free_after_side(std::move(g.grad_full));
       break;
@@ -77,29 +83,23 @@ void EngineImpl::reduce_group(Group& g) {
   }
 }
 
-void EngineImpl::offload_grads(Group& g, const void* shard, bool first, bool last) {
-  // The previous update of this group may still read its gradients (delayed update).
-  device.wait(*side, *g.update_done);
-  const std::size_t bytes = static_cast<std::size_t>(g.layout->shard_numel()) * dtype_size(dtype);
-  std::shared_ptr<std::vector<std::byte>> staging;
-  if (device.kind() != DeviceKind::host) {  // the CPU reads host memory: copy the shard down first
-    staging = std::make_shared<std::vector<std::byte>>(bytes);
-    device.copy(staging->data(), shard, bytes, *side);
-    shard = staging->data();
-  }
-  device.host_func(*side, [this, &g, shard, first, last, staging] {
-    const std::size_t esz = dtype_size(dtype);
-    for (const SubGroup& sg : g.subgroups)
-      if (sg.offloaded()) states->add_grad(sg.offload_id, static_cast<const char*>(shard) + sg.begin * esz, dtype, first, last);
-  });
+std::shared_ptr<Event> EngineImpl::offload_grads(Group& g, const void* shard, bool first, bool last) {
+  auto reduced = std::shared_ptr<Event>(device.create_event());
+  device.record(*reduced, *side);
+  std::shared_ptr<Event> read = reduced;
+  const std::size_t esz = dtype_size(dtype);
+  // The tier write waits for the group's previous update (it may still read the gradients:
+  // delayed update).
+  for (const SubGroup& sg : g.subgroups)
+    if (sg.offloaded())
+      read = grad_sink->add(sg.offload_id, static_cast<const char*>(shard) + sg.begin * esz, sg.numel, first, last,
+                            *reduced, g.host_done);
+  return read;
 }
 
 void EngineImpl::zero_offloaded_grads(Group& g) {
-  device.wait(*side, *g.update_done);
-  device.host_func(*side, [this, &g] {
-    for (const SubGroup& sg : g.subgroups)
-      if (sg.offloaded()) states->zero_grad(sg.offload_id);
-  });
+  for (const SubGroup& sg : g.subgroups)
+    if (sg.offloaded()) grad_sink->zero(sg.offload_id, g.host_done);
 }
 
 DType EngineImpl::grad_dtype() const {

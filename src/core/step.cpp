@@ -89,7 +89,8 @@ StepResult EngineImpl::step() {
   std::vector<double> host_sums(pieces.size());
   device.copy(host_sums.data(), sums.data(), host_sums.size() * sizeof(double), s);
   device.copy(host_finite.data(), finite.data(), host_finite.size() * sizeof(int), s);
-  device.synchronize(s);  // also runs the offloaded gradients' add_grad
+  device.synchronize(s);
+  if (grad_sink) grad_sink->drain();  // the offloaded gradients' add_grad (their sums of squares)
   for (std::size_t gi = 0; gi < G; ++gi)
     if (!grad_of(groups[gi])) host_finite[gi] = 1;
   double total = 0.0, nonfinite = 0.0;
@@ -188,39 +189,6 @@ void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* 
                      static_cast<const char*>(grad_data) + sg.begin * dtype_size(gdt), gdt,
                      static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
   }
-}
-
-void EngineImpl::update_offloaded(Group& g, const UpdatePlan& plan, void* out_data, Stream& s) {
-  std::vector<int> ids;
-  std::vector<std::int64_t> begins;
-  for (const SubGroup& sg : g.subgroups) {
-    if (!sg.offloaded()) continue;
-    ids.push_back(sg.offload_id);
-    begins.push_back(sg.begin);
-  }
-  if (ids.empty()) return;
-  const std::size_t esz = dtype_size(dtype);
-  const bool host = device.kind() == DeviceKind::host;
-  char* out = static_cast<char*>(out_data);
-  std::vector<std::byte> out_stage;  // only off the host device
-  std::size_t k = 0;
-  states->for_each(ids, [&](const offload::SubGroupStates& st) {
-    const std::int64_t c = begins[k++];
-    void* op = out + c * esz;
-    const std::size_t bytes = static_cast<std::size_t>(st.numel) * esz;
-    if (!host) {
-      out_stage.resize(bytes);
-      op = out_stage.data();
-    }
-    // The fp32 gradient of the offload tier (add_grad), not the device's.
-    adam->step(plan.hyper, plan.step, plan.grad_scale, st.master, st.exp_avg, st.exp_avg_sq, st.grad, DType::f32,
-               static_cast<std::size_t>(st.numel), dtype == DType::f32 ? nullptr : op, dtype);
-    if (dtype == DType::f32) std::memcpy(op, st.master, bytes);
-    if (!host) {
-      device.copy(out + c * esz, out_stage.data(), bytes, s);
-      device.synchronize(s);
-    }
-  });
 }
 
 std::int64_t EngineImpl::sub_group_numel() const {

@@ -90,6 +90,10 @@ class Device {
   /// Blocks until everything queued on `stream` has run. Rethrows the first exception a
   /// host-backend task raised on that stream.
   virtual void synchronize(Stream& stream) = 0;
+  /// Makes the trainer's next compute wait for `event`. Default (kernels on the device's own
+  /// streams, as on CUDA): the compute stream waits, the caller does not block. The host device,
+  /// whose trainer computes on the calling thread, blocks until the event completes.
+  virtual void compute_waits(Event& event) { wait(compute_stream(), event); }
   /// Queues a host callback on `stream` (cudaLaunchHostFunc). It must not call the device.
   virtual void host_func(Stream& stream, std::function<void()> fn) = 0;
 

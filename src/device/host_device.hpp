@@ -76,6 +76,8 @@ class HostDevice final : public Device {
   bool query(Event& event) override;
   void synchronize(Stream& stream) override;
   void host_func(Stream& stream, std::function<void()> fn) override;
+  /// The trainer computes on the calling thread: blocks until `event` completes.
+  void compute_waits(Event& event) override { synchronize(event); }
 
   void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
   void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override;

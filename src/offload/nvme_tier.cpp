@@ -11,6 +11,8 @@ NvmeTier open_nvme_tier(const NvmeTierOptions& o) {
   po.buffer_bytes = o.buffer_bytes;
   po.budget_bytes = static_cast<std::size_t>(o.pinned_budget_bytes);
   po.lock = o.pin_memory;
+  po.register_fn = o.register_fn;
+  po.unregister_fn = o.unregister_fn;
   t.pool = std::make_unique<PinnedPool>(po);
   po.buffer_count = 1;
   po.buffer_bytes = o.extra_buffer_bytes;

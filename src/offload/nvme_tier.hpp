@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,10 @@ struct NvmeTierOptions {
   int rank = 0;
   AioConfig aio;
   bool require_direct_io = false;
+  /// Registers host memory with the device so copies from / to it are the pinned kind
+  /// (e.g. Device::register_host_memory, cudaHostRegister); null: not registered.
+  std::function<bool(void*, std::size_t)> register_fn;
+  std::function<void(void*)> unregister_fn;
 };
 
 /// The fields every store's options share (budget, pinning, path, rank, aio, O_DIRECT), taken
@@ -40,6 +45,8 @@ NvmeTierOptions nvme_tier_options(const StoreOptions& o) {
   to.rank = o.rank;
   to.aio = o.aio;
   to.require_direct_io = o.require_direct_io;
+  to.register_fn = o.register_fn;
+  to.unregister_fn = o.unregister_fn;
   return to;
 }
 

@@ -51,6 +51,10 @@ struct OptimizerStatesOptions {
   std::int64_t pinned_budget_bytes = 0;
   AioConfig aio;
   bool require_direct_io = false;
+  /// Registers host memory with the device so copies from / to it are the pinned kind
+  /// (e.g. Device::register_host_memory, cudaHostRegister); null: not registered.
+  std::function<bool(void*, std::size_t)> register_fn;
+  std::function<void(void*)> unregister_fn;
 };
 
 /// The fp32 arrays of one sub-group, valid inside a for_each callback.

@@ -24,6 +24,9 @@ ParamShards::ParamShards(const ParamShardsOptions& options) : options_(options) 
 }
 
 ParamShards::~ParamShards() {
+  if (options_.unregister_fn)
+    for (std::size_t i = 0; i < registered_.size(); ++i)
+      if (registered_[i]) options_.unregister_fn(host_[i].data());
   writing_.reset();
   store_.reset();  // waits for outstanding swaps before the buffers go away
 }
@@ -44,6 +47,12 @@ int ParamShards::add(std::size_t bytes) {
 void ParamShards::finalize() {
   if (finalized_) return;
   finalized_ = true;
+  if (options_.device == OffloadDevice::cpu) {
+    registered_.assign(host_.size(), 0);
+    if (options_.register_fn)
+      for (std::size_t i = 0; i < host_.size(); ++i)
+        registered_[i] = options_.register_fn(host_[i].data(), std::max<std::size_t>(bytes_[i], 1)) ? 1 : 0;
+  }
   if (options_.device != OffloadDevice::nvme) return;
   NvmeTierOptions to = nvme_tier_options(options_);
   to.buffer_count = static_cast<std::size_t>(options_.buffer_count - 1);  // reads

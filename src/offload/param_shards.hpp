@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,12 @@ struct ParamShardsOptions {
   std::int64_t pinned_budget_bytes = 0;
   AioConfig aio;
   bool require_direct_io = false;
+  /// As OptimizerStatesOptions; the cpu tier registers each shard's host memory too (the
+  /// gather copies from it).
+  /// Registers host memory with the device so copies from / to it are the pinned kind
+  /// (e.g. Device::register_host_memory, cudaHostRegister); null: not registered.
+  std::function<bool(void*, std::size_t)> register_fn;
+  std::function<void(void*)> unregister_fn;
 };
 
 /// A shard on its way in: after wait(), data() holds its bytes. Owns its pinned buffer
@@ -104,6 +111,7 @@ class ParamShards {
   ParamShardsOptions options_;
   std::vector<std::size_t> bytes_;
   std::vector<AlignedBuffer> host_;  // cpu tier: the shards
+  std::vector<char> registered_;     // cpu tier: host_[i] registered with register_fn
   std::unique_ptr<PinnedPool> read_pool_, write_pool_;
   std::unique_ptr<NvmeStore> store_;
   std::optional<PinnedBuffer> writing_;

@@ -80,23 +80,34 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element in
   // whole pages (120,000,000 bytes -> 120,000,512), then its 4-byte gradient, in whole pages
   // (160,002,048), plus one gradient buffer (40,000,000 -> 40,001,536).
+  // The update pipeline stages one sub-group's bf16 gradient twice and its new bf16
+  // parameters twice (20,000,000 bytes -> 20,000,768 each).
   c = knobs(3, OffloadDevice::nvme);
   c.zero_optimization.sub_group_size = 10'000'000;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 160'002'048LL + 40'001'536LL);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 160'002'048LL + 40'001'536LL + 4 * 20'000'768LL);
   // A known largest layer bounds the sub-group: ceil(8e6 / 8) = 1e6 elements: 12,000,000
-  // bytes -> 12,001,280, + 4,000,000 -> 16,003,072; gradient buffer 4,001,792.
-  EXPECT_EQ(estimate_rank({kPsi, 8'000'000}, kNd, c).buffers.host, 3 * 16'003'072LL + 4'001'792LL);
-  // Tiny sub-groups: a page of states, the gradient on the next page, one gradient page.
+  // bytes -> 12,001,280, + 4,000,000 -> 16,003,072; gradient buffer 4,001,792; pipeline
+  // 2,000,000 -> 2,002,944.
+  EXPECT_EQ(estimate_rank({kPsi, 8'000'000}, kNd, c).buffers.host,
+            3 * 16'003'072LL + 4'001'792LL + 4 * 2'002'944LL);
+  // Tiny sub-groups: a page of states, the gradient on the next page, one gradient page, four
+  // pipeline pages.
   c.zero_optimization.sub_group_size = 7;  // rounds to the 16-element alignment
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 8192 + 4096);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 8192 + 4096 + 4 * 4096);
+  // Host optimizer: only the pipeline's staging.
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::cpu;
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 4 * 4096);
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
   c.zero_optimization.sub_group_size = 10'000'000;
-  // NVMe parameters: the staging buffers in whole pages, no host cache (max_in_cpu is moot).
+  // NVMe parameters: the staging buffers in whole pages, no host cache (max_in_cpu is moot);
+  // the new parameters go into the parameter tier, so the pipeline stages only gradients.
   c.zero_optimization.offload_param.device = OffloadDevice::nvme;
   c.zero_optimization.offload_param.buffer_count = 2;
   c.zero_optimization.offload_param.buffer_size = 1'000'000;
   c.zero_optimization.offload_param.max_in_cpu = 5'000'000;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 160'002'048LL + 40'001'536LL + 2 * 2'002'944LL);  // 2 MB in 489 pages
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host,
+            3 * 160'002'048LL + 40'001'536LL + 2 * 2'002'944LL + 2 * 20'000'768LL);  // 2 MB in 489 pages
 }
 
 TEST(EstimatePlacement, RejectsBadInputs) {

@@ -82,8 +82,10 @@ TEST(OptimizerOffload, StatesAreAccountedPerTier) {
     EXPECT_EQ(nvme.memory[r].host_model_states, 0);
     // Host memory holds only the staging buffers: buffer_count x (the largest sub-group's
     // states, 64 x 12 bytes in a page, then its fp32 gradient in the next page) plus one
-    // gradient page.
-    EXPECT_EQ(nvme.memory[r].host_buffers, 3 * 8192 + 4096);
+    // gradient page; the update pipeline's two pages for bf16 gradients on their way to the
+    // tier and two for new bf16 parameters on their way to the device (64 x 2 bytes each).
+    EXPECT_EQ(nvme.memory[r].host_buffers, 3 * 8192 + 4096 + 4 * 4096);
+    EXPECT_EQ(cpu.memory[r].host_buffers, 4 * 4096);
     EXPECT_EQ(nvme.memory[r].device_model_states, cpu.memory[r].device_model_states);
   }
   std::filesystem::remove_all(dir);

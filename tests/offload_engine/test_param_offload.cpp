@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "src/device/device.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -94,9 +95,12 @@ TEST(ParamOffloadEdge, ShardsAreAccountedOnTheirTier) {
     EXPECT_EQ(nvme.memory[r].nvme_model_states, shards);
     EXPECT_EQ(nvme.memory[r].host_model_states, none.memory[r].host_model_states);
     EXPECT_EQ(nvme.memory[r].device_model_states, cpu.memory[r].device_model_states);
-    // Pinned buffers: buffer_count x buffer_size elements x 2 bytes, rounded up to 4 KiB each.
-    EXPECT_EQ(nvme.memory[r].host_buffers - none.memory[r].host_buffers, 3 * 4096);
-    EXPECT_EQ(nvme.memory[r].host_pinned_peak - none.memory[r].host_pinned_peak, 3 * 4096);
+    // Pinned buffers: buffer_count x buffer_size elements x 2 bytes, rounded up to 4 KiB each;
+    // without parameter offload the update pipeline stages the new parameters bound for the
+    // device in two pages of its own (64 x 2 bytes each), which the parameter tier replaces.
+    EXPECT_EQ(nvme.memory[r].host_buffers - none.memory[r].host_buffers, 3 * 4096 - 2 * 4096);
+    EXPECT_EQ(nvme.memory[r].host_pinned_peak - none.memory[r].host_pinned_peak, 3 * 4096 - 2 * 4096);
+    EXPECT_EQ(cpu.memory[r].host_buffers, none.memory[r].host_buffers - 2 * 4096);
   }
   std::filesystem::remove_all(dir);
 }
@@ -110,6 +114,37 @@ TEST(ParamOffloadEdge, ShardLargerThanTheBufferIsAConfigError) {
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param.buffer_size"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The hot path moves data between device and host only through registered (pinned) memory:
+// a stage-3 step with optimizer states on NVMe (parameters on the device, in host memory or on
+// NVMe; every sub-group offloaded, or half of them) makes no pageable copy
+// (Device::pageable_copy_count, which the discrete host device and CUDA count).
+TEST(ParamOffloadEdge, StageThreeNvmeStepMakesNoPageableCopy) {
+  std::string dir = temp_dir("pageable");
+  for (OffloadDevice params : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (double ratio : {1.0, 0.5}) {
+      Config c = config(params, OffloadDevice::nvme, dir);
+      c.zero_optimization.offload_optimizer.ratio = ratio;
+      auto ranks = make_local_ranks(2, 60.0);
+      std::vector<std::int64_t> copies(2, -1);
+      run_ranks(ranks, [&](RankContext& ctx) {
+        Engine e(c, ctx);
+        zoe::test::TestNet net(e, kNet);
+        net.micro_batch(ctx.rank * 8, 8);  // the first step also writes the initial values
+        e.step();
+        const std::int64_t before = ctx.device->pageable_copy_count();
+        net.micro_batch(16 + ctx.rank * 8, 8);  // forward after the update, backward, step
+        e.step();
+        net.micro_batch(32 + ctx.rank * 8, 8);
+        e.synchronize();
+        copies[ctx.rank] = ctx.device->pageable_copy_count() - before;
+      });
+      for (int r = 0; r < 2; ++r)
+        EXPECT_EQ(copies[r], 0) << "params " << name(params) << ", ratio " << ratio << ", rank " << r;
+    }
   }
   std::filesystem::remove_all(dir);
 }

@@ -1,8 +1,10 @@
 // Peak pinned host memory with optimizer states on NVMe: after several steps the process has
 // held exactly buffer_count staging buffers per rank, each the largest sub-group's states
 // (12 bytes/element: master, exp_avg, exp_avg_sq) rounded up to 4096 bytes, and no more
-// however large the model. Documented extras: none; the NVMe tier's PinnedPool is the only
-// pinned allocation of an engine (finalize and read_master lease one of its buffers). The
+// however large the model. Documented extras: the update pipeline's four one-sub-group staging
+// buffers (bf16 gradients and parameters on their way between device and host); otherwise the
+// NVMe tier's PinnedPool is the only pinned allocation of an engine (finalize and read_master
+// lease one of its buffers). The
 // pool's process-wide counters (offload::pinned_stats) are the measurement, counted whether
 // mlock succeeded or fell back to pageable memory (RLIMIT_MEMLOCK is 8 MiB here).
 #include <gtest/gtest.h>
@@ -65,7 +67,11 @@ class PinnedPeak : public ::testing::Test {
 // pinned buffer stages gradient writes: 3968 bytes in one 4096-byte page.
 constexpr std::size_t kStagingBytes = 16384;
 constexpr std::size_t kGradientBuffer = 4096;
-constexpr std::size_t kPinnedPerRank = kBufferCount * kStagingBytes + kGradientBuffer;
+// The update pipeline's staging (src/core/gradient_sink.hpp, update_pipeline.hpp): two pages
+// for bf16 gradients on their way to the tier, two for new bf16 parameters on their way to the
+// device (992 x 2 bytes each).
+constexpr std::size_t kPipelineStaging = 4 * 4096;
+constexpr std::size_t kPinnedPerRank = kBufferCount * kStagingBytes + kGradientBuffer + kPipelineStaging;
 
 }  // namespace
 

@@ -1,0 +1,178 @@
+#include "src/core/update_pipeline.hpp"
+
+#include <cstring>
+#include <exception>
+
+#include "src/common/check.hpp"
+#include "src/core/test_hooks.hpp"
+
+namespace zoe::core {
+
+void GroupDone::set() {
+  {
+    std::lock_guard lock(mutex_);
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void GroupDone::wait() const {
+  if (ready()) return;
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return done_.load(std::memory_order_acquire); });
+}
+
+UpdatePipeline::UpdatePipeline(Device& device, offload::OptimizerStates* states, optim::CpuAdam& adam,
+                               const UpdatePipelineOptions& options)
+    : device_(device), states_(states), adam_(adam), options_(options), copy_(device.create_stream()) {
+  if (options.staging_bytes > 0) {
+    offload::PinnedPoolOptions po;
+    po.buffer_count = static_cast<std::size_t>(std::max(1, options.staging_count));
+    po.buffer_bytes = options.staging_bytes;
+    po.budget_bytes = static_cast<std::size_t>(options.pinned_budget_bytes);
+    po.lock = options.pin_memory;
+    // Registered with the device, so its copies are the pinned (asynchronous) kind.
+    po.register_fn = [&device](void* p, std::size_t bytes) { return device.register_host_memory(p, bytes); };
+    po.unregister_fn = [&device](void* p) { device.unregister_host_memory(p); };
+    pool_ = std::make_unique<offload::PinnedPool>(po);
+  }
+}
+
+UpdatePipeline::~UpdatePipeline() {
+  try {
+    worker_.synchronize();
+  } catch (...) {
+  }
+  try {
+    completion_.synchronize();
+  } catch (...) {
+  }
+  try {
+    device_.synchronize(*copy_);
+  } catch (...) {
+  }
+}
+
+void UpdatePipeline::start(std::vector<PipelineGroup> groups, const UpdatePlan& plan) {
+  ZOE_CHECK_USAGE(!running_, "UpdatePipeline::start while the previous update runs (finish() first)");
+  running_ = true;
+  auto shared = std::make_shared<std::vector<PipelineGroup>>(std::move(groups));
+  worker_.enqueue([this, shared, plan] { run(*shared, plan); });
+}
+
+void UpdatePipeline::finish() {
+  if (!running_) return;
+  running_ = false;
+  std::exception_ptr error;
+  try {
+    worker_.synchronize();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  try {
+    completion_.synchronize();
+  } catch (...) {
+    if (!error) error = std::current_exception();
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& plan) {
+  // Every offloaded sub-group of the step, in forward order, and where each belongs.
+  struct Slot {
+    std::size_t group, sub;
+  };
+  std::vector<int> ids;
+  std::vector<Slot> slots;
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    for (std::size_t k = 0; k < groups[g].subgroups.size(); ++k) {
+      ids.push_back(groups[g].subgroups[k].offload_id);
+      slots.push_back(Slot{g, k});
+    }
+  const std::size_t esz = dtype_size(options_.out_dtype);
+  // Groups [0, ended) are complete (`after` ran, done queued); [0, begun) have begun.
+  std::size_t begun = 0, ended = 0;
+  auto end_next = [&] {
+    PipelineGroup& pg = groups[ended];
+    if (pg.after) pg.after(true);  // if it throws, the error path below ends the group
+    ++ended;
+    if (test_hooks::after_group_update) test_hooks::after_group_update(pg.index);
+    // Queued after the group's copies (FIFO): once it runs, the parameters are on the device.
+    completion_.enqueue([done = pg.done] {
+      if (done) done->set();
+    });
+  };
+  // Begins groups up to g, ending each earlier one first (they are complete: their sub-groups
+  // were visited, or they have none).
+  auto begin_through = [&](std::size_t g) {
+    for (; begun <= g && begun < groups.size(); ++begun) {
+      while (ended < begun) end_next();
+      if (groups[begun].before) groups[begun].before(groups[begun]);
+    }
+  };
+
+  std::exception_ptr error;
+  try {
+    std::size_t next_sub = 0;  // index into slots
+    auto visit = [&](const offload::SubGroupStates& st) {
+      const Slot s = slots[next_sub++];
+      begin_through(s.group);
+      const PipelineGroup& pg = groups[s.group];
+      const PipelineSubGroup& sg = pg.subgroups[s.sub];
+      ZOE_CHECK(st.numel == sg.numel, "update pipeline: sub-group ", sg.offload_id, " has ", st.numel,
+                " elements, expected ", sg.numel);
+      const std::size_t n = static_cast<std::size_t>(st.numel), bytes = n * esz;
+      device_.check_host_accessible(st.master, 3 * n * sizeof(float), "the CPU optimizer's states");
+      device_.check_host_accessible(st.grad, n * sizeof(float), "the CPU optimizer's fp32 gradient");
+      offload::PinnedBuffer staging;
+      void* const dst = static_cast<char*>(pg.out) + sg.out_offset;
+      void* out = dst;
+      if (pg.out_on_device) {
+        ZOE_CHECK(pool_ && bytes <= pool_->buffer_bytes(), "update pipeline: no staging buffer for ", bytes, " bytes");
+        staging = pool_->acquire_wait();  // the completion thread returns them
+        out = staging.data();
+      } else {
+        device_.check_host_accessible(out, bytes, "the CPU optimizer's parameter output");
+      }
+      adam_.step(plan.hyper, plan.step, plan.grad_scale, st.master, st.exp_avg, st.exp_avg_sq, st.grad, DType::f32, n,
+                 options_.out_dtype == DType::f32 ? nullptr : out, options_.out_dtype);
+      if (options_.out_dtype == DType::f32) std::memcpy(out, st.master, bytes);
+      if (pg.out_on_device) {
+        device_.copy(dst, out, bytes, *copy_);
+        auto copied = std::shared_ptr<Event>(device_.create_event());
+        device_.record(*copied, *copy_);
+        completion_.enqueue([this, copied, buf = std::make_shared<offload::PinnedBuffer>(std::move(staging))] {
+          device_.synchronize(*copied);
+          buf->release();
+        });
+      }
+      // The group's last sub-group: it is complete.
+      if (s.sub + 1 == pg.subgroups.size()) end_next();
+    };
+    if (!ids.empty()) {
+      ZOE_CHECK(states_ != nullptr, "update pipeline: offloaded sub-groups without optimizer states");
+      states_->for_each(ids, visit);
+    }
+    // Groups after the last sub-group (none of their own).
+    if (!groups.empty()) begin_through(groups.size() - 1);
+    while (ended < groups.size()) end_next();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (error) {
+    // Every group not ended fails: its `after` learns it, and its waiters are released.
+    for (; ended < groups.size(); ++ended) {
+      PipelineGroup& pg = groups[ended];
+      try {
+        if (pg.after && ended < begun) pg.after(false);
+      } catch (...) {
+      }
+      completion_.enqueue([done = pg.done] {
+        if (done) done->set();
+      });
+    }
+    std::rethrow_exception(error);
+  }
+}
+
+}  // namespace zoe::core

@@ -1,0 +1,137 @@
+// The one update pipeline (every device): the CPU optimizer's part of a step, run on a
+// dedicated worker thread while the trainer's next forward proceeds.
+//
+// start() takes every group of the step that has host work, in forward order, and returns at
+// once. The worker then streams all their offloaded sub-groups through ONE
+// OptimizerStates::for_each, so NVMe reads run `buffer_count` deep across group boundaries
+// (read-ahead never drains at the end of a group), and runs CpuAdam (its own oneTBB arena,
+// zoe.optimizer_threads) on each. A sub-group's new compute-dtype parameters are written into
+// a pinned staging buffer (PinnedPool, `staging_count` buffers, registered with the device)
+// and copied to the device on the pipeline's own copy stream; a completion thread waits for
+// that copy, returns the buffer and, after a group's last copy, sets the group's GroupDone.
+// So GroupDone set == "the group's new parameters are on the device". The engine orders its
+// streams after it with a host-side wait (see async_update.cpp): CUDA's rule that waiting on an
+// event not yet recorded does not wait is why a host latch, not a device event, is the signal.
+//
+// Output into host memory instead (parameter offload: the shard's home in the parameter tier)
+// skips the staging and the copy. A group's `before` / `after` callbacks run on the worker
+// just before its first sub-group and just after its last (parameter offload: take the tier's
+// write buffer and copy the device sub-groups' output into it / commit it).
+//
+// Units: elements unless named bytes. Thread-safety: start() / finish() / running() on one
+// thread (the engine's); the callbacks run on the worker. Errors: the first error of the
+// worker (I/O, CorruptionError, OutOfMemoryError, a callback's) is rethrown by finish(); every
+// GroupDone of the step is set even then, so no waiter hangs.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "src/device/device.hpp"
+#include "src/device/host_stream.hpp"
+#include "src/offload/optimizer_states.hpp"
+#include "src/offload/pinned_pool.hpp"
+#include "src/optim/cpu_adam.hpp"
+
+namespace zoe::core {
+
+/// The optimizer update of one step (Adam hyper-parameters, step number, gradient factor).
+struct UpdatePlan {
+  optim::AdamHyper hyper;
+  std::int64_t step;
+  float grad_scale;  // 1 / (loss_scale * world * micro_batches) * clip_coef
+};
+
+/// A one-shot latch: a group's host part of the update is done and its new parameters are
+/// where they belong. Thread-safe.
+class GroupDone {
+ public:
+  /// Marks it done and wakes every waiter (idempotent).
+  void set();
+  /// Blocks until set().
+  void wait() const;
+  /// True once set(). Never blocks.
+  bool ready() const { return done_.load(std::memory_order_acquire); }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+};
+
+/// One offloaded sub-group of a step: its OptimizerStates id, its size and where its new
+/// compute-dtype parameters go (`numel` elements of the pipeline's dtype at byte `out_offset`
+/// of its group's `out`).
+struct PipelineSubGroup {
+  int offload_id = -1;
+  std::int64_t numel = 0;
+  std::size_t out_offset = 0;
+};
+
+/// One group's host part of a step.
+struct PipelineGroup {
+  int index = -1;                          // the group's index (test hook, errors)
+  std::vector<PipelineSubGroup> subgroups;  // offloaded, in forward order (may be empty)
+  void* out = nullptr;                     // base of the outputs (`before` may set it)
+  bool out_on_device = true;               // true: device memory (staged + copied); false: host memory
+  std::function<void(PipelineGroup&)> before;  // on the worker before the first sub-group (optional)
+  std::function<void(bool ok)> after;      // on the worker after the last one; ok = no error so far
+  std::shared_ptr<GroupDone> done;         // set once the group's output is in place
+};
+
+struct UpdatePipelineOptions {
+  DType out_dtype = DType::bf16;  // compute dtype of the outputs
+  /// Bytes of each pinned output staging buffer (>= the largest device-bound sub-group's
+  /// output); 0: no staging (every output is host memory).
+  std::size_t staging_bytes = 0;
+  int staging_count = 2;  // staging buffers (double-buffered: Adam of k+1 overlaps the copy of k)
+  bool pin_memory = true;
+  std::int64_t pinned_budget_bytes = 0;
+};
+
+class UpdatePipeline {
+ public:
+  /// Builds the staging pool (registered with `device`) and the copy stream; starts the worker
+  /// and completion threads. `states` (null: no optimizer offload, so no group has sub-groups)
+  /// and `adam` must outlive the pipeline. Throws OutOfMemoryError (pinned budget).
+  UpdatePipeline(Device& device, offload::OptimizerStates* states, optim::CpuAdam& adam,
+                 const UpdatePipelineOptions& options);
+  /// Waits for a running update (errors dropped), then stops the threads.
+  ~UpdatePipeline();
+  UpdatePipeline(const UpdatePipeline&) = delete;
+  UpdatePipeline& operator=(const UpdatePipeline&) = delete;
+
+  /// Queues the update of `groups` (forward order) with `plan`. Throws UsageError while the
+  /// previous one is unfinished (call finish() first).
+  void start(std::vector<PipelineGroup> groups, const UpdatePlan& plan);
+  /// Blocks until the update started last is done; rethrows its first error.
+  void finish();
+  /// True between start() and finish().
+  bool running() const { return running_; }
+  /// The stream the worker copies on (callbacks may queue on it from the worker).
+  Stream& copy_stream() { return *copy_; }
+  /// Bytes of the pinned staging pool.
+  std::size_t staging_bytes() const { return pool_ ? pool_->total_bytes() : 0; }
+
+ private:
+  void run(std::vector<PipelineGroup>& groups, const UpdatePlan& plan);
+
+  Device& device_;
+  offload::OptimizerStates* states_;
+  optim::CpuAdam& adam_;
+  UpdatePipelineOptions options_;
+  std::unique_ptr<offload::PinnedPool> pool_;
+  std::unique_ptr<Stream> copy_;
+  // Destroyed in reverse order, each draining its tasks: the worker first (it queues into the
+  // completion thread), then the completion thread (it returns buffers to pool_).
+  HostQueue completion_{"zoe-update-done"};
+  HostQueue worker_{"zoe-update"};
+  bool running_ = false;
+};
+
+}  // namespace zoe::core
