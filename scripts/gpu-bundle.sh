@@ -15,8 +15,8 @@ data=${ZOE_GPT_DATA:-data/gpt}
 scripts/setup.sh >/dev/null
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZOE_CUDA=ON -DZOE_GPT_NATIVE=OFF \
   -DZOE_BUILD_BENCH=OFF >/dev/null
-bins=(tests/device/test_cuda_device tests/gpt/test_gpt_cuda examples/gpt/zoe-gpt)
-cmake --build "$build" -j"$(nproc)" --target test_cuda_device test_gpt_cuda zoe-gpt
+bins=(tests/device/test_cuda_device tests/gpt/test_gpt_cuda examples/gpt/zoe-gpt bench/offload/zoe-offload-bench)
+cmake --build "$build" -j"$(nproc)" --target test_cuda_device test_gpt_cuda zoe-gpt zoe-offload-bench
 [[ -d "$data/gutenberg" ]] || scripts/fetch-data.sh "$data"
 
 stage=$(mktemp -d)

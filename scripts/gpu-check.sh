@@ -5,14 +5,15 @@
 # training run on the GPU compared step by step with the same run on the CPU through the CUDA
 # backend's host twin (`--host-ops kernels`). Writes at most 7 files under $OUT (default
 # ./gpu-out): summary.txt, machine.txt, build.log, tests.log, gpt.log, gpt-losses.txt,
-# bench.jsonl.
+# bench.jsonl, overlap.jsonl (the update pipeline's overlap and transfer rates on the GPU).
 #
 # Two ways to get the binaries, chosen by what is there:
 #  - out/gpu-bundle.tar.xz (made here by scripts/gpu-bundle.sh, carried along): prebuilt
 #    binaries, their libraries and the data. For GPU machines without zoe's Debian packages.
 #  - otherwise it builds with CUDA from source (needs every package of scripts/setup.sh).
-# It installs nothing. Exit status: 0 when every GPU test passed (none skipped) and the GPU run's
-# losses follow the CPU run's.
+# It installs nothing. Exit status: 0 when every GPU test passed (none skipped), the GPU run's
+# losses follow the CPU run's, and the overlap bench met its bounds (step + forward <= 1.10 x
+# max(parts), >= 80% of the CPU step hidden); each failure is one line of summary.txt naming it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -66,6 +67,40 @@ else
   for b in adam/zoe-adam-bench zero/zoe-zero-bench; do  # each prints its ratio to a bound
     [[ -x "$build/bench/$b" ]] && { timeout 120 "$build/bench/$b" --json >>"$OUT/bench.jsonl" 2>&1 || log "bench $b failed"; }
   done
+fi
+
+# The update pipeline on the GPU (issue 15): zoe-offload-bench's overlap case on one CUDA rank
+# (--launcher): step + next forward against max(parts), the fraction of the CPU step hidden
+# behind the forward, and the H2D / D2H rates of pageable copies against pinned cudaMemcpyAsync.
+offload_bench=$build/bench/offload/zoe-offload-bench
+[[ -n "${bin:-}" && -x "$bin/zoe-offload-bench" ]] && offload_bench=$bin/zoe-offload-bench
+if [[ -x "$offload_bench" ]]; then
+  overlap_json=$OUT/overlap.jsonl
+  if RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518 \
+     timeout 600 "$offload_bench" --json --launcher --cases overlap --overlap-psi 200 --modules 16 --steps 3 \
+       --nvme-path "${TMPDIR:-/tmp}" >"$overlap_json" 2>>"$OUT/tests.log"; then
+    if ! python3 - "$overlap_json" >>"$OUT/summary.txt" 2>&1 <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+bad = []
+for r in rows:
+    print(f"[gpu-check] overlap: {r['case']}: {r['value']:.3f} {r['unit']} (bound {r['bound']:.3f}, ratio {r['ratio']:.3f})")
+    if r["case"].endswith("step+forward vs max") and r["ratio"] > 1.10:
+        bad.append(f"{r['case']}: ratio {r['ratio']:.3f} > 1.10 (the CPU step is not hidden behind the next forward)")
+    if r["case"].endswith("step hidden behind forward") and r["value"] < 0.8:
+        bad.append(f"{r['case']}: only {100 * r['value']:.0f}% of the CPU step hidden (< 80%)")
+if not rows:
+    bad.append("the overlap bench printed no result")
+for b in bad:
+    print("[gpu-check] FAILED overlap: " + b)
+sys.exit(1 if bad else 0)
+PY
+    then log "the overlap bench missed its bounds (see the 'FAILED overlap' lines above)"; status=1; fi
+  else
+    log "zoe-offload-bench --launcher failed or timed out (exit $?; its stderr is at the end of tests.log)"; status=1
+  fi
+else
+  log "no zoe-offload-bench at $offload_bench: overlap check skipped"; status=1
 fi
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests passed|tests failed" "$OUT/tests.log" | tee -a "$OUT/summary.txt"
 # A skipped GPU test on a GPU machine is a failure of this check.

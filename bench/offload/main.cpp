@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--stage", oo.stage, "(overlap) ZeRO stage")->check(CLI::Range(1, 3));
   app.add_option("--forward-ms", oo.forward_ms, "(overlap) synthetic forward length; 0 = the step alone's")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--launcher", oo.launcher,
+               "(overlap) one rank from RANK/WORLD_SIZE/... (a CUDA build: the GPU) instead of the host device");
   app.add_option("--nvme-path", nvme_parent, "directory under which the NVMe files' directory is made");
   app.add_flag("--json", json, "one JSON object per line: {bench, case, value, unit, bound, ratio}");
   CLI11_PARSE(app, argc, argv);

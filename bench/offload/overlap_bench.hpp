@@ -26,9 +26,12 @@ struct OverlapBenchOptions {
   /// equal lengths leave nothing to hide behind).
   double forward_ms = 0;
   std::string nvme_dir;
+  /// One rank from the launcher's environment (RANK, WORLD_SIZE, ...: on a CUDA build with a
+  /// GPU, the GPU) instead of one host-device rank in this process.
+  bool launcher = false;
 };
 
-/// Runs one case on one rank (the host device) with optimizer states on `tier`.
+/// Runs one case on one rank (the host device, or the launcher's) with optimizer states on `tier`.
 /// Throws what the Engine throws.
 void run_overlap_case(const OverlapBenchOptions& options, OffloadDevice tier, const Report& report);
 

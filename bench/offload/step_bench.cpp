@@ -1,7 +1,8 @@
-// The optimizer step with states on host (cpu) or NVMe, driven through
-// offload::OptimizerStates::for_each + optim::CpuAdam exactly as src/core/step.cpp's
-// EngineImpl::update_offloaded does (per group: for_each over its sub-groups, AdamW on the
-// tier's fp32 gradient, a bf16 copy of the updated weights), not through a whole Engine: an Engine
+// The optimizer step with states on host (cpu) or NVMe, driven through core::UpdatePipeline
+// exactly as the engine's step does (one for_each over every group's sub-groups, AdamW on the
+// tier's fp32 gradient on the pipeline's worker, the bf16 updated weights staged in pinned
+// memory and copied to the host device's memory, each group's completion awaited in forward
+// order as the next forward would), not through a whole Engine: an Engine
 // of 1B elements also holds its fp32 initial values (4 bytes/element) and the bf16
 // parameters and gradients until its first forward, ~20 GB at 1B, more than this shared
 // 23 GB machine can spare. The step's other work (gradient norm, one small all-reduce) is
@@ -26,6 +27,8 @@
 
 #include "kernels/half.hpp"
 #include "src/common/aligned_buffer.hpp"
+#include "src/core/update_pipeline.hpp"
+#include "src/device/host_device.hpp"
 #include "src/offload/optimizer_states.hpp"
 #include "src/optim/cpu_adam.hpp"
 
@@ -109,19 +112,37 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
   optim::AdamHyper h;
   h.weight_decay = 0.01;
   std::int64_t t_step = 0, t_alone = 0;
+  // The step is the engine's: core::UpdatePipeline over every group's sub-groups in one pass
+  // (reads run ahead across groups), new bf16 weights staged in pinned memory and copied to
+  // the (host) device's memory on the pipeline's copy stream, each group's GroupDone awaited.
+  HostDevice device;
+  void* device_out = device.allocate(gsize * 2);
+  core::UpdatePipelineOptions po;
+  po.out_dtype = DType::bf16;
+  po.staging_bytes = static_cast<std::size_t>(std::min(sub, largest_group)) * 2;
+  core::UpdatePipeline pipeline(device, &states, adam, po);
   auto step = [&] {
     ++t_step;
-    for (const GroupLayout& g : groups) {
-      states.for_each(g.ids, [&](const offload::SubGroupStates& sg) {
-        const auto k = static_cast<std::size_t>(sg.id - g.ids.front());
-        adam.step(h, t_step, 1.0f, sg.master, sg.exp_avg, sg.exp_avg_sq, sg.grad, DType::f32,
-                  static_cast<std::size_t>(sg.numel), out.as<std::uint16_t>().data() + g.begin[k], DType::bf16);
-      });
+    std::vector<core::PipelineGroup> parts;
+    std::vector<std::shared_ptr<core::GroupDone>> done;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+      const GroupLayout& g = groups[gi];
+      core::PipelineGroup pg;
+      pg.index = static_cast<int>(gi);
+      pg.out = device_out;
+      for (std::size_t k = 0; k < g.ids.size(); ++k)
+        pg.subgroups.push_back(core::PipelineSubGroup{g.ids[k], g.numel[k], static_cast<std::size_t>(g.begin[k]) * 2});
+      pg.done = std::make_shared<core::GroupDone>();
+      done.push_back(pg.done);
+      parts.push_back(std::move(pg));
     }
+    pipeline.start(std::move(parts), core::UpdatePlan{h, t_step, 1.0f});
+    for (auto& d : done) d->wait();  // as the next forward would, group by group
+    pipeline.finish();
   };
-  auto io_alone = [&] {
-    for (const GroupLayout& g : groups) states.for_each(g.ids, [](const offload::SubGroupStates&) {});
-  };
+  std::vector<int> all_ids;
+  for (const GroupLayout& g : groups) all_ids.insert(all_ids.end(), g.ids.begin(), g.ids.end());
+  auto io_alone = [&] { states.for_each(all_ids, [](const offload::SubGroupStates&) {}); };
   auto adam_alone = [&] {
     ++t_alone;
     float *p = master.as<float>().data(), *m = exp_avg.as<float>().data(), *v = exp_avg_sq.as<float>().data();
@@ -158,6 +179,7 @@ void run_step_case(const StepBenchOptions& o, OffloadDevice tier, std::int64_t p
     report.text("#   rep %d: step %.3f s, %sAdamW alone %.3f s, step / max(parts) %.3f\n", r, ts, io.c_str(), ta,
                 ratios.back());
   }
+  device.deallocate(device_out);
   const double ts = median(t_steps), ti = median(t_ios), ta = median(t_adams);
   const double io_bytes = 28.0 * static_cast<double>(psi), adam_bytes = 30.0 * static_cast<double>(psi);
   report.line(name + " step vs max(parts)", ts, "s", std::max(ti, ta), median(ratios),

@@ -140,6 +140,7 @@ void EngineImpl::build() {
     place_sub_groups(g, device_left);
     // Compute-dtype parameters: stage 3 keeps the shard (on the device or in the parameter
     // tier), stages 0-2 the full flat buffer.
+    if (stage < 3) g.param_state = Group::ParamState::gathered;  // the persistent full copy
     if (param_store) {
       g.param_id = param_store->add(static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype));
     } else {

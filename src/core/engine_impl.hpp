@@ -66,6 +66,10 @@ struct Group {
   // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
   // offload the shard lives in EngineImpl::param_store (id param_id), not on the device.
   DeviceBuffer param_full, param_shard;
+  // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
+  // param_ready completes). Stage 3 moves it with the only two transitions, gather() (sharded
+  // -> gathered) and reshard() (gathered -> sharded); stages 0-2 are gathered from build on.
+  enum class ParamState { sharded, gathered } param_state = ParamState::sharded;
   int param_id = -1;
   std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
   int active = 0;                      // modules between begin_* and end_* using it
@@ -196,7 +200,12 @@ struct EngineImpl {
   // gather.cpp
   void acquire(int module, bool backward);
   void release(int module);
+  /// Stage 3, sharded -> gathered: allocates param_full and queues its all-gather on the side
+  /// stream (after the group's update); no-op when gathered.
   void gather(Group& g);
+  /// Stage 3, gathered -> sharded: param_full is freed after the side stream's work so far
+  /// (the caller has ordered the trainer's reads before it: side_waits_for_compute).
+  void reshard(Group& g);
   /// Parameter offload: the group's shard on its way in (waits for a free read buffer by
   /// returning finished gathers' buffers).
   std::shared_ptr<offload::ShardRead> begin_shard_read(Group& g);

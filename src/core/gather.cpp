@@ -12,7 +12,7 @@
 namespace zoe::core {
 
 void EngineImpl::gather(Group& g) {
-  if (g.param_full) return;  // gathered or in flight
+  if (g.param_state == Group::ParamState::gathered) return;  // gathered or in flight
   const FlatLayout& L = *g.layout;
   // Released buffers still in flight count against stage3_max_live_parameters too: past
   // the cap they are returned first, so memory stays within it.
@@ -20,6 +20,7 @@ void EngineImpl::gather(Group& g) {
     reap_frees(true);
   if (!delayed) after_update(g);  // the all-gather reads the shard the last update wrote
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
+  g.param_state = Group::ParamState::gathered;
   if (param_store) {
     // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
     // stream after the group's update (which writes the shard back) is done.
@@ -70,7 +71,7 @@ void EngineImpl::prefetch_after(std::size_t pos) {
   for (std::size_t i = pos + 1; i < last_trace.size() && issued < zc.stage3_prefetch_bucket_size; ++i) {
     for (int gi : modules[last_trace[i].module].groups) {
       Group& g = groups[gi];
-      if (g.param_full) continue;
+      if (g.param_state == Group::ParamState::gathered) continue;
       std::int64_t n = g.layout->padded_numel();
       if (live_elements + n > zc.stage3_max_live_parameters) return;
       gather(g);
@@ -100,23 +101,28 @@ void EngineImpl::release(int module) {
   bool any_freed = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];
-    if (g.active > 0 || g.persistent || !g.param_full) continue;
+    if (g.active > 0 || g.persistent || g.param_state != Group::ParamState::gathered) continue;
     bool over_cap = live_elements > config.zero_optimization.stage3_max_live_parameters;
     if (!over_cap && in_prefetch_window(gi)) continue;
     if (!any_freed) side_waits_for_compute();  // the trainer's reads of the buffer come first
     any_freed = true;
-    live_elements -= g.layout->padded_numel();
-    free_after_side(std::move(g.param_full), g.layout->padded_numel());
+    reshard(g);
   }
 }
 
 void EngineImpl::drop_all_gathered() {
   side_waits_for_compute();
   for (Group& g : groups) {
-    if (!g.param_full || g.active > 0) continue;
-    live_elements -= g.layout->padded_numel();
-    free_after_side(std::move(g.param_full), g.layout->padded_numel());
+    if (g.param_state != Group::ParamState::gathered || g.active > 0) continue;
+    reshard(g);
   }
+}
+
+void EngineImpl::reshard(Group& g) {
+  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group '", g.name, "', which is not gathered");
+  g.param_state = Group::ParamState::sharded;
+  live_elements -= g.layout->padded_numel();
+  free_after_side(std::move(g.param_full), g.layout->padded_numel());
 }
 
 }  // namespace zoe::core

@@ -155,24 +155,28 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
   auto size_of = [&](int id) { return std::max<std::size_t>(bytes(id), 1); };
   // Issues the next read if a staging buffer is free, reclaiming finished writes first.
   auto issue_read = [&](bool must) {
-    if (next >= ids.size()) return;
+    if (next >= ids.size()) return false;
     std::optional<PinnedBuffer> b = pool_->try_acquire();
     while (!b && !writes.empty() && (must || writes.front().io.ready())) {
       writes.front().io.wait();
       writes.pop_front();  // returns its buffer
       b = pool_->try_acquire();
     }
-    if (!b) return;
+    if (!b) return false;
     const int id = ids[next++];
     SwapHandle h = store_->swap_in(name(id), b->data(), size_of(id));
     SwapHandle g = store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
     reads.push_back(Slot{id, std::move(*b), h, g});
+    return true;
   };
   std::exception_ptr error;
   try {
     for (std::size_t k = 0; k < ids.size(); ++k) {
       if (reads.empty()) issue_read(true);
-      issue_read(false);  // read-ahead of k+1 while k computes
+      // Read-ahead as deep as the free buffers allow (io_uring-cp keeps its queue full), across
+      // group boundaries when the caller passes a whole step's sub-groups.
+      while (issue_read(false)) {
+      }
       Slot cur = std::move(reads.front());
       reads.pop_front();
       cur.io.wait();

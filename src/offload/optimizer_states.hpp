@@ -3,10 +3,12 @@
 // ZeRO-Infinity). A sub-group's three arrays are stored together ([master | exp_avg |
 // exp_avg_sq], 3 * numel floats) so one swap moves them.
 //
-// for_each() is the optimizer pipeline over sub-groups: on NVMe, the read of sub-group
-// k+1 and the write-back of k-1 run while the caller computes k (read-ahead and
-// write-behind through `buffer_count` pinned staging buffers of the largest sub-group's
-// size; buffer_count >= 3 gives full overlap, 2 serialises write-back and read-ahead).
+// for_each() is the optimizer pipeline over sub-groups: on NVMe, reads of k+1, k+2, ... and
+// the write-back of k-1 run while the caller computes k (read-ahead as deep as the free
+// buffers allow and write-behind, through `buffer_count` pinned staging buffers of the largest
+// sub-group's size; buffer_count >= 3 gives full overlap, 2 serialises write-back and
+// read-ahead). The update pipeline passes a whole step's sub-groups in one call, so the
+// read-ahead crosses group boundaries.
 // Host memory then holds only those buffers, however large the model.
 //
 // Construction (nothing of the states is ever in host memory on the nvme tier): add(numel)
