@@ -42,8 +42,8 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
   if (delayed) {
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       Group& g = groups[gi];
-      // (Validated: the delayed update needs optimizer offload, hence stage >= 1.)
-      if (stage >= 2) {
+      // (Validated: the delayed update needs optimizer offload, hence a sharded optimizer.)
+      if (policy.shards_grads) {
         if (!g.grad_shard) continue;  // every sub-group offloaded: offload_grads waits for the update
         snapshots[gi] = std::make_shared<DeviceBuffer>(alloc(MemKind::buffer, grad_dtype(), g.layout->shard_numel()));
         device.copy(snapshots[gi]->data(), grad_of(g), snapshots[gi]->bytes(), *side);
@@ -57,13 +57,13 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     Group& g = groups[gi];
     ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
-    if (stage == 1 || stage == 2 || delayed) {
+    if (policy.gathers_updates || delayed) {
       // The new parameters wait in `updated` until after_update applies them.
       g.updated = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
     }
     // Pointers are taken now: the buffers may change hands before the work runs.
     const void* grad = snapshots[gi] ? snapshots[gi]->data() : grad_of(g);
-    void* out = g.updated ? g.updated.data() : stage == 0 ? g.param_full.data() : g.param_shard.data();
+    void* out = g.updated ? g.updated.data() : !policy.shards_optimizer ? g.param_full.data() : g.param_shard.data();
     // Parameter offload: device sub-groups write into a device buffer the host part copies
     // into the tier.
     std::shared_ptr<DeviceBuffer> device_out;
@@ -74,7 +74,7 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
     }
     if (out) update_on_device(g, plan, grad, out, *update_stream);
     // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
-    if (stage <= 1 && !delayed) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
+    if (!policy.shards_grads && !delayed) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
     device.record(*g.update_done, *update_stream);
     g.update_state = Group::UpdateState::pending;
     g.host_done.reset();
@@ -90,7 +90,7 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
       pending_frees.push_back(std::move(f));
     };
     if (snapshots[gi]) free_after_update(DeviceBuffer(), snapshots[gi]);
-    if (stage == 1) free_after_update(std::move(g.grad_shard), nullptr);
+    if (policy.reduces_at_step) free_after_update(std::move(g.grad_shard), nullptr);
   }
   if (!host_parts.empty()) pipeline->start(std::move(host_parts), plan);
   if (!config.zoe.overlap_step && !delayed) finish_update();
@@ -115,7 +115,7 @@ void EngineImpl::after_update(Group& g) {
   // The host part: wait on the side stream (not on this thread) for its latch.
   if (g.host_done) device.host_func(*side, [done = g.host_done] { done->wait(); });
   if (g.updated) {
-    if (stage == 1 || stage == 2) {
+    if (policy.gathers_updates) {
       all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype);
     } else {  // stage 3, delayed update
       device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);

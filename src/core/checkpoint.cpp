@@ -51,13 +51,13 @@ void write_states(core::EngineImpl& I, core::Group& g, const std::vector<float>&
   // The compute parameters are the master weights in the compute dtype.
   core::DeviceBuffer master = I.alloc(core::MemKind::buffer, DType::f32, g.opt_numel);
   I.device.copy(master.data(), all.data(), n * sizeof(float), *I.side);
-  void* dst = I.stage == 3 ? g.param_shard.data() : g.param_full.at(g.opt_begin);
+  void* dst = I.policy.shards_params ? g.param_shard.data() : g.param_full.at(g.opt_begin);
   if (I.dtype == DType::f32) {
     I.device.copy(dst, master.data(), n * sizeof(float), *I.side);
   } else {
     I.device.cast(master.data(), DType::f32, dst, I.dtype, n, *I.side);
   }
-  if (I.stage == 1 || I.stage == 2) {
+  if (I.policy.gathers_updates) {
     core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, I.dtype, g.opt_numel);
     I.device.copy(shard.data(), dst, shard.bytes(), *I.side);
     I.comm.all_gather(shard.data(), g.param_full.data(), n, I.dtype, *I.side);
@@ -187,7 +187,7 @@ void Engine::load_checkpoint(const std::string& dir) {
   I.step_count = h.step;
   I.lr = h.lr;
   I.scaler.restore({h.scale, h.good_steps, h.hysteresis_left});
-  if (I.stage == 3) I.drop_all_gathered();
+  if (I.policy.shards_params) I.drop_all_gathered();
   barrier(I);
 }
 

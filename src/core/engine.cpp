@@ -14,7 +14,7 @@ namespace core {
 
 EngineImpl::EngineImpl(const Config& c, RankContext r)
     : config(c), ctx(std::move(r)), device(*ctx.device), comm(*ctx.comm), rank(comm.rank()),
-      world(comm.world_size()), stage(c.zero_optimization.stage), dtype(c.compute_dtype()),
+      world(comm.world_size()), stage(c.zero_optimization.stage), policy(stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
@@ -38,7 +38,7 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     states = std::make_unique<offload::OptimizerStates>(so);
   }
   const auto& op = c.zero_optimization.offload_param;
-  if (op.device != OffloadDevice::none && stage == 3) {
+  if (op.device != OffloadDevice::none && policy.shards_params) {
     offload::ParamShardsOptions po;
     po.device = op.device;
     po.nvme_path = op.nvme_path;
@@ -126,9 +126,9 @@ void EngineImpl::build() {
     g.layout.emplace(numels, world);
     const FlatLayout& L = *g.layout;
     g.pending_users = static_cast<int>(g.users.size());
-    g.persistent = stage == 3 && L.live_numel() < config.zero_optimization.stage3_param_persistence_threshold;
-    g.opt_begin = stage == 0 ? 0 : L.shard_begin(rank);
-    g.opt_numel = stage == 0 ? L.padded_numel() : L.shard_numel();
+    g.persistent = policy.shards_params && L.live_numel() < config.zero_optimization.stage3_param_persistence_threshold;
+    g.opt_begin = policy.shards_optimizer ? L.shard_begin(rank) : 0;
+    g.opt_numel = policy.shards_optimizer ? L.shard_numel() : L.padded_numel();
   }
 
   // Every state's home, sizes only: the offload tiers must know all their tensors before
@@ -140,14 +140,14 @@ void EngineImpl::build() {
     place_sub_groups(g, device_left);
     // Compute-dtype parameters: stage 3 keeps the shard (on the device or in the parameter
     // tier), stages 0-2 the full flat buffer.
-    if (stage < 3) g.param_state = Group::ParamState::gathered;  // the persistent full copy
+    if (!policy.shards_params) g.param_state = Group::ParamState::gathered;  // the persistent full copy
     if (param_store) {
       g.param_id = param_store->add(static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype));
     } else {
-      (stage == 3 ? g.param_shard : g.param_full) =
-          alloc(MemKind::model_state, dtype, stage == 3 ? L.shard_numel() : L.padded_numel());
+      (policy.shards_params ? g.param_shard : g.param_full) =
+          alloc(MemKind::model_state, dtype, policy.shards_params ? L.shard_numel() : L.padded_numel());
     }
-    if (stage <= 1) {
+    if (!policy.shards_grads) {
       g.grad_full = alloc(MemKind::model_state, dtype, L.padded_numel());
       device.fill(g.grad_full.data(), dtype, L.padded_numel(), 0.0f, s);
     } else if (has_device_sub_groups(g)) {
@@ -410,7 +410,7 @@ std::vector<float> Engine::gather_parameter(ParamId id) {
   Stream& s = *I.side;
   std::vector<float> range = I.master_range(g);
   std::vector<float> out(static_cast<std::size_t>(p.numel));
-  if (I.stage == 0) {
+  if (!I.policy.shards_optimizer) {
     std::copy_n(range.begin() + L.offset(p.slot), out.size(), out.begin());
     return out;
   }

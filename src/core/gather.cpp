@@ -40,7 +40,7 @@ void EngineImpl::gather(Group& g) {
 
 void EngineImpl::acquire(int module, bool backward) {
   ModuleInfo& m = modules[module];
-  if (stage < 3) {
+  if (!policy.shards_params) {
     for (int gi : m.groups) {
       if (!delayed) after_update(groups[gi]);  // the previous step's update of this group (and its all-gather)
       ready_for_compute(*groups[gi].param_ready);
@@ -97,7 +97,7 @@ bool EngineImpl::in_prefetch_window(int group) const {
 void EngineImpl::release(int module) {
   ModuleInfo& m = modules[module];
   for (int gi : m.groups) --groups[gi].active;
-  if (stage < 3) return;
+  if (!policy.shards_params) return;
   bool any_freed = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];

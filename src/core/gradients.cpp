@@ -17,7 +17,7 @@
 namespace zoe::core {
 
 void EngineImpl::prepare_grads(ModuleInfo& m) {
-  if (stage < 2) return;  // persistent buffers, zeroed after each step
+  if (!policy.shards_grads) return;  // persistent buffers, zeroed after each step
   bool filled = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];
@@ -41,7 +41,7 @@ void EngineImpl::finish_backward(ModuleInfo& m) {
     if (--g.pending_users > 0) continue;
     g.pending_users = static_cast<int>(g.users.size());
     ++g.micro_batches;
-    if (stage >= 2 || g.micro_batches == config.gradient_accumulation_steps) reduce_group(g);
+    if (policy.shards_grads || g.micro_batches == config.gradient_accumulation_steps) reduce_group(g);
   }
 }
 
@@ -50,37 +50,35 @@ void EngineImpl::reduce_group(Group& g) {
   const std::int64_t S = L.shard_numel();
   const int gas = config.gradient_accumulation_steps;
   const bool offloaded = has_offloaded_sub_groups(g);
-  switch (stage) {
-    case 0:
-      all_reduce(g.grad_full.data(), L.padded_numel(), dtype);
-      break;
-    case 1:
-      g.grad_shard = alloc(MemKind::buffer, dtype, S);
-      reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
-      if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);  // read before the step (drained)
-      break;
-    default: {
-      const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
-      if (gas == 1 && g.grad_shard) {
-        reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
-        if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);
-      } else {
-        DeviceBuffer part = alloc(MemKind::buffer, dtype, S);
-        reduce_scatter(g.grad_full.data(), part.data(), S, dtype);
-        // Micro-batches add up in fp32 (grad_dtype() is f32 when gas > 1).
-        if (g.grad_shard && first) device.cast(part.data(), dtype, g.grad_shard.data(), DType::f32, S, *side);
-        if (g.grad_shard && !first) device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);
-        if (offloaded) {
-          std::shared_ptr<Event> read = offload_grads(g, part.data(), first, last);
-          free_after(std::move(part), std::move(read));
-        } else {
-          free_after_side(std::move(part));
-        }
-      }
-      free_after_side(std::move(g.grad_full));
-      break;
+  if (!policy.shards_optimizer) {
+    all_reduce(g.grad_full.data(), L.padded_numel(), dtype);
+    return;
+  }
+  if (policy.reduces_at_step) {  // after the last micro-batch, into a shard the step reads
+    g.grad_shard = alloc(MemKind::buffer, dtype, S);
+    reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
+    if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);  // read before the step (drained)
+    return;
+  }
+  // Each micro-batch, as soon as the group's backward ended.
+  const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
+  if (gas == 1 && g.grad_shard) {
+    reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
+    if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);
+  } else {
+    DeviceBuffer part = alloc(MemKind::buffer, dtype, S);
+    reduce_scatter(g.grad_full.data(), part.data(), S, dtype);
+    // Micro-batches add up in fp32 (grad_dtype() is f32 when gas > 1).
+    if (g.grad_shard && first) device.cast(part.data(), dtype, g.grad_shard.data(), DType::f32, S, *side);
+    if (g.grad_shard && !first) device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);
+    if (offloaded) {
+      std::shared_ptr<Event> read = offload_grads(g, part.data(), first, last);
+      free_after(std::move(part), std::move(read));
+    } else {
+      free_after_side(std::move(part));
     }
   }
+  free_after_side(std::move(g.grad_full));
 }
 
 std::shared_ptr<Event> EngineImpl::offload_grads(Group& g, const void* shard, bool first, bool last) {
@@ -103,7 +101,7 @@ void EngineImpl::zero_offloaded_grads(Group& g) {
 }
 
 DType EngineImpl::grad_dtype() const {
-  return stage >= 2 && config.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
+  return policy.shards_grads && config.gradient_accumulation_steps > 1 ? DType::f32 : dtype;
 }
 
 bool EngineImpl::has_device_sub_groups(const Group& g) const {

@@ -51,7 +51,7 @@ void EngineImpl::write_initial_values() {
   Stream& s = *side;
   std::int64_t largest = 0;  // elements of the longest chunk
   for (const Group& g : groups)
-    largest = std::max(largest, std::min(sub, stage == 3 ? g.layout->shard_numel() : g.layout->padded_numel()));
+    largest = std::max(largest, std::min(sub, policy.shards_params ? g.layout->shard_numel() : g.layout->padded_numel()));
   std::vector<float> chunk(static_cast<std::size_t>(largest));
   // Device parameters in a 16-bit dtype are cast on the device from an fp32 copy (the same
   // rounding as the device's casts everywhere else).
@@ -61,8 +61,8 @@ void EngineImpl::write_initial_values() {
   for (Group& g : groups) {
     const FlatLayout& L = *g.layout;
     // This rank's part of the flat buffer, [base, base + len): what its parameters hold.
-    const std::int64_t base = stage == 3 ? L.shard_begin(rank) : 0;
-    const std::int64_t len = stage == 3 ? L.shard_numel() : L.padded_numel();
+    const std::int64_t base = policy.shards_params ? L.shard_begin(rank) : 0;
+    const std::int64_t len = policy.shards_params ? L.shard_numel() : L.padded_numel();
     const std::int64_t opt_end = g.opt_begin + g.opt_numel;  // inside [base, base + len)
     // Chunks: the sub-groups inside the optimizer range, sub_group_size pieces outside it.
     std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
@@ -93,7 +93,7 @@ void EngineImpl::write_initial_values() {
           host_ops::cast(values.data(), DType::f32, static_cast<char*>(home) + static_cast<std::size_t>(at) * esz,
                          dtype, n);
         } else {
-          const DeviceBuffer& dst = stage == 3 ? g.param_shard : g.param_full;
+          const DeviceBuffer& dst = policy.shards_params ? g.param_shard : g.param_full;
           if (dtype == DType::f32) {
             device.copy(dst.at(at), values.data(), n * sizeof(float), s);
           } else {

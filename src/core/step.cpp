@@ -38,8 +38,8 @@ StepResult EngineImpl::step() {
   // Groups no module ran backward for this step have zero gradients.
   for (Group& g : groups) {
     if (g.micro_batches != 0) continue;
-    if (stage == 1) g.grad_shard = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
-    if (stage >= 1 && g.grad_shard) device.fill(g.grad_shard.data(), gdt, g.layout->shard_numel(), 0.0f, s);
+    if (policy.reduces_at_step) g.grad_shard = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
+    if (policy.shards_optimizer && g.grad_shard) device.fill(g.grad_shard.data(), gdt, g.layout->shard_numel(), 0.0f, s);
     if (has_offloaded_sub_groups(g)) zero_offloaded_grads(g);
   }
 
@@ -53,7 +53,7 @@ StepResult EngineImpl::step() {
     int offload_id;             // >= 0: an offloaded sub-group
     const Group* group;
   };
-  const int parts = stage == 0 ? world : 1;
+  const int parts = policy.shards_optimizer ? 1 : world;
   const std::size_t G = groups.size();
   std::vector<Piece> pieces;
   for (const Group& g : groups) {
@@ -62,7 +62,7 @@ StepResult EngineImpl::step() {
       for (std::int64_t c = 0; c < S; c += sub_group_numel()) {
         const std::int64_t n = std::min(sub_group_numel(), S - c);
         int id = -1;
-        if (stage >= 1) {
+        if (policy.shards_optimizer) {
           const SubGroup& sg = g.subgroups[static_cast<std::size_t>(c / sub_group_numel())];
           id = sg.offload_id;
         }
@@ -83,7 +83,7 @@ StepResult EngineImpl::step() {
   for (std::size_t gi = 0; gi < G; ++gi) {
     const Group& g = groups[gi];
     if (!grad_of(g)) continue;  // every sub-group offloaded
-    const std::int64_t n = stage == 0 ? g.layout->padded_numel() : g.layout->shard_numel();
+    const std::int64_t n = policy.shards_optimizer ? g.layout->shard_numel() : g.layout->padded_numel();
     device.all_finite(grad_of(g), gdt, static_cast<std::size_t>(n), static_cast<int*>(finite.data()) + gi, s);
   }
   std::vector<double> host_sums(pieces.size());
@@ -100,7 +100,7 @@ StepResult EngineImpl::step() {
     nonfinite += states->grad_finite(pieces[i].offload_id) ? 0.0 : 1.0;
   }
   for (std::size_t gi = 0; gi < G; ++gi) nonfinite += host_finite[gi] ? 0.0 : 1.0;
-  if (stage == 0) {
+  if (!policy.shards_optimizer) {
     for (int r = 0; r < parts; ++r) {
       double partial = 0.0;
       for (std::size_t i = 0; i < pieces.size(); ++i)
@@ -119,7 +119,7 @@ StepResult EngineImpl::step() {
     nonfinite = local[1];
   }
 
-  if (stage == 3) drop_all_gathered();  // persistent groups too: their shards change
+  if (policy.shards_params) drop_all_gathered();  // persistent groups too: their shards change
   StepResult result;
   result.loss_scale = scaler.scale();
   const bool overflow = nonfinite > 0 || !std::isfinite(total);
@@ -143,13 +143,13 @@ StepResult EngineImpl::step() {
 
   // ---- reset for the next step (the update, if running, owns the groups until it is done)
   for (Group& g : groups) {
-    if (overflow && stage <= 1) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
-    if (overflow && stage == 1) free_after_side(std::move(g.grad_shard));
+    if (overflow && !policy.shards_grads) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
+    if (overflow && policy.reduces_at_step) free_after_side(std::move(g.grad_shard));
     g.micro_batches = 0;
     g.pending_users = static_cast<int>(g.users.size());
   }
   for (ModuleInfo& m : modules) m.backward_count = 0;
-  if (stage == 3) {
+  if (policy.shards_params) {
     last_trace = std::move(trace);
     trace.clear();
     trace_pos = 0;
@@ -171,7 +171,7 @@ StepResult EngineImpl::step() {
 }
 
 const void* EngineImpl::grad_of(const Group& g) const {
-  return stage == 0 ? g.grad_full.data() : g.grad_shard.data();
+  return policy.shards_optimizer ? g.grad_shard.data() : g.grad_full.data();
 }
 
 void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
@@ -184,7 +184,7 @@ void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* 
     if (sg.offloaded()) continue;
     const auto n = static_cast<std::size_t>(sg.numel);
     float* master = sg.master();
-    const DType gdt = stage == 1 ? dtype : grad_dtype();
+    const DType gdt = policy.reduces_at_step ? dtype : grad_dtype();
     device.adam_step(c, master, master + n, master + 2 * n,
                      static_cast<const char*>(grad_data) + sg.begin * dtype_size(gdt), gdt,
                      static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
