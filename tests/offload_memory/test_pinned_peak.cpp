@@ -115,3 +115,17 @@ TEST_F(PinnedPeak, TwoRanksAndAFourTimesLargerModelHoldTheSameBuffersPerRank) {
     }
   }
 }
+
+TEST_F(PinnedPeak, ReadsRunAheadAcrossGroupsOfOneSubGroupEach) {
+  // 30-wide layers: every group (at most 930 elements) is one sub-group. The update pipeline
+  // streams the whole step's sub-groups through one pass, so the first iteration already has
+  // all four staging buffers reading (groups 0-3); a pass per group would hold at most two.
+  const NetSpec net{{30, 30, 30, 30, 30, 8}, false, 3};
+  offload::reset_pinned_peaks();
+  RunResult r = train(nvme_config(dir_), net, 1, 3, 8);
+  const offload::PinnedStats s = offload::pinned_stats();
+  EXPECT_GE(s.peak_leased_bytes, kBufferCount * kStagingBytes);
+  EXPECT_EQ(s.peak_region_bytes, kPinnedPerRank);
+  EXPECT_EQ(s.region_bytes, 0u);
+  EXPECT_FALSE(r.steps.back().skipped);
+}
