@@ -13,8 +13,10 @@
 namespace zoe {
 
 std::chrono::milliseconds timeout_from_seconds(double timeout_s) {
-  ZOE_CHECK_USAGE(std::isfinite(timeout_s) && timeout_s > 0, "collective timeout must be a positive number of ",
-                  "seconds, got ", timeout_s);
+  // At most 30 days: steady_clock's deadline (now + timeout, int64 nanoseconds) must not overflow.
+  ZOE_CHECK_USAGE(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= 30.0 * 86400.0,
+                  "collective timeout must be a positive number of seconds, at most 2592000 (30 days), got ",
+                  timeout_s);
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(timeout_s * 1000.0)));
 }
 
