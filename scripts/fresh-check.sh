@@ -92,7 +92,12 @@ trap 'exit 130' INT TERM
 bootstrap() {
   local mirror=()
   [[ -n "${ZOE_FRESH_MIRROR:-}" ]] && mirror=("$ZOE_FRESH_MIRROR")
-  mmdebstrap --variant=apt bookworm "$root" "${mirror[@]+"${mirror[@]}"}"
+  mmdebstrap --variant=apt bookworm "$root" "${mirror[@]+"${mirror[@]}"}" || return
+  # What Debian's installer (and every cloud image) writes and a bare root lacks: without it
+  # "localhost" does not resolve (tests/comm's rendezvous connects to it). The chroot shares
+  # this machine's host name.
+  printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+    "$(hostname)" >"$root/etc/hosts"
 }
 
 # The checkout as git sees it: tracked files still present plus untracked files not ignored.
