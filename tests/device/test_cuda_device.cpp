@@ -56,7 +56,7 @@ TEST(CudaDevice, OpensOrRaisesCudaErrorWithTheCudaText) {
   EXPECT_THROW(CudaDevice(1 << 20), CudaError);  // never a valid ordinal
 }
 
-TEST(CudaDevice, KernelsMatchTheHostDevice) {
+TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   Opened o = open_gpu();
   if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
   CudaDevice& dev = *o.device;
@@ -128,7 +128,7 @@ TEST(CudaDevice, KernelsMatchTheHostDevice) {
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);
 }
 
-TEST(CudaDevice, AdamKernelMatchesTheHostDeviceBitwise) {
+TEST(CudaDeviceOnGpu, AdamKernelMatchesTheHostDeviceBitwise) {
   Opened o = open_gpu();
   if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
   CudaDevice& dev = *o.device;
