@@ -26,11 +26,13 @@ function(zoe_add_children folder)
   endforeach()
 endfunction()
 
-# zoe_add_test(<name> SOURCES <files...> [LABELS <labels...>] [DEPS <targets...>] [TIMEOUT s])
+# zoe_add_test(<name> SOURCES <files...> [LABELS <labels...>] [DEPS <targets...>] [TIMEOUT s] [DISCRETE])
 # A GoogleTest executable registered with ctest (one ctest entry per executable,
-# so the suite starts fast; gtest prints each case).
+# so the suite starts fast; gtest prints each case). A test labelled `engine`, or marked
+# DISCRETE, gets a second entry <name>_discrete (labels: its own + `discrete`) that runs it
+# on the discrete host device (ZOE_HOST_MEMORY=discrete); disabled unless ZOE_TEST_DISCRETE.
 function(zoe_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LABELS;DEPS" ${ARGN})
+  cmake_parse_arguments(T "DISCRETE" "TIMEOUT" "SOURCES;LABELS;DEPS" ${ARGN})
   find_package(GTest REQUIRED)
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE zoe_internal GTest::gtest GTest::gtest_main ${T_DEPS})
@@ -40,4 +42,14 @@ function(zoe_add_test name)
   endif()
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}"
     ENVIRONMENT "ZOE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  if(T_DISCRETE OR "engine" IN_LIST T_LABELS)
+    add_test(NAME ${name}_discrete COMMAND ${name} --gtest_brief=1)
+    set(disabled TRUE)
+    if(ZOE_TEST_DISCRETE)
+      set(disabled FALSE)
+    endif()
+    set_tests_properties(${name}_discrete PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS};discrete"
+      DISABLED ${disabled}
+      ENVIRONMENT "ZOE_SOURCE_DIR=${PROJECT_SOURCE_DIR};ZOE_HOST_MEMORY=discrete;${ZOE_TEST_DISCRETE_ENV}")
+  endif()
 endfunction()

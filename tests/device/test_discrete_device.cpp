@@ -130,7 +130,7 @@ TEST(DiscreteHostDevice, CopiesRoundTripThroughTheCopyEngines) {
 }
 
 TEST(DiscreteHostDevice, ACopyIsAsynchronous) {
-  HostDevice d(discrete(0, 400'000));  // 400 ms per copy
+  HostDevice d(discrete(0, 1'000'000));  // 1 s per copy
   std::vector<int> h(1024, 7);
   auto* a = static_cast<int*>(d.allocate(h.size() * 4));
   auto s = d.create_stream();
@@ -140,11 +140,10 @@ TEST(DiscreteHostDevice, ACopyIsAsynchronous) {
   const auto t0 = Clock::now();
   d.copy(a, h.data(), h.size() * 4, *s);
   d.record(*done, *s);
-  EXPECT_LT(seconds_since(t0), 0.2) << "copy() must not wait for the copy";
-  EXPECT_FALSE(d.query(*done));
+  EXPECT_FALSE(d.query(*done)) << "copy() waited for the copy";
   EXPECT_EQ(d.h2d_engine()->copies(), 0) << "the bytes move at the end of the modelled time";
   d.synchronize(*done);
-  EXPECT_GE(seconds_since(t0), 0.4);
+  EXPECT_GE(seconds_since(t0), 1.0);
   EXPECT_EQ(d.h2d_engine()->copies(), 1);
   EXPECT_EQ(a[0], 7);
   EXPECT_EQ(a[1023], 7);
@@ -152,7 +151,7 @@ TEST(DiscreteHostDevice, ACopyIsAsynchronous) {
 }
 
 TEST(DiscreteHostDevice, ACopyOverlapsWorkOnOtherStreamsAndEventsOrderIt) {
-  HostDevice d(discrete(0, 500'000));  // 500 ms per copy
+  HostDevice d(discrete(0, 1'000'000));  // 1 s per copy
   const std::size_t n = 4096;
   std::vector<float> h(n, 3.0f), back(n, 0.0f);
   auto* a = static_cast<float*>(d.allocate(n * 4));
@@ -170,7 +169,7 @@ TEST(DiscreteHostDevice, ACopyOverlapsWorkOnOtherStreamsAndEventsOrderIt) {
   // Work that waits for the copy's event sees its bytes.
   d.wait(compute, *copied);
   d.accumulate(a, DType::f32, b, n, compute);  // b = 1 + 3
-  d.copy(back.data(), b, n * 4, compute);  // then 500 ms down
+  d.copy(back.data(), b, n * 4, compute);  // then 1 s down
   d.synchronize(compute);
   EXPECT_TRUE(d.query(*copied));
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 4.0f) << i;
@@ -179,8 +178,8 @@ TEST(DiscreteHostDevice, ACopyOverlapsWorkOnOtherStreamsAndEventsOrderIt) {
 }
 
 TEST(DiscreteHostDevice, CopyEnginesPerDirectionShareBandwidthWithinOne) {
-  // 0.1 GB/s: 32 MB take 320 ms, 4 KB take 41 us.
-  HostDevice d(discrete(0.1, 0));
+  // 0.05 GB/s: 32 MB take 640 ms, 4 KB take 82 us.
+  HostDevice d(discrete(0.05, 0));
   const std::size_t big = 32'000'000, small = 4096;
   std::vector<std::byte> hbig(big), hsmall(small);
   void* dbig = d.allocate(big);
@@ -195,7 +194,7 @@ TEST(DiscreteHostDevice, CopyEnginesPerDirectionShareBandwidthWithinOne) {
   d.synchronize(*down);
   EXPECT_FALSE(d.query(*up_done)) << "device-to-host waited for a host-to-device copy";
   d.synchronize(*up);
-  EXPECT_GE(seconds_since(t0), 0.32);
+  EXPECT_GE(seconds_since(t0), 0.64);
   // Two copies in one direction on two streams take the sum of their times: one engine.
   const auto t1 = Clock::now();
   auto up2 = d.create_stream();
@@ -203,7 +202,7 @@ TEST(DiscreteHostDevice, CopyEnginesPerDirectionShareBandwidthWithinOne) {
   d.copy(static_cast<char*>(dbig) + big / 2, hbig.data(), big / 2, *up2);
   d.synchronize(*up);
   d.synchronize(*up2);
-  EXPECT_GE(seconds_since(t1), 0.32);
+  EXPECT_GE(seconds_since(t1), 0.64);
   EXPECT_EQ(d.h2d_engine()->copies(), 3);
   EXPECT_EQ(d.d2h_engine()->copies(), 1);
   d.deallocate(dbig);
@@ -227,14 +226,14 @@ TEST(DiscreteHostDevice, ModelKernelOccupiesItsStreamOnly) {
   auto other = d.create_stream();
   auto done = d.create_event();
   const auto t0 = Clock::now();
-  d.model_kernel(d.compute_stream(), 0.5);
+  d.model_kernel(d.compute_stream(), 1.0);
   d.record(*done, d.compute_stream());
   auto* x = static_cast<float*>(d.allocate(64));
   d.fill(x, DType::f32, 16, 2.0f, *other);
   d.synchronize(*other);
   EXPECT_FALSE(d.query(*done));
   d.synchronize(*done);
-  EXPECT_GE(seconds_since(t0), 0.5);
+  EXPECT_GE(seconds_since(t0), 1.0);
   EXPECT_THROW(d.model_kernel(*other, -1.0), UsageError);
   EXPECT_THROW(d.model_kernel(*other, std::nan("")), UsageError);
   d.deallocate(x);
