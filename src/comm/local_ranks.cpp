@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "src/comm/host_communicator.hpp"  // timeout_from_seconds
+#include "src/comm/local_ranks.hpp"
 #include "src/comm/local_communicator.hpp"
 #include "src/common/check.hpp"
 #include "src/device/host_device.hpp"
@@ -21,13 +22,18 @@ std::chrono::milliseconds timeout_from_seconds(double timeout_s) {
 }
 
 std::vector<RankContext> make_local_ranks(int world_size, double timeout_s) {
+  return make_local_ranks_on(world_size, host_device_options_from_environment(), timeout_s);
+}
+
+std::vector<RankContext> make_local_ranks_on(int world_size, const HostDeviceOptions& options, double timeout_s) {
   ZOE_CHECK_USAGE(world_size >= 1, "make_local_ranks: world_size must be >= 1, got ", world_size);
+  validate(options);
   // Threads share one address space: the in-process communicator reads peers' buffers
   // directly (no sockets), with the same results bit for bit as Gloo's.
   auto group = make_local_group(world_size, timeout_from_seconds(timeout_s));
   std::vector<RankContext> ranks(world_size);
   for (int r = 0; r < world_size; ++r) {
-    auto device = std::make_shared<HostDevice>();
+    auto device = std::make_shared<HostDevice>(options);
     ranks[r] = {r, world_size, device, std::make_shared<LocalCommunicator>(device, group, r)};
   }
   return ranks;
