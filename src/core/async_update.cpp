@@ -105,7 +105,7 @@ void EngineImpl::after_update(Group& g) {
   if (!g.params_stale) return;
   g.params_stale = false;
   if (stage == 1 || stage == 2) {
-    all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype);
+    all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype, params_tag(g));
   } else {  // stage 3, delayed update
     device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);
   }

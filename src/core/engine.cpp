@@ -215,17 +215,23 @@ void EngineImpl::reap_frees(bool wait_all) {
   }
 }
 
-void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
+void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
+  rules.note_collective(tag);
+  comm.tag_next(std::move(tag));
   comm.all_gather(send, recv, static_cast<std::size_t>(count), dt, *side);
   elements_sent += count * (world - 1);
 }
 
-void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt) {
+void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
+  rules.note_collective(tag);
+  comm.tag_next(std::move(tag));
   comm.reduce_scatter(send, recv, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += count * (world - 1);
 }
 
-void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt) {
+void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag) {
+  rules.note_collective(tag);
+  comm.tag_next(std::move(tag));
   comm.all_reduce(buf, buf, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += world > 1 ? 2 * count * (world - 1) / world : 0;
 }
@@ -288,7 +294,7 @@ ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t>
   });
 }
 
-ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params) {
+ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params, ForwardMode mode) {
   Impl& I = *impl_;
   ZOE_CHECK_USAGE(!I.finalized, "add_module('", name, "') after the first forward");
   ModuleInfo m;
@@ -300,6 +306,7 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>&
     m.params.push_back(p.index);
   }
   I.modules.push_back(std::move(m));
+  I.rules.add_module(name, mode);
   return ModuleId{static_cast<std::uint32_t>(I.modules.size() - 1)};
 }
 
@@ -315,6 +322,8 @@ static ModuleInfo& transition(core::EngineImpl& I, ModuleId id, ModuleInfo::Phas
 
 ModuleTensors Engine::begin_forward(ModuleId id) {
   impl_->finalize();
+  impl_->check_module(id);
+  impl_->rules.begin_forward(static_cast<int>(id.index));
   ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
                              "while it is already active");
   impl_->acquire(static_cast<int>(id.index), false);
@@ -322,11 +331,15 @@ ModuleTensors Engine::begin_forward(ModuleId id) {
 }
 
 void Engine::end_forward(ModuleId id) {
+  impl_->check_module(id);
+  impl_->rules.end_forward(static_cast<int>(id.index));
   transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
   impl_->release(static_cast<int>(id.index));
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
+  impl_->check_module(id);
+  impl_->rules.begin_backward(static_cast<int>(id.index));
   impl_->finalize();
   ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
                              "while it is already active");
@@ -336,6 +349,8 @@ ModuleTensors Engine::begin_backward(ModuleId id) {
 }
 
 void Engine::end_backward(ModuleId id) {
+  impl_->check_module(id);
+  impl_->rules.end_backward(static_cast<int>(id.index));
   ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
                              "without begin_backward");
   impl_->finish_backward(m);
@@ -344,7 +359,10 @@ void Engine::end_backward(ModuleId id) {
 
 StepResult Engine::step() {
   impl_->finalize();
-  return impl_->step();
+  core::agree_on_step(*impl_);  // every rank made the same calls this step
+  StepResult r = impl_->step();
+  impl_->rules.step_done();
+  return r;
 }
 
 void Engine::synchronize() {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/comm/communicator.hpp"
+#include "src/core/call_rules.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/core/loss_scaler.hpp"
@@ -143,6 +144,7 @@ struct EngineImpl {
   double lr;
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
+  CallRules rules{config.gradient_accumulation_steps};  // call order; collective identity (call_rules.hpp)
 
   std::vector<ParamInfo> params;
   std::vector<ModuleInfo> modules;
@@ -178,10 +180,14 @@ struct EngineImpl {
   void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
-  // counted collectives (elements as nccl-tests counts bus traffic)
-  void all_gather(const void* send, void* recv, std::int64_t count, DType dt);
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt);
-  void all_reduce(void* buf, std::int64_t count, DType dt);
+  // counted collectives (elements as nccl-tests counts bus traffic), tagged with what they are
+  // for (group_tag in call_rules.hpp) and noted in the step's fingerprint
+  void all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag);
+  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag);
+  void all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag);
+  // call_rules.cpp: the tags of collectives about group g's parameters / gradients now
+  CollectiveTag params_tag(const Group& g) const;
+  CollectiveTag grads_tag(const Group& g) const;
 
   // gather.cpp
   void acquire(int module, bool backward);

@@ -27,11 +27,11 @@ void EngineImpl::gather(Group& g) {
     DeviceBuffer staging = alloc(MemKind::buffer, dtype, L.shard_numel());
     device.host_func(*side, [read] { read->wait(); });
     device.copy(staging.data(), read->data(), staging.bytes(), *side);
-    all_gather(staging.data(), g.param_full.data(), L.shard_numel(), dtype);
+    all_gather(staging.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
     device.record(*g.param_ready, *side);
     free_after_side(std::move(staging), 0, std::move(read));
   } else {
-    all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
+    all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
     device.record(*g.param_ready, *side);
   }
   live_elements += L.padded_numel();
