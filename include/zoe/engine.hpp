@@ -119,6 +119,9 @@ struct TensorView {
 ///  - stages 0-1: both stay allocated (the persistent full copies), so a stale parameter view
 ///    reads the current (after step(): updated) values, and a write through a stale
 ///    gradient view races with the reduction: undefined results.
+/// zoe.debug_poison (docs/config.md) turns stale reads at stages 2-3 into NaN: every buffer
+/// the engine frees is filled with NaN before end_forward / end_backward returns, and the
+/// host device keeps freed blocks poisoned in a quarantine instead of reusing them.
 struct ModuleTensors {
   std::vector<TensorView> params;
   std::vector<TensorView> grads;  // empty during forward

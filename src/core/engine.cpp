@@ -1,22 +1,33 @@
 // Engine: registration, partitioning into groups, the public API and counted collectives.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/device/host_device.hpp"
 
 namespace zoe {
 
 namespace core {
+
+namespace {
+// zoe.debug_poison on the host device: freed blocks kept poisoned before going back to the system.
+constexpr std::size_t kPoisonQuarantineBytes = std::size_t{256} << 20;
+}  // namespace
 
 EngineImpl::EngineImpl(const Config& c, RankContext r)
     : config(c), ctx(std::move(r)), device(*ctx.device), comm(*ctx.comm), rank(comm.rank()),
       world(comm.world_size()), stage(c.zero_optimization.stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
+  poison = c.zoe.debug_poison;
+  // The host device's freed blocks are poisoned and quarantined too, so a stale view never
+  // reads a later buffer's values (the setting stays on the device).
+  if (auto* host = dynamic_cast<HostDevice*>(&device); poison && host) host->set_poison_freed(kPoisonQuarantineBytes);
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   const auto& oo = c.zero_optimization.offload_optimizer;
   if (oo.device != OffloadDevice::none) {
@@ -196,10 +207,19 @@ void EngineImpl::side_waits_for_compute() {
 
 void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements, std::shared_ptr<void> hold) {
   if (!buffer && !hold) return;
+  if (poison && buffer)
+    device.fill(buffer.data(), buffer.dtype(), static_cast<std::size_t>(buffer.numel()),
+                std::numeric_limits<float>::quiet_NaN(), *side);
   releasing_elements += gathered_elements;
   PendingFree f{std::move(buffer), device.create_event(), gathered_elements, std::move(hold)};
   device.record(*f.after, *side);
   pending_frees.push_back(std::move(f));
+}
+
+void EngineImpl::show_poison() {
+  auto e = device.create_event();
+  device.record(*e, *side);
+  ready_for_compute(*e);
 }
 
 void EngineImpl::reap_frees(bool wait_all) {
@@ -335,6 +355,7 @@ void Engine::end_forward(ModuleId id) {
   impl_->rules.end_forward(static_cast<int>(id.index));
   transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
   impl_->release(static_cast<int>(id.index));
+  if (impl_->poison) impl_->show_poison();
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
@@ -355,6 +376,7 @@ void Engine::end_backward(ModuleId id) {
                              "without begin_backward");
   impl_->finish_backward(m);
   impl_->release(static_cast<int>(id.index));
+  if (impl_->poison) impl_->show_poison();
 }
 
 StepResult Engine::step() {

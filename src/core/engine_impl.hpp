@@ -145,6 +145,7 @@ struct EngineImpl {
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
   CallRules rules{config.gradient_accumulation_steps};  // call order; collective identity (call_rules.hpp)
+  bool poison = false;  // zoe.debug_poison: freed buffers are filled with NaN (free_after_side)
 
   std::vector<ParamInfo> params;
   std::vector<ModuleInfo> modules;
@@ -176,7 +177,12 @@ struct EngineImpl {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
+  /// Frees `buffer` once the side stream has reached this point (with zoe.debug_poison it is
+  /// first filled with NaN there).
   void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
+  /// zoe.debug_poison: makes the NaN of the buffers freed so far visible to the trainer's
+  /// compute (end_forward / end_backward), so a stale view reads NaN from then on.
+  void show_poison();
   void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 

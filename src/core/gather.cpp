@@ -100,9 +100,10 @@ void EngineImpl::release(int module) {
   bool any_freed = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];
-    if (g.active > 0 || g.persistent || !g.param_full) continue;
+    // zoe.debug_poison frees every released gather, so a stale view of it reads NaN.
+    if (g.active > 0 || (g.persistent && !poison) || !g.param_full) continue;
     bool over_cap = live_elements > config.zero_optimization.stage3_max_live_parameters;
-    if (!over_cap && in_prefetch_window(gi)) continue;
+    if (!poison && !over_cap && in_prefetch_window(gi)) continue;
     if (!any_freed) side_waits_for_compute();  // the trainer's reads of the buffer come first
     any_freed = true;
     live_elements -= g.layout->padded_numel();

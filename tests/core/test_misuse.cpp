@@ -3,11 +3,13 @@
 // collective tags; the step agreement catches it on a backend that cannot, as NCCL);
 // calls out of order are a UsageError at the call naming the module and the rule; legit
 // patterns (recomputed forward, evaluation forwards, accumulation, tied weights, a fused
-// head) still train, bitwise as the plain run. Ranks are threads with a 5 s collective timeout, so a regression fails
+// head) still train, bitwise as the plain run; with zoe.debug_poison a view read past its
+// scope reads NaN. Ranks are threads with a 5 s collective timeout, so a regression fails
 // instead of hanging.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -18,6 +20,7 @@
 
 #include "src/comm/communicator.hpp"
 #include "src/comm/gloo_local_ranks.hpp"
+#include "src/device/host_device.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -370,6 +373,82 @@ TEST(Misuse, TiedWeightsPassTheChecksAtEveryStage) {
   test::RunResult ref = test::train(c0, spec, 2, 3, 8);
   for (int stage = 1; stage <= 3; ++stage)
     EXPECT_TRUE(test::bitwise_equal(test::train(config(stage), spec, 2, 3, 8), ref)) << "stage " << stage;
+}
+
+// ---------------------------------------------------------------- stale views
+
+TEST(Misuse, HostDeviceQuarantinePoisonsFreedBlocks) {
+  HostDevice d;
+  void* a = d.allocate(3 << 20);
+  std::memset(a, 0, 3 << 20);
+  d.deallocate(a);
+  void* cached = d.allocate(3 << 20);
+  if (HostDevice::kCachesBlocks) EXPECT_EQ(cached, a) << "without the debug mode the block cache hands the block back";
+  d.set_poison_freed(8 << 20);
+  d.deallocate(cached);
+  EXPECT_EQ(d.cached_bytes(), 0u);
+  EXPECT_EQ(d.quarantined_bytes(), 3u << 20);
+  const auto* f = static_cast<const float*>(cached);  // still ours: quarantined, not freed
+  EXPECT_TRUE(std::isnan(f[0]) && std::isnan(f[(3 << 18) - 1]));
+  void* b = d.allocate(3 << 20);
+  EXPECT_NE(b, cached) << "a quarantined block was handed out again";
+  d.deallocate(b);
+  void* c = d.allocate(3 << 20);  // quarantine over 8 MiB: the oldest block goes back first
+  d.deallocate(c);
+  EXPECT_LE(d.quarantined_bytes(), 8u << 20);
+}
+
+// A view kept past end_forward (stage 3: the gathered buffer is freed, even a persistent
+// group's) and a gradient view kept past end_backward (stages 2-3: reduced and freed) read NaN
+// in the debug mode, not another module's values; results are bitwise those of the normal mode.
+TEST(Misuse, DebugPoisonTurnsStaleViewsIntoNaN) {
+  constexpr int kN = 300'000;
+  for (int variant : {2, 3, 4}) {  // stage 2, stage 3, stage 3 with persistent groups
+    const int stage = std::min(variant, 3);
+    auto run = [&](bool poison) {
+      auto ranks = make_local_ranks(2, kTimeoutS);
+      std::vector<float> result;
+      std::mutex m;
+      run_ranks(ranks, [&](RankContext& ctx) {
+        Config c = config(stage);
+        c.zoe.debug_poison = poison;
+        if (variant == 4) c.zero_optimization.stage3_param_persistence_threshold = 1'000'000;
+        Engine e(c, ctx);
+        std::vector<float> va(kN, 1.0f), vb(kN, 2.0f);
+        ParamId pa = e.add_parameter("wa", {kN}, va);
+        ModuleId A = e.add_module("A", {pa});
+        ModuleId B = e.add_module("B", {e.add_parameter("wb", {kN}, vb)});
+        for (int s = 0; s < 2; ++s) {
+          const float* stale = e.begin_forward(A).params[0].as<float>();
+          if (s == 0) EXPECT_EQ(stale[7], 1.0f);
+          e.end_forward(A);
+          { ForwardScope f(e, B); }
+          if (poison && stage == 3) {
+            int nan = 0;
+            for (int i = 0; i < kN; i += 997) nan += std::isnan(stale[i]) ? 1 : 0;
+            EXPECT_EQ(nan, (kN + 996) / 997) << "a stale parameter view read numbers, step " << s << ", variant " << variant;
+          }
+          for (ModuleId mod : {B, A}) {
+            ModuleTensors t = e.begin_backward(mod);
+            for (std::int64_t i = 0; i < kN; ++i) t.grads[0].as<float>()[i] = 1e-3f * ((i % 7) + ctx.rank);
+            const float* stale_grad = t.grads[0].as<float>();
+            e.end_backward(mod);
+            if (poison) EXPECT_TRUE(std::isnan(stale_grad[kN / 2])) << "a stale gradient view read a number";
+          }
+          e.step();
+        }
+        std::vector<float> wa = e.gather_parameter(pa);
+        std::lock_guard lock(m);
+        if (ctx.rank == 0) result = wa;
+      });
+      return result;
+    };
+    std::vector<float> plain = run(false), poisoned = run(true);
+    ASSERT_EQ(plain.size(), static_cast<std::size_t>(kN));
+    EXPECT_NE(plain[0], 1.0f);
+    EXPECT_EQ(std::memcmp(plain.data(), poisoned.data(), plain.size() * sizeof(float)), 0)
+        << "the debug mode changed results, variant " << variant;
+  }
 }
 
 }  // namespace
