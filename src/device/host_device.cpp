@@ -57,7 +57,7 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
   poison_freed_ = true;
   quarantine_cap_ = quarantine_bytes;
   for (auto& [bytes, blocks] : cache_)
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) free_block(p);
   cache_.clear();
   cached_bytes_ = 0;
 }
@@ -146,7 +146,9 @@ void HostDevice::deallocate(void* ptr) {
       cached_bytes_ += rounded;
       return;
     }
-    blocks_.erase(ptr);  // before free: the address may come back as host memory at once
+    // Before free: the address may come back as host memory at once. A quarantined block
+    // stays this device's until it is retired.
+    if (!quarantine) blocks_.erase(ptr);
   }
   if (!quarantine) {
     std::free(ptr);
@@ -154,18 +156,14 @@ void HostDevice::deallocate(void* ptr) {
   }
   // Quarantine (set_poison_freed): poison outside the lock, then retire the oldest blocks.
   std::memset(ptr, 0xFF, poisoned);
-  std::vector<void*> retired;
-  {
-    std::lock_guard lock(mutex_);
-    quarantine_.emplace_back(ptr, poisoned);
-    quarantined_bytes_ += poisoned;
-    while (quarantine_.size() > 1 && quarantined_bytes_ > quarantine_cap_) {
-      retired.push_back(quarantine_.front().first);
-      quarantined_bytes_ -= quarantine_.front().second;
-      quarantine_.pop_front();
-    }
+  std::lock_guard lock(mutex_);
+  quarantine_.emplace_back(ptr, poisoned);
+  quarantined_bytes_ += poisoned;
+  while (quarantine_.size() > 1 && quarantined_bytes_ > quarantine_cap_) {
+    free_block(quarantine_.front().first);
+    quarantined_bytes_ -= quarantine_.front().second;
+    quarantine_.pop_front();
   }
-  for (void* p : retired) std::free(p);
 }
 
 DeviceMemoryStats HostDevice::memory_stats() const {
