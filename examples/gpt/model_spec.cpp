@@ -61,7 +61,7 @@ ModelSpec make_model_spec(const GptConfig& cfg) {
   }
   const int lnf_w = add("ln_f.weight", {C}, Init::ones);
   const int lnf_b = add("ln_f.bias", {C}, Init::zeros);
-  s.modules.push_back({"head", {lnf_w, lnf_b, wte}});
+  s.modules.push_back({"head", {lnf_w, lnf_b, wte}, /*forward_in_backward=*/true});
   return s;
 }
 

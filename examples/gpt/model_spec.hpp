@@ -37,6 +37,9 @@ struct ParamSpec {
 struct ModuleSpec {
   std::string name;
   std::vector<int> params;
+  /// Its training forward runs inside its backward scope (the head: GptModel::forward_backward),
+  /// so the engine must not expect a begin_forward before its begin_backward.
+  bool forward_in_backward = false;
 };
 
 /// Modules in execution order: "embeddings" (wte, wpe), "h.0".."h.{L-1}" (12 params each),

@@ -42,7 +42,8 @@ class EngineProvider final : public ParamProvider<float> {
     for (const ModuleSpec& m : spec.modules) {
       std::vector<zoe::ParamId> params;
       for (int i : m.params) params.push_back(ids_[i]);
-      modules_.push_back(engine.add_module(m.name, params));
+      modules_.push_back(engine.add_module(
+          m.name, params, m.forward_in_backward ? zoe::ForwardMode::in_backward : zoe::ForwardMode::separate));
     }
   }
 

@@ -150,6 +150,12 @@ struct ZoeConfig {
   /// forward/backward use the parameters of update k-1 (changes the math; off by default).
   /// Needs offload_optimizer cpu/nvme; not with offload_param.
   bool delayed_update = false;
+  /// Debugging stale views (off by default; costs speed and memory, never changes results):
+  /// buffers the engine frees (stage-3 gathered parameters, stage-2/3 gradient buffers) are
+  /// filled with NaN as they are released, every released stage-3 gather is freed (persistent
+  /// and soon-reused groups too), and on the host device freed blocks are poisoned and held
+  /// in a quarantine instead of being reused, so a TensorView read past its scope reads NaN.
+  bool debug_poison = false;
 
   bool operator==(const ZoeConfig&) const = default;
 };

@@ -92,6 +92,16 @@ struct ModuleId {
   std::uint32_t index = 0;
 };
 
+/// How a module's forward is bracketed (Engine::add_module).
+enum class ForwardMode : std::uint8_t {
+  /// begin_forward/end_forward(m) run in each micro-batch before begin_backward(m) (default).
+  separate,
+  /// The trainer computes m's forward inside its backward scope from the parameters
+  /// begin_backward returns (e.g. a fused loss head, saving stage 3 a gather):
+  /// begin_backward(m) needs no forward of m, only one backward per micro-batch.
+  in_backward,
+};
+
 /// A dense row-major tensor in device memory (host memory on the host device).
 struct TensorView {
   void* data = nullptr;
@@ -105,7 +115,18 @@ struct TensorView {
 /// A module's parameters (full, gathered) in the order given to add_module; during
 /// backward also its gradient buffers, same shapes and order, dtype = compute dtype,
 /// zero-filled at begin_backward: the trainer ADDS its gradients into them.
-/// Valid until the matching end_forward / end_backward.
+/// Valid until the matching end_forward / end_backward; keep no pointer past it (to reuse
+/// forward weights in backward, take them from begin_backward's views). Otherwise:
+///  - stage 3: the gathered parameter buffer is freed (or kept for a later module, then
+///    freed); a stale view reads freed memory, typically another module's values later;
+///  - stages 2-3: the gradient buffer is freed after the reduction; writes through a stale
+///    gradient view corrupt whatever reuses the memory, and are lost;
+///  - stages 0-1: both stay allocated (the persistent full copies), so a stale parameter view
+///    reads the current (after step(): updated) values, and a write through a stale
+///    gradient view races with the reduction: undefined results.
+/// zoe.debug_poison (docs/config.md) turns stale reads at stages 2-3 into NaN: every buffer
+/// the engine frees is filled with NaN before end_forward / end_backward returns, and the
+/// host device keeps freed blocks poisoned in a quarantine instead of reusing them.
 struct ModuleTensors {
   std::vector<TensorView> params;
   std::vector<TensorView> grads;  // empty during forward
@@ -183,20 +204,48 @@ class Engine {
                         std::span<const float> initial);
   /// Groups parameters into a module, the unit of all-gather and of gradient reduction.
   /// A parameter may appear in several modules (tied weights); its gradients add up.
-  ModuleId add_module(const std::string& name, const std::vector<ParamId>& params);
+  /// `mode`: whether the module's forward has its own begin/end calls (see ForwardMode).
+  /// Throws UsageError after the first forward, for an unknown or repeated parameter.
+  ModuleId add_module(const std::string& name, const std::vector<ParamId>& params,
+                      ForwardMode mode = ForwardMode::separate);
+
+  // Call rules (docs/architecture.md, "Rules a trainer follows"). A call that breaks one
+  // throws UsageError naming the module and the rule, before changing anything:
+  //  - begin_*(m) needs m idle; end_forward / end_backward close the phase m is in;
+  //  - begin_backward(m) needs a completed forward of m in the micro-batch, i.e. since m's
+  //    last backward in this step (ForwardMode::in_backward: some module's forward since then);
+  //    so each module runs one backward per micro-batch, at most
+  //    gradient_accumulation_steps per step. Forwards without backward (evaluation) and a
+  //    forward recomputed before its backward (activation checkpointing) are allowed.
+  //  - every rank makes the same calls in the same order: step() checks it (a small
+  //    all-gather) and throws UsageError on every rank naming the ranks that differ; the host
+  //    communicators already throw CommError at the first collective that differs ("mismatched
+  //    collectives", naming both ranks' modules). A module without gradients on one rank still
+  //    runs its begin_backward/end_backward there, adding nothing (its gradient counts as zero).
+  // After a CommError, TimeoutError, or the step's UsageError about ranks, destroy the Engine.
 
   /// Gathers the module's parameters (stage 3) and returns full views. Prefetches the next
-  /// modules of the order recorded in the previous step.
+  /// modules of the order recorded in the previous step. Throws UsageError for an unknown
+  /// module or if it is not idle (see the call rules).
   ModuleTensors begin_forward(ModuleId module);
+  /// Ends the forward (stage 3: the gathered buffer may be freed). Throws UsageError unless
+  /// the module is in forward.
   void end_forward(ModuleId module);
-  /// Gathers again (stage 3) and returns params + zeroed gradient buffers.
+  /// Gathers again (stage 3) and returns params + zeroed gradient buffers. Throws UsageError
+  /// if the module is not idle, had no forward in this micro-batch (ForwardMode::separate),
+  /// already ran its backward in this micro-batch, or ran gradient_accumulation_steps
+  /// backward passes since the last step().
   ModuleTensors begin_backward(ModuleId module);
   /// Queues the gradient reduction of the module (bucketed, overlapping the rest of backward).
+  /// Throws UsageError unless the module is in backward.
   void end_backward(ModuleId module);
 
   /// Applies the optimizer to the gradients accumulated over the
   /// `gradient_accumulation_steps` micro-batches since the last step (their mean over
-  /// micro-batches and ranks). Throws UsageError if a different number of backward passes ran.
+  /// micro-batches and ranks). A collective. Throws UsageError if a different number of
+  /// backward passes ran or a module is still active, and, on every rank, if the ranks made
+  /// different forward/backward calls this step (nothing is updated then); rethrows the
+  /// CommError / TimeoutError of a failed collective of the step.
   StepResult step();
 
   /// Waits for all queued work (the asynchronous optimizer step included).

@@ -1,5 +1,7 @@
 #include "src/comm/communicator.hpp"
 
+#include "src/common/check.hpp"
+
 namespace zoe {
 namespace {
 // Bytes a rank moves for a collective over a buffer of `full` bytes: full*(N-1)/N.
@@ -11,6 +13,16 @@ std::int64_t bus_share(std::size_t full, int world) {
                                                     static_cast<std::size_t>(world));
 }
 }  // namespace
+
+std::string CollectiveTag::describe() const {
+  if (kind == Kind::untagged) return "";
+  std::string s = ", " + (label.empty() ? std::string(kind == Kind::params ? "parameters" : kind == Kind::grads ? "gradients" : "step agreement") +
+                                              (group >= 0 ? detail::concat(" of group ", group) : std::string())
+                                        : label);
+  if (step >= 0) s += detail::concat(", step ", step);
+  if (micro_batch >= 0) s += detail::concat(", micro-batch ", micro_batch);
+  return s;
+}
 
 CommStats Communicator::stats() const {
   CommStats s;

@@ -18,12 +18,23 @@
 // Errors: a failed or timed-out collective throws (CommError / TimeoutError naming the
 // collective and, where the backend can tell, the missing rank) from Device::synchronize
 // of the stream it was queued on; the communicator is unusable afterwards.
-// Thread-safety: one thread issues collectives; stats() may be read from any thread.
+// Identity: besides its shape (name, count, dtype, op, root) a collective carries a
+// CollectiveTag saying what it is for (which group's gradients or parameters, which step,
+// which micro-batch), set by tag_next() just before issuing it. The host backends compare
+// every rank's shape and tag at each position and throw CommError on every rank naming both
+// when they differ, so two different reductions can never pair even when their shapes
+// match. NCCL pairs collectives by position only (comparing would cost an extra exchange
+// per collective): the engine's once-per-step agreement (src/core/call_rules.hpp) catches a
+// different sequence there, before the optimizer runs.
+// Thread-safety: one thread issues collectives (and calls tag_next); stats() may be read
+// from any thread.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "src/device/device.hpp"
 #include "zoe/dtype.hpp"
@@ -41,6 +52,24 @@ struct CommStats {
   std::int64_t total() const {
     return all_gather_bytes + reduce_scatter_bytes + all_reduce_bytes + broadcast_bytes;
   }
+};
+
+/// What a collective is for. Two collectives at the same position pair only if their tags
+/// are equal (kind, group, step, micro_batch; `label` is for messages only). The default tag
+/// (kind untagged) is what collectives issued without tag_next carry.
+struct CollectiveTag {
+  enum class Kind : std::uint8_t { untagged, params, grads, step_agreement };
+  Kind kind = Kind::untagged;
+  std::int32_t group = -1;        // the engine's group index; -1 when not about one group
+  std::int64_t step = -1;         // step() calls completed when issued; -1 = not tied to a step
+  std::int32_t micro_batch = -1;  // gradients: micro-batches of the group reduced before; else -1
+  std::string label;              // e.g. "gradients of 'B'": names the module in errors
+
+  bool same(const CollectiveTag& o) const {
+    return kind == o.kind && group == o.group && step == o.step && micro_batch == o.micro_batch;
+  }
+  /// ", <label>, step S, micro-batch M" (empty when untagged), for error messages.
+  std::string describe() const;
 };
 
 class Communicator {
@@ -69,7 +98,13 @@ class Communicator {
   CommStats stats() const;
   void reset_stats();
 
+  /// Tags the next collective issued on this communicator (only that one; later ones are
+  /// untagged unless tagged again). From the issuing thread.
+  void tag_next(CollectiveTag tag) { next_tag_ = std::move(tag); }
+
  protected:
+  /// Backends call this when a collective is issued: the tag set by tag_next (then cleared).
+  CollectiveTag take_tag() { return std::exchange(next_tag_, CollectiveTag{}); }
   /// Backends call these when a collective is issued.
   void count_all_gather(std::size_t full_bytes);
   void count_reduce_scatter(std::size_t full_bytes);
@@ -77,6 +112,7 @@ class Communicator {
   void count_broadcast(std::size_t bytes);
 
  private:
+  CollectiveTag next_tag_;  // issuing thread only
   std::atomic<std::int64_t> ag_{0}, rs_{0}, ar_{0}, bc_{0}, calls_{0};
 };
 

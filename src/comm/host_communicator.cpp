@@ -6,6 +6,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -67,6 +68,48 @@ void reduce_into(const std::vector<const void*>& slices, DType t, void* out, std
 }
 
 using Op = CollectiveOp;
+
+// What every rank sends its peers before a collective (phase 2 of the collective's slots):
+// its shape and tag, compared so that different collectives never pair (even with equal sizes).
+struct Header {
+  char name[16] = {};
+  std::uint64_t count = 0;
+  std::int32_t dtype = -1;   // DType as int; -1 when untyped (all_reduce_f64, barrier)
+  std::int32_t reduce = -1;  // ReduceOp as int; -1 when not reducing
+  std::int32_t root = -1;    // broadcast's root, else -1
+  std::int32_t kind = 0;     // CollectiveTag
+  std::int32_t group = -1;
+  std::int32_t micro_batch = -1;
+  std::int64_t step = -1;
+  char label[96] = {};
+
+  Header() = default;
+  Header(const Op& op, std::size_t n, int dt, int rop, int rt, const CollectiveTag& tag)
+      : count(n), dtype(dt), reduce(rop), root(rt), kind(static_cast<std::int32_t>(tag.kind)), group(tag.group),
+        micro_batch(tag.micro_batch), step(tag.step) {
+    std::strncpy(name, op.name, sizeof(name) - 1);
+    std::strncpy(label, tag.label.c_str(), sizeof(label) - 1);
+  }
+  bool same(const Header& o) const {
+    return std::strncmp(name, o.name, sizeof(name)) == 0 && count == o.count && dtype == o.dtype &&
+           reduce == o.reduce && root == o.root && kind == o.kind && group == o.group &&
+           micro_batch == o.micro_batch && step == o.step;
+  }
+  std::string describe(std::uint64_t seq) const {
+    CollectiveTag t;
+    t.kind = static_cast<CollectiveTag::Kind>(kind);
+    t.group = group;
+    t.step = step;
+    t.micro_batch = micro_batch;
+    t.label = std::string(label, strnlen(label, sizeof(label)));
+    std::string s = detail::concat(std::string(name, strnlen(name, sizeof(name))), " (collective #", seq, ", count ", count);
+    if (dtype >= 0) s += detail::concat(", ", dtype_name(static_cast<DType>(dtype)));
+    if (reduce >= 0) s += reduce == static_cast<int>(ReduceOp::avg) ? ", avg" : ", sum";
+    if (root >= 0) s += detail::concat(", root ", root);
+    return s + t.describe() + ")";
+  }
+};
+
 struct SendSpec {
   int peer;
   const void* ptr;
@@ -123,6 +166,29 @@ struct HostCommunicator::Impl {
     }
     for (auto& [peer, buf] : rbufs) wait_one(op, peer, *buf, true);
     for (auto& [peer, buf] : sbufs) wait_one(op, peer, *buf, false);
+  }
+
+  // Exchanges `mine` with every peer and throws CommError naming both sides if a peer is
+  // about to run a different collective (each rank compares, so every rank throws).
+  void check_same(const Op& op, const Header& mine) {
+    if (world == 1) return;
+    std::vector<Header> theirs(world);
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    for (int p = 0; p < world; ++p) {
+      if (p == rank) continue;
+      recvs.push_back({p, &theirs[p], sizeof(Header)});
+      sends.push_back({p, &mine, sizeof(Header)});
+    }
+    exchange(op, 2, sends, recvs);
+    for (int p = 0; p < world; ++p) {
+      if (p == rank || theirs[p].same(mine)) continue;
+      const Header& lo = p < rank ? theirs[p] : mine;
+      const Header& hi = p < rank ? mine : theirs[p];
+      ZOE_THROW_COMM("mismatched collectives: rank ", std::min(p, rank), " issued ", lo.describe(op.seq), " but rank ",
+                     std::max(p, rank), " issued ", hi.describe(op.seq),
+                     " (all ranks must issue the same collectives in the same order)");
+    }
   }
 
   void wait_one(const Op& op, int peer, gloo::transport::UnboundBuffer& buf, bool recv) {
@@ -185,7 +251,8 @@ HostCommunicator::~HostCommunicator() {
 void HostCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) {
   std::size_t bytes = count * dtype_size(dtype);
   count_all_gather(bytes * world_);
-  impl_->submit(stream, "all_gather", [this, send, recv, bytes](const Op& op) {
+  impl_->submit(stream, "all_gather", [this, send, recv, count, bytes, dtype, tag = take_tag()](const Op& op) {
+    impl_->check_same(op, Header(op, count, static_cast<int>(dtype), -1, -1, tag));
     if (bytes == 0) return;
     char* out = static_cast<char*>(recv);
     if (out + rank_ * bytes != send) std::memmove(out + rank_ * bytes, send, bytes);
@@ -202,7 +269,8 @@ void HostCommunicator::reduce_scatter(const void* send, void* recv, std::size_t 
                                       Stream& stream) {
   std::size_t bytes = count * dtype_size(dtype);
   count_reduce_scatter(bytes * world_);
-  impl_->submit(stream, "reduce_scatter", [this, send, recv, count, bytes, dtype, rop](const Op& op) {
+  impl_->submit(stream, "reduce_scatter", [this, send, recv, count, bytes, dtype, rop, tag = take_tag()](const Op& op) {
+    impl_->check_same(op, Header(op, count, static_cast<int>(dtype), static_cast<int>(rop), -1, tag));
     if (count == 0) return;
     const char* in = static_cast<const char*>(send);
     char* tmp = impl_->scratch_bytes(bytes * world_);
@@ -224,7 +292,8 @@ void HostCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
                                   Stream& stream) {
   std::size_t es = dtype_size(dtype);
   count_all_reduce(count * es);
-  impl_->submit(stream, "all_reduce", [this, send, recv, count, es, dtype, rop](const Op& op) {
+  impl_->submit(stream, "all_reduce", [this, send, recv, count, es, dtype, rop, tag = take_tag()](const Op& op) {
+    impl_->check_same(op, Header(op, count, static_cast<int>(dtype), static_cast<int>(rop), -1, tag));
     if (count == 0) return;
     const char* in = static_cast<const char*>(send);
     char* out = static_cast<char*>(recv);
@@ -256,7 +325,8 @@ void HostCommunicator::all_reduce(const void* send, void* recv, std::size_t coun
 
 void HostCommunicator::all_reduce_f64(double* data, std::size_t count, Stream& stream) {
   count_all_reduce(count * sizeof(double));
-  impl_->submit(stream, "all_reduce_f64", [this, data, count](const Op& op) {
+  impl_->submit(stream, "all_reduce_f64", [this, data, count, tag = take_tag()](const Op& op) {
+    impl_->check_same(op, Header(op, count, -1, -1, -1, tag));
     if (count == 0 || world_ == 1) return;
     std::size_t bytes = count * sizeof(double);
     auto* all = reinterpret_cast<double*>(impl_->scratch_bytes(bytes * world_));
@@ -279,7 +349,8 @@ void HostCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int 
   ZOE_CHECK_USAGE(root >= 0 && root < world_, "broadcast: root ", root, " is not in [0, world size ", world_, ")");
   std::size_t bytes = count * dtype_size(dtype);
   count_broadcast(bytes);
-  impl_->submit(stream, "broadcast", [this, buf, bytes, root](const Op& op) {
+  impl_->submit(stream, "broadcast", [this, buf, count, bytes, dtype, root, tag = take_tag()](const Op& op) {
+    impl_->check_same(op, Header(op, count, static_cast<int>(dtype), -1, root, tag));
     if (bytes == 0 || world_ == 1) return;
     std::vector<SendSpec> sends;
     std::vector<RecvSpec> recvs;
@@ -294,7 +365,8 @@ void HostCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int 
 }
 
 void HostCommunicator::barrier(Stream& stream) {
-  impl_->submit(stream, "barrier", [this](const Op& op) {
+  impl_->submit(stream, "barrier", [this, tag = take_tag()](const Op& op) {
+    impl_->check_same(op, Header(op, 0, -1, -1, -1, tag));
     if (world_ == 1) return;
     static const char token = 1;
     std::vector<char> tokens(world_);

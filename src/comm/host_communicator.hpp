@@ -11,6 +11,10 @@
 //   broadcast       the root sends the buffer to every peer.
 //   barrier         every rank exchanges a one-byte token with every peer.
 // Each rank sends (N-1)/N of the full buffer for all_gather and reduce_scatter, like a ring.
+// Before each collective every rank sends its peers a 160-byte header (name, count, dtype,
+// op, root, CollectiveTag) and compares theirs with its own: ranks issuing different
+// collectives at the same position all throw CommError naming both (one small message
+// round per collective).
 //
 // Ordering: collectives run in the order they were issued (a ticket per call), each on
 // the thread of the stream it was queued on (Device::host_func), after the work queued

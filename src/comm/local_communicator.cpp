@@ -30,17 +30,18 @@ struct Descriptor {
   int root = -1;    // broadcast's root, else -1
   const void* send = nullptr;
   void* recv = nullptr;
+  CollectiveTag tag;  // what it is for (Communicator::tag_next)
 
   bool same_collective(const Descriptor& o) const {
     return std::strcmp(name, o.name) == 0 && count == o.count && dtype == o.dtype && reduce == o.reduce &&
-           root == o.root;
+           root == o.root && tag.same(o.tag);
   }
   std::string describe() const {
     std::string s = detail::concat(name, " (collective #", seq, ", count ", count);
     if (typed) s += detail::concat(", ", dtype_name(dtype));
     if (reduce >= 0) s += reduce == static_cast<int>(ReduceOp::avg) ? ", avg" : ", sum";
     if (root >= 0) s += detail::concat(", root ", root);
-    return s + ")";
+    return s + tag.describe() + ")";
   }
 };
 
@@ -216,12 +217,13 @@ struct LocalCommunicator::Impl {
   // each other's copying and arithmetic, never for anything outside the collective.
   void meet(const Op& op) { group->meet(rank, nullptr, op, Clock::now() + group->timeout); }
 
-  Descriptor descriptor(const Op& op, std::size_t count, DType dtype) const {
+  Descriptor descriptor(const Op& op, std::size_t count, DType dtype, const CollectiveTag& tag) const {
     Descriptor d;
     d.name = op.name;
     d.seq = op.seq;
     d.count = count;
     d.dtype = dtype;
+    d.tag = tag;
     return d;
   }
 };
@@ -251,9 +253,9 @@ LocalCommunicator::~LocalCommunicator() {
 void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) {
   std::size_t bytes = count * dtype_size(dtype);
   count_all_gather(bytes * world_);
-  impl_->submit(stream, "all_gather", [this, send, recv, count, bytes, dtype](const Op& op) {
+  impl_->submit(stream, "all_gather", [this, send, recv, count, bytes, dtype, tag = take_tag()](const Op& op) {
     char* out = static_cast<char*>(recv);
-    Descriptor mine = impl_->descriptor(op, count, dtype);
+    Descriptor mine = impl_->descriptor(op, count, dtype, tag);
     mine.send = send;
     mine.recv = recv;
     // Peers read `send` while this rank writes `recv`: only the in-place layout is safe.
@@ -270,9 +272,9 @@ void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t
                                        Stream& stream) {
   std::size_t bytes = count * dtype_size(dtype);
   count_reduce_scatter(bytes * world_);
-  impl_->submit(stream, "reduce_scatter", [this, send, recv, count, bytes, dtype, rop](const Op& op) {
+  impl_->submit(stream, "reduce_scatter", [this, send, recv, count, bytes, dtype, rop, tag = take_tag()](const Op& op) {
     const char* in = static_cast<const char*>(send);
-    Descriptor mine = impl_->descriptor(op, count, dtype);
+    Descriptor mine = impl_->descriptor(op, count, dtype, tag);
     mine.reduce = static_cast<int>(rop);
     mine.send = send;
     mine.recv = recv;
@@ -291,9 +293,9 @@ void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t cou
                                    Stream& stream) {
   std::size_t es = dtype_size(dtype);
   count_all_reduce(count * es);
-  impl_->submit(stream, "all_reduce", [this, send, recv, count, es, dtype, rop](const Op& op) {
+  impl_->submit(stream, "all_reduce", [this, send, recv, count, es, dtype, rop, tag = take_tag()](const Op& op) {
     char* out = static_cast<char*>(recv);
-    Descriptor mine = impl_->descriptor(op, count, dtype);
+    Descriptor mine = impl_->descriptor(op, count, dtype, tag);
     mine.reduce = static_cast<int>(rop);
     mine.send = send;
     mine.recv = recv;
@@ -319,8 +321,8 @@ void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t cou
 
 void LocalCommunicator::all_reduce_f64(double* data, std::size_t count, Stream& stream) {
   count_all_reduce(count * sizeof(double));
-  impl_->submit(stream, "all_reduce_f64", [this, data, count](const Op& op) {
-    Descriptor mine = impl_->descriptor(op, count, DType::f32);
+  impl_->submit(stream, "all_reduce_f64", [this, data, count, tag = take_tag()](const Op& op) {
+    Descriptor mine = impl_->descriptor(op, count, DType::f32, tag);
     mine.typed = false;
     mine.send = data;
     auto all = impl_->join(op, mine);
@@ -339,8 +341,8 @@ void LocalCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int
   ZOE_CHECK_USAGE(root >= 0 && root < world_, "broadcast: root ", root, " is not in [0, world size ", world_, ")");
   std::size_t bytes = count * dtype_size(dtype);
   count_broadcast(bytes);
-  impl_->submit(stream, "broadcast", [this, buf, count, bytes, dtype, root](const Op& op) {
-    Descriptor mine = impl_->descriptor(op, count, dtype);
+  impl_->submit(stream, "broadcast", [this, buf, count, bytes, dtype, root, tag = take_tag()](const Op& op) {
+    Descriptor mine = impl_->descriptor(op, count, dtype, tag);
     mine.root = root;
     mine.send = buf;
     auto all = impl_->join(op, mine);
@@ -350,8 +352,8 @@ void LocalCommunicator::broadcast(void* buf, std::size_t count, DType dtype, int
 }
 
 void LocalCommunicator::barrier(Stream& stream) {
-  impl_->submit(stream, "barrier", [this](const Op& op) {
-    Descriptor mine = impl_->descriptor(op, 0, DType::f32);
+  impl_->submit(stream, "barrier", [this, tag = take_tag()](const Op& op) {
+    Descriptor mine = impl_->descriptor(op, 0, DType::f32, tag);
     mine.typed = false;
     impl_->join(op, mine);
     impl_->meet(op);  // keeps this rank's descriptor in place until every peer has read it

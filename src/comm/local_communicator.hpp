@@ -26,7 +26,7 @@
 // the thread of the stream it was queued on (Device::host_func), after the work queued on
 // that stream before it. The k-th collective of every rank meets the k-th of every other.
 // Mismatches: if ranks issue different collectives at the same position (name, count,
-// dtype, reduce op or root differ), every rank throws CommError naming both.
+// dtype, reduce op, root or CollectiveTag differ), every rank throws CommError naming both.
 // Timeouts: all ranks must join a collective within `timeout` of it starting to run on
 // the rank; otherwise it throws TimeoutError naming the collective and the lowest rank
 // that did not join (rethrown by Device::synchronize of the stream). After any failure

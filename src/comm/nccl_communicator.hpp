@@ -15,6 +15,11 @@
 // running (its stream reached it) for longer than the timeout; the collective then throws
 // TimeoutError, naming it, from Device::synchronize of its stream (NCCL cannot tell which
 // rank is missing). Later collectives throw CommError.
+// Identity: NCCL pairs collectives by position only; CollectiveTags are not compared here
+// (that would cost an extra exchange per collective). Different shapes at one position hang
+// until the watchdog's TimeoutError; equal shapes pair, and the engine's step agreement
+// (src/core/call_rules.hpp, an all-gather of 16 bytes per step) fails every rank before the
+// optimizer applies the mixed gradients.
 // Built only when zoe has CUDA. Thread-safety: as Communicator.
 #pragma once
 

@@ -124,6 +124,7 @@ void read_zoe(Section s, ZoeConfig& c) {
   s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
   s.boolean("overlap_step", c.overlap_step);
   s.boolean("delayed_update", c.delayed_update);
+  s.boolean("debug_poison", c.debug_poison);
 }
 
 void read_root(Section s, Config& c) {
@@ -250,7 +251,8 @@ std::string Config::to_json() const {
               {"require_direct_io", zoe.require_direct_io},
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
               {"overlap_step", zoe.overlap_step},
-              {"delayed_update", zoe.delayed_update}};
+              {"delayed_update", zoe.delayed_update},
+              {"debug_poison", zoe.debug_poison}};
   return j.dump(2);
 }
 

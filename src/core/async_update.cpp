@@ -116,7 +116,7 @@ void EngineImpl::after_update(Group& g) {
   if (g.host_done) device.host_func(*side, [done = g.host_done] { done->wait(); });
   if (g.updated) {
     if (policy.gathers_updates) {
-      all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype);
+      all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype, params_tag(g));
     } else {  // stage 3, delayed update
       device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);
     }

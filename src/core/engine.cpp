@@ -1,22 +1,33 @@
 // Engine: registration, partitioning into groups, the public API and counted collectives.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <numeric>
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/device/host_device.hpp"
 
 namespace zoe {
 
 namespace core {
+
+namespace {
+// zoe.debug_poison on the host device: freed blocks kept poisoned before going back to the system.
+constexpr std::size_t kPoisonQuarantineBytes = std::size_t{256} << 20;
+}  // namespace
 
 EngineImpl::EngineImpl(const Config& c, RankContext r)
     : config(c), ctx(std::move(r)), device(*ctx.device), comm(*ctx.comm), rank(comm.rank()),
       world(comm.world_size()), stage(c.zero_optimization.stage), policy(stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
+  poison = c.zoe.debug_poison;
+  // The host device's freed blocks are poisoned and quarantined too, so a stale view never
+  // reads a later buffer's values (the setting stays on the device).
+  if (auto* host = dynamic_cast<HostDevice*>(&device); poison && host) host->set_poison_freed(kPoisonQuarantineBytes);
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
   Device* dev = &device;
@@ -227,6 +238,9 @@ void EngineImpl::side_waits_for_compute() {
 
 void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements, std::shared_ptr<void> hold) {
   if (!buffer && !hold) return;
+  if (poison && buffer)
+    device.fill(buffer.data(), buffer.dtype(), static_cast<std::size_t>(buffer.numel()),
+                std::numeric_limits<float>::quiet_NaN(), *side);
   releasing_elements += gathered_elements;
   PendingFree f{std::move(buffer), device.create_event(), gathered_elements, std::move(hold)};
   device.record(*f.after, *side);
@@ -236,6 +250,12 @@ void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elem
 void EngineImpl::free_after(DeviceBuffer buffer, std::shared_ptr<Event> after) {
   if (!buffer) return;
   pending_frees.push_back(PendingFree{std::move(buffer), std::move(after), 0, nullptr});
+}
+
+void EngineImpl::show_poison() {
+  auto e = device.create_event();
+  device.record(*e, *side);
+  ready_for_compute(*e);
 }
 
 void EngineImpl::reap_frees(bool wait_all) {
@@ -251,17 +271,23 @@ void EngineImpl::reap_frees(bool wait_all) {
   }
 }
 
-void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt) {
+void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
+  rules.note_collective(tag);
+  comm.tag_next(std::move(tag));
   comm.all_gather(send, recv, static_cast<std::size_t>(count), dt, *side);
   elements_sent += count * (world - 1);
 }
 
-void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt) {
+void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
+  rules.note_collective(tag);
+  comm.tag_next(std::move(tag));
   comm.reduce_scatter(send, recv, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += count * (world - 1);
 }
 
-void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt) {
+void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag) {
+  rules.note_collective(tag);
+  comm.tag_next(std::move(tag));
   comm.all_reduce(buf, buf, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += world > 1 ? 2 * count * (world - 1) / world : 0;
 }
@@ -324,7 +350,7 @@ ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t>
   });
 }
 
-ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params) {
+ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params, ForwardMode mode) {
   Impl& I = *impl_;
   ZOE_CHECK_USAGE(!I.finalized, "add_module('", name, "') after the first forward");
   ModuleInfo m;
@@ -336,6 +362,7 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>&
     m.params.push_back(p.index);
   }
   I.modules.push_back(std::move(m));
+  I.rules.add_module(name, mode);
   return ModuleId{static_cast<std::uint32_t>(I.modules.size() - 1)};
 }
 
@@ -351,6 +378,8 @@ static ModuleInfo& transition(core::EngineImpl& I, ModuleId id, ModuleInfo::Phas
 
 ModuleTensors Engine::begin_forward(ModuleId id) {
   impl_->finalize();
+  impl_->check_module(id);
+  impl_->rules.begin_forward(static_cast<int>(id.index));
   ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
                              "while it is already active");
   impl_->acquire(static_cast<int>(id.index), false);
@@ -358,11 +387,16 @@ ModuleTensors Engine::begin_forward(ModuleId id) {
 }
 
 void Engine::end_forward(ModuleId id) {
+  impl_->check_module(id);
+  impl_->rules.end_forward(static_cast<int>(id.index));
   transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
   impl_->release(static_cast<int>(id.index));
+  if (impl_->poison) impl_->show_poison();
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
+  impl_->check_module(id);
+  impl_->rules.begin_backward(static_cast<int>(id.index));
   impl_->finalize();
   ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
                              "while it is already active");
@@ -372,15 +406,21 @@ ModuleTensors Engine::begin_backward(ModuleId id) {
 }
 
 void Engine::end_backward(ModuleId id) {
+  impl_->check_module(id);
+  impl_->rules.end_backward(static_cast<int>(id.index));
   ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
                              "without begin_backward");
   impl_->finish_backward(m);
   impl_->release(static_cast<int>(id.index));
+  if (impl_->poison) impl_->show_poison();
 }
 
 StepResult Engine::step() {
   impl_->finalize();
-  return impl_->step();
+  core::agree_on_step(*impl_);  // every rank made the same calls this step
+  StepResult r = impl_->step();
+  impl_->rules.step_done();
+  return r;
 }
 
 void Engine::synchronize() {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/comm/communicator.hpp"
+#include "src/core/call_rules.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/core/loss_scaler.hpp"
@@ -175,6 +176,8 @@ struct EngineImpl {
   double lr;
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
+  CallRules rules{config.gradient_accumulation_steps};  // call order; collective identity (call_rules.hpp)
+  bool poison = false;  // zoe.debug_poison: freed buffers are filled with NaN (free_after_side)
 
   std::vector<ParamInfo> params;
   std::vector<ModuleInfo> modules;
@@ -209,16 +212,25 @@ struct EngineImpl {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
+  /// Frees `buffer` once the side stream has reached this point (with zoe.debug_poison it is
+  /// first filled with NaN there).
   void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
   /// Frees `buffer` once `after` has completed.
   void free_after(DeviceBuffer buffer, std::shared_ptr<Event> after);
+  /// zoe.debug_poison: makes the NaN of the buffers freed so far visible to the trainer's
+  /// compute (end_forward / end_backward), so a stale view reads NaN from then on.
+  void show_poison();
   void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
-  // counted collectives (elements as nccl-tests counts bus traffic)
-  void all_gather(const void* send, void* recv, std::int64_t count, DType dt);
-  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt);
-  void all_reduce(void* buf, std::int64_t count, DType dt);
+  // counted collectives (elements as nccl-tests counts bus traffic), tagged with what they are
+  // for (group_tag in call_rules.hpp) and noted in the step's fingerprint
+  void all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag);
+  void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag);
+  void all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag);
+  // call_rules.cpp: the tags of collectives about group g's parameters / gradients now
+  CollectiveTag params_tag(const Group& g) const;
+  CollectiveTag grads_tag(const Group& g) const;
 
   // gather.cpp
   void acquire(int module, bool backward);

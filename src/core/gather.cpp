@@ -28,11 +28,11 @@ void EngineImpl::gather(Group& g) {
     DeviceBuffer staging = alloc(MemKind::buffer, dtype, L.shard_numel());
     device.host_func(*side, [read] { read->wait(); });
     device.copy(staging.data(), read->data(), staging.bytes(), *side);
-    all_gather(staging.data(), g.param_full.data(), L.shard_numel(), dtype);
+    all_gather(staging.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
     device.record(*g.param_ready, *side);
     free_after_side(std::move(staging), 0, std::move(read));
   } else {
-    all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype);
+    all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
     device.record(*g.param_ready, *side);
   }
   live_elements += L.padded_numel();
@@ -101,9 +101,10 @@ void EngineImpl::release(int module) {
   bool any_freed = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];
-    if (g.active > 0 || g.persistent || g.param_state != Group::ParamState::gathered) continue;
+    // zoe.debug_poison frees every released gather, so a stale view of it reads NaN.
+    if (g.active > 0 || (g.persistent && !poison) || g.param_state != Group::ParamState::gathered) continue;
     bool over_cap = live_elements > config.zero_optimization.stage3_max_live_parameters;
-    if (!over_cap && in_prefetch_window(gi)) continue;
+    if (!poison && !over_cap && in_prefetch_window(gi)) continue;
     if (!any_freed) side_waits_for_compute();  // the trainer's reads of the buffer come first
     any_freed = true;
     reshard(g);

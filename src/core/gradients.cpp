@@ -51,23 +51,23 @@ void EngineImpl::reduce_group(Group& g) {
   const int gas = config.gradient_accumulation_steps;
   const bool offloaded = has_offloaded_sub_groups(g);
   if (!policy.shards_optimizer) {
-    all_reduce(g.grad_full.data(), L.padded_numel(), dtype);
+    all_reduce(g.grad_full.data(), L.padded_numel(), dtype, grads_tag(g));
     return;
   }
   if (policy.reduces_at_step) {  // after the last micro-batch, into a shard the step reads
     g.grad_shard = alloc(MemKind::buffer, dtype, S);
-    reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
+    reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype, grads_tag(g));
     if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);  // read before the step (drained)
     return;
   }
   // Each micro-batch, as soon as the group's backward ended.
   const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
   if (gas == 1 && g.grad_shard) {
-    reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype);
+    reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, dtype, grads_tag(g));
     if (offloaded) offload_grads(g, g.grad_shard.data(), true, true);
   } else {
     DeviceBuffer part = alloc(MemKind::buffer, dtype, S);
-    reduce_scatter(g.grad_full.data(), part.data(), S, dtype);
+    reduce_scatter(g.grad_full.data(), part.data(), S, dtype, grads_tag(g));
     // Micro-batches add up in fp32 (grad_dtype() is f32 when gas > 1).
     if (g.grad_shard && first) device.cast(part.data(), dtype, g.grad_shard.data(), DType::f32, S, *side);
     if (g.grad_shard && !first) device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);

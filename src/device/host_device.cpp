@@ -49,6 +49,22 @@ HostDevice::~HostDevice() {
   for (auto& [ptr, bytes] : sizes_) std::free(ptr);
   for (auto& [bytes, blocks] : cache_)
     for (void* p : blocks) std::free(p);
+  for (auto& [p, bytes] : quarantine_) std::free(p);
+}
+
+void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
+  std::lock_guard lock(mutex_);
+  poison_freed_ = true;
+  quarantine_cap_ = quarantine_bytes;
+  for (auto& [bytes, blocks] : cache_)
+    for (void* p : blocks) free_block(p);
+  cache_.clear();
+  cached_bytes_ = 0;
+}
+
+std::size_t HostDevice::quarantined_bytes() const {
+  std::lock_guard lock(mutex_);
+  return quarantined_bytes_;
 }
 
 std::string HostDevice::name() const {
@@ -111,6 +127,8 @@ void* HostDevice::allocate(std::size_t bytes) {
 
 void HostDevice::deallocate(void* ptr) {
   if (!ptr) return;
+  bool quarantine = false;   // set_poison_freed: poison and quarantine instead of freeing
+  std::size_t poisoned = 0;  // bytes to poison
   {
     std::lock_guard lock(mutex_);
     auto it = sizes_.find(ptr);
@@ -120,14 +138,32 @@ void HostDevice::deallocate(void* ptr) {
     sizes_.erase(it);
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
     live_rounded_ -= rounded;
-    if (kCachesBlocks && rounded >= kCacheMinBytes) {
+    if (poison_freed_) {
+      quarantine = true;
+      poisoned = bytes;
+    } else if (kCachesBlocks && rounded >= kCacheMinBytes) {
       cache_[rounded].push_back(ptr);
       cached_bytes_ += rounded;
       return;
     }
-    blocks_.erase(ptr);  // before free: the address may come back as host memory at once
+    // Before free: the address may come back as host memory at once. A quarantined block
+    // stays this device's until it is retired.
+    if (!quarantine) blocks_.erase(ptr);
   }
-  std::free(ptr);
+  if (!quarantine) {
+    std::free(ptr);
+    return;
+  }
+  // Quarantine (set_poison_freed): poison outside the lock, then retire the oldest blocks.
+  std::memset(ptr, 0xFF, poisoned);
+  std::lock_guard lock(mutex_);
+  quarantine_.emplace_back(ptr, poisoned);
+  quarantined_bytes_ += poisoned;
+  while (quarantine_.size() > 1 && quarantined_bytes_ > quarantine_cap_) {
+    free_block(quarantine_.front().first);
+    quarantined_bytes_ -= quarantine_.front().second;
+    quarantine_.pop_front();
+  }
 }
 
 DeviceMemoryStats HostDevice::memory_stats() const {

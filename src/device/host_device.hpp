@@ -22,7 +22,8 @@
 // allocates and frees (gathered parameters, gradient buckets) do not fault in fresh pages every
 // step. A miss releases cached blocks (largest first) until live + cached bytes fit within the
 // peak of live bytes: the footprint never exceeds what the live blocks once needed. Not under ASan
-// (it would hide use-after-free).
+// (it would hide use-after-free). set_poison_freed() (zoe.debug_poison) replaces the cache by
+// a poisoned quarantine.
 // Trainer usage: the trainer computes on its own thread. Work the engine queues on
 // compute_stream() runs on that stream's thread; synchronize(compute_stream()) or an
 // event recorded there makes its results visible to the calling thread, and work queued
@@ -35,10 +36,12 @@
 
 #include <atomic>
 #include <cstddef>
+#include <deque>
 #include <memory>
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "src/device/address_ranges.hpp"
@@ -86,6 +89,14 @@ class HostDevice final : public Device {
   DeviceMemoryStats memory_stats() const override;
   /// Bytes held by the block cache (freed, not returned to the system).
   std::size_t cached_bytes() const;
+  /// Debugging use-after-free (zoe.debug_poison): from now on every freed block is filled with
+  /// 0xFF bytes (NaN in fp32, bf16 and fp16) and kept out of the block cache in a FIFO
+  /// quarantine of at most `quarantine_bytes` (older blocks go back to the system; the newest
+  /// always stays), so a read through a pointer kept past its free reads NaN, never the
+  /// values of a buffer allocated later. Releases the cached blocks. Thread-safe.
+  void set_poison_freed(std::size_t quarantine_bytes);
+  /// Bytes held by the quarantine (0 unless set_poison_freed was called).
+  std::size_t quarantined_bytes() const;
   void reset_peak() override;
   /// Records [ptr, ptr + bytes) as registered (pinned): copies from or to it do not count as
   /// pageable. Returns false, recording nothing, for a null or empty range or one that
@@ -148,6 +159,9 @@ class HostDevice final : public Device {
   std::shared_ptr<CopyEngine> h2d_, d2h_;  // discrete only; shared with queued copies
   std::map<std::size_t, std::vector<void*>> cache_;  // freed blocks by rounded size
   std::size_t cached_bytes_ = 0;
+  bool poison_freed_ = false;                                     // set_poison_freed
+  std::size_t quarantine_cap_ = 0, quarantined_bytes_ = 0;
+  std::deque<std::pair<void*, std::size_t>> quarantine_;          // poisoned freed blocks, oldest first
   std::size_t live_rounded_ = 0, live_rounded_peak_ = 0;  // live blocks' rounded bytes
   DeviceMemoryStats stats_;
   std::unique_ptr<HostStream> compute_;

@@ -131,6 +131,45 @@ TEST(LocalCommFailures, MismatchedCollectivesNameBoth) {
   }
 }
 
+// Same shape, different tags (two groups' gradients of one size): both host backends refuse
+// to pair them, on every rank, naming both tags; equal tags pair and reduce as usual.
+TEST(CommFailures, DifferentTagsNeverPairOnEitherHostBackend) {
+  for (bool gloo : {false, true}) {
+    HostCommOptions o;
+    o.timeout = std::chrono::milliseconds(5000);
+    auto ranks = gloo ? make_gloo_local_ranks(2, o) : make_local_ranks(2, 5.0);
+    std::vector<std::string> errors(2);
+    std::vector<std::vector<float>> sums(2);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      auto stream = ctx.device->create_stream();
+      auto tag = [&](int group) {
+        CollectiveTag t;
+        t.kind = CollectiveTag::Kind::grads;
+        t.group = group;
+        t.step = 3;
+        t.micro_batch = 0;
+        t.label = group == 0 ? "gradients of 'A'" : "gradients of 'B'";
+        return t;
+      };
+      std::vector<float> a(4, 1.0f + ctx.rank);
+      ctx.comm->tag_next(tag(0));
+      ctx.comm->all_reduce(a.data(), a.data(), 4, DType::f32, ReduceOp::sum, *stream);
+      ctx.device->synchronize(*stream);
+      sums[ctx.rank] = a;
+      ctx.comm->tag_next(tag(ctx.rank));  // rank 0: A, rank 1: B
+      ctx.comm->all_reduce(a.data(), a.data(), 4, DType::f32, ReduceOp::sum, *stream);
+      errors[ctx.rank] = error_of([&] { ctx.device->synchronize(*stream); });
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(sums[r], std::vector<float>(4, 3.0f)) << "equal tags must pair";
+      EXPECT_THAT(errors[r], HasSubstr("mismatched collectives: rank 0 issued all_reduce (collective #1, count 4, fp32, "
+                                       "sum, gradients of 'A', step 3, micro-batch 0) but rank 1 issued all_reduce "
+                                       "(collective #1, count 4, fp32, sum, gradients of 'B', step 3, micro-batch 0)"))
+          << (gloo ? "gloo" : "local");
+    }
+  }
+}
+
 TEST(LocalCommFailures, OneCommunicatorPerRank) {
   auto group = make_local_group(2, std::chrono::milliseconds(1000));
   auto device = std::make_shared<HostDevice>();

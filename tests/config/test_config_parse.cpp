@@ -38,7 +38,8 @@ constexpr const char* kEveryKey = R"({
   "aio": {"block_size": 262144, "queue_depth": 8, "intra_op_parallelism": 2, "single_submit": true,
           "overlap_events": false},
   "zoe": {"comm_timeout_s": 60.5, "optimizer_threads": 2, "require_direct_io": true,
-          "pinned_budget_bytes": 8e9, "overlap_step": false, "delayed_update": true}
+          "pinned_budget_bytes": 8e9, "overlap_step": false, "delayed_update": true,
+          "debug_poison": true}
 })";
 
 TEST(ConfigParse, EveryKeyReachesItsField) {
@@ -93,6 +94,7 @@ TEST(ConfigParse, EveryKeyReachesItsField) {
   EXPECT_EQ(c.zoe.pinned_budget_bytes, 8'000'000'000);
   EXPECT_FALSE(c.zoe.overlap_step);
   EXPECT_TRUE(c.zoe.delayed_update);
+  EXPECT_TRUE(c.zoe.debug_poison);
   EXPECT_EQ(c.compute_dtype(), zoe::DType::f16);
 }
 
@@ -148,6 +150,7 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.zoe.pinned_budget_bytes, 0);
   EXPECT_TRUE(c.zoe.overlap_step);
   EXPECT_FALSE(c.zoe.delayed_update);
+  EXPECT_FALSE(c.zoe.debug_poison);
   EXPECT_EQ(c.compute_dtype(), zoe::DType::f32);
   EXPECT_NO_THROW(Config{}.validate());
 }

@@ -1,0 +1,163 @@
+#include "src/core/call_rules.hpp"
+
+#include <cstring>
+
+#include "src/common/check.hpp"
+#include "src/core/engine_impl.hpp"
+
+namespace zoe::core {
+
+void CallRules::add_module(std::string name, ForwardMode mode) {
+  Module m;
+  m.name = std::move(name);
+  m.mode = mode;
+  modules_.push_back(std::move(m));
+}
+
+void CallRules::begin_forward(int i) {
+  Module& m = module(i);
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "begin_forward('", m.name, "') while '", m.name,
+                  "' is already in forward: end_forward('", m.name, "') first (rule: begin and end alternate)");
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "begin_forward('", m.name, "') while '", m.name,
+                  "' is in backward: end_backward('", m.name,
+                  "') first (rule: a module is in one phase at a time; to recompute a checkpointed forward, run "
+                  "begin_forward/end_forward before begin_backward, or compute it inside the backward scope from "
+                  "its parameters)");
+  m.phase = ModulePhase::forward;
+}
+
+void CallRules::end_forward(int i) {
+  Module& m = module(i);
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "end_forward('", m.name, "') while '", m.name,
+                  "' is in backward: end_backward closes a backward (rule: each end_* closes its own begin_*)");
+  ZOE_CHECK_USAGE(m.phase == ModulePhase::forward, "end_forward('", m.name, "') without begin_forward('", m.name,
+                  "') (rule: each end_* closes its own begin_*)");
+  m.phase = ModulePhase::idle;
+  m.forwarded = true;
+  ++forwards_;
+}
+
+void CallRules::begin_backward(int i) {
+  Module& m = module(i);
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "begin_backward('", m.name, "') while '", m.name,
+                  "' is still in forward: end_forward('", m.name,
+                  "') first (rule: a module's backward follows its completed forward)");
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "begin_backward('", m.name, "') while '", m.name,
+                  "' is already in backward: end_backward('", m.name, "') first (rule: begin and end alternate)");
+  if (m.mode == ForwardMode::separate) {
+    ZOE_CHECK_USAGE(m.forwarded || m.backwards == 0, "begin_backward('", m.name, "'): '", m.name,
+                    "' already ran its backward in this micro-batch (no forward of '", m.name,
+                    "' since its last end_backward; rule: each module runs one backward per micro-batch, after its "
+                    "forward; to apply a module twice in one micro-batch, register a second module with the same "
+                    "parameters, as tied weights)");
+    ZOE_CHECK_USAGE(m.forwarded, "begin_backward('", m.name, "') with no forward of '", m.name,
+                    "' in this micro-batch (rule: a module's backward follows its forward: begin_forward/end_forward('",
+                    m.name, "') first, or register '", m.name,
+                    "' with ForwardMode::in_backward if its forward runs inside its backward scope)");
+  } else {
+    ZOE_CHECK_USAGE(forwards_ == 0 || m.forwards_seen < forwards_, "begin_backward('", m.name, "'): '", m.name,
+                    "' already ran its backward in this micro-batch (no module's forward since its last "
+                    "end_backward; rule: each module runs one backward per micro-batch)");
+  }
+  ZOE_CHECK_USAGE(m.backwards < gas_, "begin_backward('", m.name, "'): '", m.name, "' already ran its backward in all ",
+                  gas_, " micro-batch(es) of this step (gradient_accumulation_steps = ", gas_,
+                  "): call step() first (rule: each module runs one backward per micro-batch)");
+  m.phase = ModulePhase::backward;
+  m.forwarded = false;
+  m.forwards_seen = forwards_;
+  ++m.backwards;
+  backward_log_.push_back(i);
+}
+
+void CallRules::end_backward(int i) {
+  Module& m = module(i);
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "end_backward('", m.name, "') while '", m.name,
+                  "' is in forward: end_forward closes a forward (rule: each end_* closes its own begin_*)");
+  ZOE_CHECK_USAGE(m.phase == ModulePhase::backward, "end_backward('", m.name, "') without begin_backward('", m.name,
+                  "') (rule: each end_* closes its own begin_*)");
+  m.phase = ModulePhase::idle;
+}
+
+void CallRules::step_done() {
+  for (Module& m : modules_) {
+    m.forwarded = false;
+    m.forwards_seen = -1;
+    m.backwards = 0;
+  }
+  forwards_ = 0;
+  backward_log_.clear();
+  hash_ = 0xcbf29ce484222325ull;
+  collectives_ = 0;
+  ++steps_;
+}
+
+void CallRules::note_collective(const CollectiveTag& tag) {
+  // FNV-1a over the tag's fields.
+  const std::int64_t words[4] = {static_cast<std::int64_t>(tag.kind), tag.group, tag.step, tag.micro_batch};
+  unsigned char bytes[sizeof(words)];
+  std::memcpy(bytes, words, sizeof(words));
+  for (unsigned char b : bytes) hash_ = (hash_ ^ b) * 0x100000001b3ull;
+  ++collectives_;
+}
+
+std::string CallRules::backward_log() const {
+  std::string s;
+  for (int i : backward_log_) s += (s.empty() ? "'" : ", '") + modules_[static_cast<std::size_t>(i)].name + "'";
+  return s.empty() ? "none" : s;
+}
+
+namespace {
+// The tag of a collective about group g (kind params or grads) in the current step.
+CollectiveTag group_tag(const EngineImpl& I, const Group& g, CollectiveTag::Kind kind) {
+  const int gi = static_cast<int>(&g - I.groups.data());
+  CollectiveTag t;
+  t.kind = kind;
+  t.group = gi;
+  t.step = I.rules.steps();
+  if (kind == CollectiveTag::Kind::grads) t.micro_batch = g.micro_batches - 1;
+  std::string users;
+  if (g.users.size() > 1)
+    for (int u : g.users) users += (users.empty() ? " (modules '" : "', '") + I.modules[static_cast<std::size_t>(u)].name;
+  if (!users.empty()) users += "')";
+  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of '" : "parameters of '", g.name, "'",
+                           users);
+  return t;
+}
+}  // namespace
+
+CollectiveTag EngineImpl::params_tag(const Group& g) const { return group_tag(*this, g, CollectiveTag::Kind::params); }
+CollectiveTag EngineImpl::grads_tag(const Group& g) const { return group_tag(*this, g, CollectiveTag::Kind::grads); }
+
+void agree_on_step(EngineImpl& I) {
+  if (I.world == 1) return;
+  const CallRules& R = I.rules;
+  constexpr int kWords = 4;
+  const std::uint32_t mine[kWords] = {R.fingerprint(), R.collectives(), R.backward_calls(),
+                                      static_cast<std::uint32_t>(R.steps())};
+  // The words travel as fp32 bit patterns: all_gather copies, never computes.
+  DeviceBuffer send = I.alloc(MemKind::buffer, DType::f32, kWords);
+  DeviceBuffer recv = I.alloc(MemKind::buffer, DType::f32, kWords * I.world);
+  std::vector<std::uint32_t> all(static_cast<std::size_t>(kWords * I.world));
+  Stream& s = *I.side;
+  I.device.copy(send.data(), mine, sizeof(mine), s);
+  CollectiveTag tag;
+  tag.kind = CollectiveTag::Kind::step_agreement;
+  tag.step = R.steps();
+  tag.label = "the step agreement of step()";
+  I.comm.tag_next(std::move(tag));
+  I.comm.all_gather(send.data(), recv.data(), kWords, DType::f32, s);
+  I.device.copy(all.data(), recv.data(), all.size() * sizeof(std::uint32_t), s);
+  I.device.synchronize(s);  // rethrows a failure of this step's collectives
+  for (int p = 0; p < I.world; ++p) {
+    const std::uint32_t* theirs = all.data() + p * kWords;
+    if (std::memcmp(theirs, mine, sizeof(mine)) == 0) continue;
+    ZOE_THROW(UsageError, "step() ", R.steps(), " on rank ", I.rank, ": rank ", p, " made different calls in this step (",
+              theirs[2], " backward calls and ", theirs[1], " collectives, fingerprint ", theirs[0], ") than rank ",
+              I.rank, " (", mine[2], " backward calls: ", R.backward_log(), "; ", mine[1], " collectives, fingerprint ",
+              mine[0], "); rule: every rank runs the same modules' forward and backward in the same order (to count "
+              "a module's gradient as zero on one rank, run its begin_backward/end_backward and add nothing). The "
+              "step's gradients are mixed: destroy this Engine");
+  }
+}
+
+}  // namespace zoe::core
