@@ -13,6 +13,10 @@ struct CopyEngine::Counters {
   std::atomic<std::int64_t> copies{0}, bytes{0};
 };
 
+std::chrono::nanoseconds CopyModel::latency() const {
+  return std::chrono::nanoseconds(std::llround(latency_us * 1e3));
+}
+
 std::chrono::nanoseconds CopyModel::duration(std::size_t bytes) const {
   double ns = latency_us * 1e3;
   if (gbps > 0) ns += static_cast<double>(bytes) / gbps;  // bytes / (gbps * 1e9 B/s) in ns
@@ -25,10 +29,12 @@ CopyEngine::CopyEngine(std::string name, CopyModel model)
 CopyEngine::~CopyEngine() = default;  // ~HostQueue drains
 
 void CopyEngine::copy(void* dst, const void* src, std::size_t bytes) {
-  const auto modelled = model_.duration(bytes);
-  const std::uint64_t ticket = queue_->enqueue([this, dst, src, bytes, modelled] {
-    if (modelled.count() > 0) std::this_thread::sleep_until(std::chrono::steady_clock::now() + modelled);
+  const auto latency = model_.latency(), modelled = model_.duration(bytes);
+  const std::uint64_t ticket = queue_->enqueue([this, dst, src, bytes, latency, modelled] {
+    const auto start = std::chrono::steady_clock::now();
+    if (latency.count() > 0) std::this_thread::sleep_until(start + latency);
     std::memmove(dst, src, bytes);
+    if (modelled > latency) std::this_thread::sleep_until(start + modelled);
     counters_->copies.fetch_add(1, std::memory_order_relaxed);
     counters_->bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
   });

@@ -1,12 +1,12 @@
 // CopyEngine: the discrete host device's model of a GPU copy engine (a DMA engine on the
-// PCIe link). One worker thread runs copies one at a time in submission order, each taking
-// latency + bytes / bandwidth of modelled time: the worker sleeps until that time has passed
-// since the copy started, then moves the bytes. Moving them at the end (not the start) means
-// a caller that reads the destination, or overwrites the source, before the copy completes
-// sees the wrong bytes, as it could on a GPU. A copy therefore takes the modelled time plus
-// its memmove. The discrete HostDevice owns two engines, host-to-device and device-to-host,
-// as GPUs have (PCIe is full duplex: a gradient going down overlaps a parameter going up,
-// while two copies in the same direction share the bandwidth).
+// PCIe link). One worker thread runs copies one at a time in submission order. A copy waits
+// out the modelled latency, moves the bytes, then waits until latency + bytes / bandwidth has
+// passed since it started: it takes latency + max(bytes / bandwidth, memmove time). The bytes
+// move after the latency, not at once, so a caller that reads the destination, or overwrites
+// the source, before the copy's event sees the wrong bytes, as it could on a GPU. The discrete
+// HostDevice owns two engines, host-to-device and device-to-host, as GPUs have (PCIe is full
+// duplex: a gradient going down overlaps parameters going up, while two copies in the same
+// direction share the bandwidth).
 // Thread-safety: copy() may be called from any thread; copies from different callers are
 // serialised in the order they reach the engine.
 #pragma once
@@ -25,8 +25,9 @@ class HostQueue;
 struct CopyModel {
   double gbps = 0;        // GB/s (1e9 bytes per second); 0 = not modelled
   double latency_us = 0;  // microseconds per copy
-  /// Modelled time of a copy of `bytes`.
+  /// Modelled time of a copy of `bytes`: latency() + bytes / bandwidth.
   std::chrono::nanoseconds duration(std::size_t bytes) const;
+  std::chrono::nanoseconds latency() const;
 };
 
 class CopyEngine {
@@ -38,7 +39,7 @@ class CopyEngine {
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  /// Queues memmove(dst, src, bytes) after the modelled time and blocks until it has run.
+  /// Queues memmove(dst, src, bytes), paced as the file comment says, and blocks until it has run.
   /// Called from a stream's thread, so the stream's later work waits for the copy while other
   /// streams go on. Throws nothing.
   void copy(void* dst, const void* src, std::size_t bytes);

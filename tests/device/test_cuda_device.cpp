@@ -169,7 +169,7 @@ TEST(CudaDeviceOnGpu, AdamKernelMatchesTheHostDeviceBitwise) {
   }
 }
 
-TEST(CudaDevice, CountsPageableCopiesAndKeepsHostCodeOutOfDeviceMemory) {
+TEST(CudaDeviceOnGpu, CountsPageableCopiesAndKeepsHostCodeOutOfDeviceMemory) {
   Opened o = open_gpu();
   if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
   CudaDevice& dev = *o.device;

@@ -141,7 +141,7 @@ TEST(DiscreteHostDevice, ACopyIsAsynchronous) {
   d.copy(a, h.data(), h.size() * 4, *s);
   d.record(*done, *s);
   EXPECT_FALSE(d.query(*done)) << "copy() waited for the copy";
-  EXPECT_EQ(d.h2d_engine()->copies(), 0) << "the bytes move at the end of the modelled time";
+  EXPECT_EQ(d.h2d_engine()->copies(), 0) << "the bytes move after the modelled latency";
   d.synchronize(*done);
   EXPECT_GE(seconds_since(t0), 1.0);
   EXPECT_EQ(d.h2d_engine()->copies(), 1);

@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 
 #include "tests/core/test_net.hpp"
 
@@ -95,11 +96,12 @@ TEST(OptimizerOffload, TwoEnginesOnOneNvmePathDoNotClobberEachOther) {
   std::string dir = temp_dir("two");
   Config c = config(2, OffloadDevice::nvme, dir);
   RunResult ref = train(config(2, OffloadDevice::none, dir), kNet, 2, 10, 16);
-  RunResult a, b;
-  std::thread ta([&] { a = train(c, kNet, 2, 10, 16); });
-  std::thread tb([&] { b = train(c, kNet, 2, 10, 16); });
-  ta.join();
-  tb.join();
+  // Futures, not bare threads: an engine error fails the test instead of aborting the binary.
+  auto fa = std::async(std::launch::async, [&] { return train(c, kNet, 2, 10, 16); });
+  auto fb = std::async(std::launch::async, [&] { return train(c, kNet, 2, 10, 16); });
+  fa.wait();
+  fb.wait();
+  RunResult a = fa.get(), b = fb.get();
   EXPECT_TRUE(bitwise_equal(a, ref));
   EXPECT_TRUE(bitwise_equal(b, ref));
   EXPECT_TRUE(std::filesystem::is_empty(dir));
