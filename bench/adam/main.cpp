@@ -7,7 +7,8 @@
 //  - CpuAdam with its own pick (StorePolicy::measure, its trials run before the timed
 //    repetitions) against the best bound of any store kind in the same repetition: the headline;
 //  - a plain -O3 Adam loop.
-// Prints medians over the repetitions of GB/s and of the per-repetition ratios.
+// Prints medians over the repetitions of GB/s and of the per-repetition ratios. --thread-cpu
+// times one-thread cases by the thread's CPU clock (for a loaded shared machine).
 // --json: one JSON object per line {"bench","case","value","unit","bound","ratio"}; the
 // library's lines add "picked" (the store kind CpuAdam chose).
 #include <tbb/task_arena.h>
@@ -15,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -37,6 +39,21 @@ double seconds(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double thread_cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds of the calling thread spent in f (one-thread cases run on the calling thread):
+// time the scheduler gave to other processes is left out.
+template <class F>
+double thread_cpu_seconds(F&& f) {
+  const double t0 = thread_cpu_now();
+  f();
+  return thread_cpu_now() - t0;
 }
 
 double median(std::vector<double> x) {
@@ -67,6 +84,7 @@ struct Options {
   std::vector<int> sizes_mi{16, 128};
   std::vector<int> threads{1, 2};
   int steps = 10;
+  bool thread_cpu = false;
   bool json = false;
 };
 
@@ -94,6 +112,8 @@ const Kind kKinds[] = {
 };
 
 void run_case(const Options& o, Arrays& a, std::size_t n, int size_mi, int threads, bool bf16_out, std::int64_t& t) {
+  const bool cpu_clock = o.thread_cpu && threads == 1;
+  auto seconds = [cpu_clock](auto&& f) { return cpu_clock ? thread_cpu_seconds(f) : ::seconds(f); };
   CpuAdam forced(threads), library(threads);  // forced: one kind per call; library: its own pick
   library.set_store_policy(StorePolicy::measure);
   tbb::task_arena arena(threads);
@@ -151,7 +171,8 @@ void run_case(const Options& o, Arrays& a, std::size_t n, int size_mi, int threa
     return b;
   };
   const std::string name = "N=" + std::to_string(size_mi) + "M threads=" + std::to_string(threads) +
-                           (bf16_out ? " out=fp32+bf16" : " out=fp32") + " isa=" + std::string(zoe::optim::isa_name(library.isa()));
+                           (bf16_out ? " out=fp32+bf16" : " out=fp32") + " isa=" + std::string(zoe::optim::isa_name(library.isa())) +
+                           (cpu_clock ? " clock=thread-cpu" : "");
   const std::string picked(zoe::optim::stores_name(choice.stores));
   std::vector<double> bound_best;
   for (int s = 0; s < o.steps; ++s) bound_best.push_back(bytes / best_bound_secs(s) / 1e9);
@@ -189,6 +210,9 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "thread counts (oneTBB arena sizes)");
   app.add_option("--steps", o.steps, "timed steps per case (medians over them; >= 10 for reported figures)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--thread-cpu", o.thread_cpu,
+               "one-thread cases: time by the thread's CPU clock (leaves out time the scheduler gave to other "
+               "processes on a loaded machine; the bound and every variant alike); other cases stay on the wall clock");
   app.add_flag("--json", o.json, "one JSON object per line: {bench, case, value, unit, bound, ratio}");
   CLI11_PARSE(app, argc, argv);
   if (!o.json)

@@ -235,8 +235,11 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
   line("CPU step as the pipeline runs it", kPipeline);
   line("CPU step fused gradient add", kFused);
   const auto choice = adam.store_choice(static_cast<std::size_t>(numel.front()), DType::f32, true);
-  report.text("# CpuAdam stores picked for the sub-groups: %s (%s)\n",
-              std::string(optim::stores_name(choice.stores)).c_str(), choice.decided ? "measured" : "still measuring");
+  const auto grad_choice = adam.add_grad_store_choice(static_cast<std::size_t>(numel.front()), DType::bf16, true);
+  report.text("# CpuAdam's measured picks for the sub-groups: step %s (%s), add_grad %s stores (%s)\n",
+              optim::stores_name(choice.stores).c_str(), choice.decided ? "measured" : "still measuring",
+              grad_choice.stores.in_place == optim::StoreKind::nontemporal ? "nontemporal" : "ordinary",
+              grad_choice.decided ? "measured" : "still measuring");
 }
 
 }  // namespace zoe::bench
