@@ -82,6 +82,8 @@ enum class StorePolicy {
   /// prefetch, and with a half copy nontemporal-half with and without prefetch (4 or 6);
   /// add_grad's: ordinary, nontemporal (first and accumulating calls are measured apart).
   /// Arrays not aligned for streaming (see step) use ordinary stores and do not count as trials.
+  /// Trials are timed by the calling thread's CPU clock when the arena has one thread (the call
+  /// runs inline; time given to other processes is left out), else by the wall clock.
   measure,
   ordinary,          // always Stores{ordinary, ordinary}, no prefetch
   nontemporal,       // always Stores{nontemporal, nontemporal} (where aligned), no prefetch
