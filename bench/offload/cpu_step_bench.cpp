@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,6 +76,12 @@ void widen_pass(tbb::task_arena& arena, const std::uint16_t* src, float* dst, st
       }
     });
   });
+}
+
+double thread_cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::string millions(std::int64_t n) {
@@ -188,8 +195,15 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
     }
   };
 
+  const bool cpu_clock = o.thread_cpu && adam.threads() == 1;
+  auto seconds = [cpu_clock](auto&& f) {
+    if (!cpu_clock) return zoe::bench::seconds(f);
+    const double t0 = thread_cpu_now();
+    f();
+    return thread_cpu_now() - t0;
+  };
   const std::string name = "cpu psi=" + millions(psi) + " sub-group=" + millions(sub) +
-                           " threads=" + std::to_string(adam.threads());
+                           " threads=" + std::to_string(adam.threads()) + (cpu_clock ? " clock=thread-cpu" : "");
   report.text("# %s: whole CPU step (gradient add, norm, clip, AdamW, bf16 copy), %zu sub-groups\n", name.c_str(),
               numel.size());
   // Warm-up: faults nothing new, starts the threads, runs CpuAdam's store trials (StorePolicy::

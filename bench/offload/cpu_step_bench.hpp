@@ -16,6 +16,9 @@ struct CpuStepBenchOptions {
   int threads = 0;
   /// Timed repetitions (each runs every variant and bound pass once, order rotated).
   int reps = 5;
+  /// With threads == 1: time by the calling thread's CPU clock (every pass then runs on it),
+  /// leaving out time a loaded machine gave to other processes. Else the wall clock.
+  bool thread_cpu = false;
 };
 
 /// Runs the case. Allocates about 38 bytes per element of host memory (two copies of the fp32

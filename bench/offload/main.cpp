@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   app.add_option("--cases", cases, "which parts to run")->check(CLI::IsMember({"step", "overlap", "cpu-step"}));
   app.add_option("--cpu-step-psi", cpu_step_psi_m, "(cpu-step) model size in millions of elements")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--thread-cpu", co.thread_cpu,
+               "(cpu-step) with --threads 1: time by the thread's CPU clock (a loaded machine's other processes "
+               "left out)");
   app.add_option("--psi", psi_m, "(step) model sizes in millions of elements")->check(CLI::PositiveNumber);
   app.add_option("--tiers", tiers, "(step) where the states live")->check(CLI::IsMember({"cpu", "nvme"}));
   app.add_option("--group", group_m, "(step) millions of elements per group (module shard)")

@@ -37,8 +37,9 @@ struct KernelTable {
   /// CpuAdam::add_grad over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
   /// grad[i] = float(src[i]) (first) or grad[i] + float(src[i]) (fp32 add); sums[k] = the sum
   /// of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk of the range.
-  /// Returns whether every written grad[i] is finite. stream: non-temporal stores of grad
-  /// (grad 32-byte aligned; paths without a vector version ignore it).
+  /// Returns false if a written grad[i] is not finite; may return true then if that element's
+  /// chunk sum is inf or NaN (the AVX-512 path: the caller checks the sums). stream:
+  /// non-temporal stores of grad (grad 64-byte aligned; paths without a vector version ignore it).
   bool (*add_grad)(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
                    std::size_t end, double* sums);
 };

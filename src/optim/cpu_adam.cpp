@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <ctime>
 #include <cstdlib>
@@ -299,9 +300,9 @@ CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* gr
   const auto add = impl_->kernels.add_grad;
   const std::size_t blocks = (n + kBlock - 1) / kBlock;
   std::atomic<bool> bad{false};
-  impl_->with_stores(first ? kAddGradFirst : kAddGradAccumulate, add_grad_bytes(n, src_dtype, first), aligned(grad, 32),
+  impl_->with_stores(first ? kAddGradFirst : kAddGradAccumulate, add_grad_bytes(n, src_dtype, first), aligned(grad, 64),
                      [&](Stores st) {
-    const bool stream = st.in_place == StoreKind::nontemporal && aligned(grad, 32);
+    const bool stream = st.in_place == StoreKind::nontemporal && aligned(grad, 64);
     auto run = [&](std::size_t blk) {
       const std::size_t b = blk * kBlock, e = std::min(n, b + kBlock);
       if (!add(src, src_dtype, grad, first, stream, b, e, sums.data() + b / C)) bad.store(true, std::memory_order_relaxed);
@@ -317,7 +318,8 @@ CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* gr
     });
   });
   for (double x : sums) r.sum_squares += x;  // chunk order, as host_ops::sum_squares
-  r.finite = !bad.load();
+  // The AVX-512 kernel reports its vector part finite; an inf or NaN there made the sum inf / NaN.
+  r.finite = !bad.load() && std::isfinite(r.sum_squares);
   return r;
 }
 

@@ -185,7 +185,7 @@ class CpuAdam {
   /// exception: an fp16 signalling NaN becomes a quiet NaN on the AVX-512 path, as in step). The
   /// AVX-512 path sums 8 chunks at once, one chunk per fp64 lane, so the chunk order is kept.
   /// grad's stores follow the store policy like step's (measured apart, class comment);
-  /// non-temporal only where grad is 32-byte aligned. Throws zoe::UsageError for a null array with n > 0.
+  /// non-temporal only where grad is 64-byte aligned. Throws zoe::UsageError for a null array with n > 0.
   GradStats add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first);
 
  private:

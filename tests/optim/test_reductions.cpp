@@ -115,7 +115,8 @@ TEST(AllFinite, FindsEveryNonFiniteAtEveryPosition) {
 TEST(AddGrad, EveryIsaEveryDtypeMatchesHostOpsBitwise) {
   const tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
   constexpr std::size_t C = 4096;
-  for (std::size_t n : {std::size_t{1}, std::size_t{17}, C - 1, C, 8 * C - 3, 8 * C, 8 * C + 1, 17 * C + 5,
+  for (std::size_t n : {std::size_t{1}, std::size_t{17}, C - 1, C, 8 * C - 3, 8 * C, 8 * C + 1, 16 * C, 17 * C + 5,
+                        25 * C - 1,
                         std::size_t{3} << 18}) {
     const std::vector<float> start = uniform(n, -3.0f, 3.0f, 40 + static_cast<unsigned>(n));
     const std::vector<float> g = uniform(n, -1.0f, 1.0f, 41 + static_cast<unsigned>(n));
