@@ -60,7 +60,6 @@ StorePolicy store_policy_from_env() {
 constexpr Stores kOrdinary{StoreKind::ordinary, StoreKind::ordinary};
 constexpr Stores kNontemporal{StoreKind::nontemporal, StoreKind::nontemporal};
 constexpr Stores kNontemporalHalf{StoreKind::ordinary, StoreKind::nontemporal};
-// StorePolicy::measure's candidates, in tie-break order (ordinary first).
 constexpr Stores with_prefetch(Stores s) { return {s.in_place, s.half_out, true}; }
 // StorePolicy::measure's candidates, in tie-break order; add_grad uses the first 2, step
 // without a half copy the first 4, with one all 6.
@@ -100,9 +99,9 @@ bool aligned(const void* p, std::size_t alignment) {
 
 // StorePolicy::measure's state for one size class of one operation.
 struct StoreTrials {
-  int calls = 0;               // counted calls: 1 warm-up, then the timed trials
+  int calls = 0;                     // counted calls: 1 warm-up, then the timed trials
   double best[kMaxCandidates] = {};  // per candidate: least seconds per byte, 0 = not yet timed
-  int chosen = -1;             // index in kCandidates once decided
+  int chosen = -1;                   // index in kCandidates once decided
 };
 
 // The operations measured apart (their access patterns differ).
@@ -146,7 +145,9 @@ struct CpuAdam::Impl {
     const bool inline_call = arena.max_concurrency() == 1;
     const double t0 = inline_call ? thread_cpu_seconds() : wall_seconds();
     run(kCandidates[c]);
-    const double s_per_byte = ((inline_call ? thread_cpu_seconds() : wall_seconds()) - t0) / static_cast<double>(bytes);
+    // Never 0 (a call shorter than the clock's tick), which would read as "not yet timed".
+    const double s_per_byte =
+        std::max(1e-300, ((inline_call ? thread_cpu_seconds() : wall_seconds()) - t0) / static_cast<double>(bytes));
     if (t.calls++ == 0) return;  // the warm-up call: ordinary stores, not a trial
     if (t.best[c] == 0 || s_per_byte < t.best[c]) t.best[c] = s_per_byte;
     if (t.calls < 1 + kStoreTrialRounds * candidate_count(op)) return;

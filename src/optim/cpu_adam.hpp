@@ -21,10 +21,13 @@
 // Stores: step() writes its arrays with ordinary or non-temporal (streaming, cache-bypassing)
 // stores. Which is faster depends on the CPU, the sizes and what is in cache, not on a cache size
 // one can read (issue 16: on a Zen 4 VM non-temporal stores of the in-place arrays ran 0.55-0.8x
-// ordinary ones past the L3 size, the old threshold). So by default (StorePolicy::measure) each
-// CpuAdam times the candidate store kinds on its own first calls of each size class and keeps
-// the fastest: no separate calibration pass, no memory of its own, and the trial calls do the
-// real update. Store kinds never change a result bit (tested), so the choice affects speed only.
+// ordinary ones past the L3 size, the old threshold; on the 2-vCPU Xeon build VM they cost 25-31%,
+// while software prefetch gained 14-18% there and lost 3-8% on the Zen 4 VM). So by default
+// (StorePolicy::measure) each CpuAdam times the candidate store kinds, with and without
+// prefetch, on its own first calls of each size class and keeps the fastest: no separate
+// calibration pass, no memory of its own, and the trial calls do the real update (19 calls of a
+// class with a half copy, 13 without). Store kinds and prefetch never change a result bit
+// (tested), so the choice affects speed only.
 //
 // Thread-safety: a CpuAdam may be used from one thread at a time; it runs its own oneTBB arena
 // of the size given. Distinct CpuAdam objects may be used concurrently.
