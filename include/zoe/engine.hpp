@@ -36,6 +36,10 @@ class Device;        // opaque: memory, streams, copies (host or CUDA backend)
 class Communicator;  // opaque: collectives (host/Gloo or NCCL backend)
 
 /// The host device: device memory is host memory, streams are in-order executors.
+/// ZOE_HOST_MEMORY=discrete makes it model a GPU's separate memory instead (copies on
+/// copy-engine threads, host code kept out of device memory; ZOE_HOST_COPY_GBPS,
+/// ZOE_HOST_COPY_LATENCY_US): a testing aid, see docs/architecture.md. Throws ConfigError
+/// for an invalid value of those variables.
 std::shared_ptr<Device> make_host_device();
 /// The CUDA device `ordinal` if a GPU is usable, else the host device (logged).
 std::shared_ptr<Device> best_available_device(int ordinal = 0);
@@ -54,7 +58,8 @@ struct RankContext {
 /// is rank i; run each rank's collectives from its own thread (run_ranks). `timeout_s`
 /// (seconds) bounds how long a collective waits for every rank to join; it then throws
 /// TimeoutError naming the collective and the missing rank. Throws UsageError if
-/// world_size < 1 or timeout_s is not a positive finite number.
+/// world_size < 1 or timeout_s is not a positive finite number. The devices follow
+/// ZOE_HOST_MEMORY as make_host_device() does.
 std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300.0);
 
 /// This process's rank from the launcher's environment (torchrun: RANK/WORLD_SIZE/

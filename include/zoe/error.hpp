@@ -26,14 +26,18 @@ class Error : public std::runtime_error {
 };
 
 /// A configuration key has an unknown name, a wrong type or an out-of-range value.
-/// `key()` is the JSON path (e.g. "zero_optimization.stage").
+/// `key()` is the JSON path (e.g. "zero_optimization.stage"); message() reads
+/// "config '<key>': <reason>", and `reason()` is the part after the key (to re-throw with
+/// more context without repeating the prefix).
 class ConfigError : public Error {
  public:
-  ConfigError(const std::string& key, const std::string& message, const char* file, int line);
+  ConfigError(const std::string& key, const std::string& reason, const char* file, int line);
   const std::string& key() const noexcept { return key_; }
+  const std::string& reason() const noexcept { return reason_; }
 
  private:
   std::string key_;
+  std::string reason_;
 };
 
 /// An OS call failed. `error_code()` is the errno value (e.g. EIO = 5).

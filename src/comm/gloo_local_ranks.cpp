@@ -18,7 +18,7 @@ std::vector<RankContext> make_gloo_local_ranks(int world_size, HostCommOptions o
   for (int r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto device = std::make_shared<HostDevice>();
+        auto device = std::make_shared<HostDevice>(host_device_options_from_environment());
         ranks[r] = {r, world_size, device, std::make_shared<HostCommunicator>(device, store, r, world_size, options)};
       } catch (...) {
         errors[r] = std::current_exception();

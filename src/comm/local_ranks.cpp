@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "src/comm/host_communicator.hpp"  // timeout_from_seconds
+#include "src/comm/local_ranks.hpp"
 #include "src/comm/local_communicator.hpp"
 #include "src/common/check.hpp"
 #include "src/device/host_device.hpp"
@@ -13,19 +14,26 @@
 namespace zoe {
 
 std::chrono::milliseconds timeout_from_seconds(double timeout_s) {
-  ZOE_CHECK_USAGE(std::isfinite(timeout_s) && timeout_s > 0, "collective timeout must be a positive number of ",
-                  "seconds, got ", timeout_s);
+  // At most 30 days: steady_clock's deadline (now + timeout, int64 nanoseconds) must not overflow.
+  ZOE_CHECK_USAGE(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= 30.0 * 86400.0,
+                  "collective timeout must be a positive number of seconds, at most 2592000 (30 days), got ",
+                  timeout_s);
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(timeout_s * 1000.0)));
 }
 
 std::vector<RankContext> make_local_ranks(int world_size, double timeout_s) {
+  return make_local_ranks_on(world_size, host_device_options_from_environment(), timeout_s);
+}
+
+std::vector<RankContext> make_local_ranks_on(int world_size, const HostDeviceOptions& options, double timeout_s) {
   ZOE_CHECK_USAGE(world_size >= 1, "make_local_ranks: world_size must be >= 1, got ", world_size);
+  validate(options);
   // Threads share one address space: the in-process communicator reads peers' buffers
   // directly (no sockets), with the same results bit for bit as Gloo's.
   auto group = make_local_group(world_size, timeout_from_seconds(timeout_s));
   std::vector<RankContext> ranks(world_size);
   for (int r = 0; r < world_size; ++r) {
-    auto device = std::make_shared<HostDevice>();
+    auto device = std::make_shared<HostDevice>(options);
     ranks[r] = {r, world_size, device, std::make_shared<LocalCommunicator>(device, group, r)};
   }
   return ranks;

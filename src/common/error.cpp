@@ -12,8 +12,8 @@ std::string with_location(const std::string& message, const char* file, int line
 Error::Error(const std::string& message, const char* file, int line)
     : std::runtime_error(with_location(message, file, line)), message_(message), file_(file), line_(line) {}
 
-ConfigError::ConfigError(const std::string& key, const std::string& message, const char* file, int line)
-    : Error("config '" + key + "': " + message, file, line), key_(key) {}
+ConfigError::ConfigError(const std::string& key, const std::string& reason, const char* file, int line)
+    : Error("config '" + key + "': " + reason, file, line), key_(key), reason_(reason) {}
 
 SystemError::SystemError(const std::string& message, int error_code, const char* file, int line)
     : Error(message + ": " + std::strerror(error_code) + " (errno " + std::to_string(error_code) + ")",

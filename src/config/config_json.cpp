@@ -6,6 +6,7 @@
 
 #include "src/common/check.hpp"
 #include "src/config/json_reader.hpp"
+#include "src/config/strict_parse.hpp"
 #include "zoe/config.hpp"
 
 namespace zoe {
@@ -171,12 +172,7 @@ void read_root(Section s, Config& c) {
 }  // namespace
 
 Config Config::from_json(const std::string& json_text) {
-  Json doc;
-  try {
-    doc = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
-    ZOE_THROW_CONFIG("", "not valid JSON: ", e.what());
-  }
+  const Json doc = config_detail::parse_strict(json_text);
   Config c;
   JsonReader reader(doc);
   read_root(reader.root(), c);
@@ -194,7 +190,7 @@ Config Config::from_json_file(const std::string& path) {
   try {
     return from_json(text.str());
   } catch (const ConfigError& e) {
-    throw ConfigError(e.key(), e.message() + " (in '" + path + "')", e.file(), e.line());
+    throw ConfigError(e.key(), e.reason() + " (in '" + path + "')", e.file(), e.line());
   }
 }
 

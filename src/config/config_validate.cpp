@@ -8,6 +8,8 @@
 
 namespace zoe {
 namespace {
+constexpr double kMaxCommTimeoutS = 30.0 * 86400.0;
+
 void at_least(const char* path, std::int64_t value, std::int64_t min) {
   if (value < min) ZOE_THROW_CONFIG(path, "must be >= ", min, ", got ", value);
 }
@@ -81,12 +83,17 @@ void validate_aio(const AioConfig& a) {
   if (a.block_size < 4096 || a.block_size % 4096 != 0)
     ZOE_THROW_CONFIG("aio.block_size", "must be a positive multiple of 4096 bytes, got ", a.block_size);
   in_range("aio.queue_depth", a.queue_depth, 1, 32768);  // io_uring's largest ring
-  at_least("aio.intra_op_parallelism", a.intra_op_parallelism, 1);
+  in_range("aio.intra_op_parallelism", a.intra_op_parallelism, 1, 64);  // the io engine's thread limit
 }
 
 void validate_zoe(const Config& c) {
   const ZoeConfig& z = c.zoe;
   finite_at_least("zoe.comm_timeout_s", z.comm_timeout_s, 0.0, true);
+  // A deadline is now + timeout on steady_clock (nanoseconds in int64, about 292 years from
+  // boot): 1e10 s would overflow it into the past and every collective would time out at once.
+  if (z.comm_timeout_s > kMaxCommTimeoutS)
+    ZOE_THROW_CONFIG("zoe.comm_timeout_s", "must be at most ", kMaxCommTimeoutS, " seconds (30 days), got ",
+                     z.comm_timeout_s);
   at_least("zoe.optimizer_threads", z.optimizer_threads, 0);
   at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
   if (z.delayed_update && c.zero_optimization.offload_optimizer.device == OffloadDevice::none)

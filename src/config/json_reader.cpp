@@ -5,10 +5,12 @@
 
 #include "src/common/check.hpp"
 #include "src/config/did_you_mean.hpp"
+#include "src/config/strict_parse.hpp"
 
 namespace zoe::config_detail {
 namespace {
-std::string shown(const Json& v) { return v.dump(); }
+// Values are quoted short: a hostile file may hold a 50 MB string.
+std::string shown(const Json& v) { return excerpt(v); }
 
 const char* type_name(const Json& v) {
   switch (v.type()) {
@@ -130,7 +132,11 @@ void JsonReader::Section::string(std::string_view key, std::string& out) {
   const Json* v = find(key);
   if (!v) return;
   if (!v->is_string()) ZOE_THROW_CONFIG(path(key), "expected a string, got ", type_name(*v), " ", shown(*v));
-  out = v->get<std::string>();
+  const auto& s = v->get_ref<const std::string&>();
+  // A path or name with \u0000 would be cut short by every OS call that takes it.
+  if (const auto nul = s.find('\0'); nul != std::string::npos)
+    ZOE_THROW_CONFIG(path(key), "contains a NUL character (\\u0000) at offset ", nul, ": ", shown(*v));
+  out = s;
 }
 
 std::string JsonReader::Section::choice_error(std::string_view key, const Json& v,
@@ -171,7 +177,9 @@ void JsonReader::reject_unknown_keys() const {
     for (const auto& [key, value] : rec.object->items()) {
       if (std::find(rec.known.begin(), rec.known.end(), key) != rec.known.end()) continue;
       std::string hint;
-      if (auto near = nearest(key, rec.known)) {
+      if (key.size() > 64) {
+        // No real key is this long: no suggestion (and no quadratic edit distance on it).
+      } else if (auto near = nearest(key, rec.known)) {
         hint = "; did you mean '" + *near + "'?";
       } else {
         for (const auto& other : records_) {
@@ -180,7 +188,7 @@ void JsonReader::reject_unknown_keys() const {
           if (!hint.empty()) break;
         }
       }
-      ZOE_THROW_CONFIG(join_path(rec.path, key), "unknown key (value ", shown(value), ")", hint);
+      ZOE_THROW_CONFIG(join_path(rec.path, excerpt_text(key, 48)), "unknown key (value ", shown(value), ")", hint);
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "kernels/elementwise_cuda.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/device/host_access.hpp"
 
 namespace zoe {
 namespace {
@@ -61,6 +62,16 @@ class CudaEvent final : public Event {
   cudaEvent_t event = nullptr;
 };
 
+// The memory type of `p` (cudaMemoryTypeUnregistered for pageable host memory, CUDA >= 11).
+cudaMemoryType memory_type(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it so a later launch check does not report it
+    return cudaMemoryTypeUnregistered;
+  }
+  return a.type;
+}
+
 CudaStream& cuda_stream(Stream& s) {
   auto* p = dynamic_cast<CudaStream*>(&s);
   ZOE_CHECK_USAGE(p != nullptr, "CudaDevice: stream was not created by a CudaDevice");
@@ -106,9 +117,11 @@ CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
   ZOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   alloc_stream_ = s;
   compute_ = std::make_unique<CudaStream>(ordinal);
+  add_host_access_guard(this);
 }
 
 CudaDevice::~CudaDevice() {
+  remove_host_access_guard(this);
   make_current();
   compute_.reset();
   for (auto& [ptr, bytes] : sizes_) cudaFreeAsync(ptr, static_cast<cudaStream_t>(alloc_stream_));
@@ -181,6 +194,17 @@ void CudaDevice::unregister_host_memory(void* ptr) {
   if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
 }
 
+std::int64_t CudaDevice::pageable_copy_count() const { return pageable_copies_.load(std::memory_order_relaxed); }
+
+void CudaDevice::check_host_accessible(const void* ptr, std::size_t bytes, const char* what) const {
+  if (!ptr || bytes == 0) return;
+  make_current();
+  const char* last = static_cast<const char*>(ptr) + (bytes - 1);
+  if (memory_type(ptr) == cudaMemoryTypeDevice || memory_type(last) == cudaMemoryTypeDevice)
+    ZOE_THROW(UsageError, what ? what : "host code", ": [", ptr, ", +", bytes, " bytes) lies in the device memory of ",
+              name_, ", which host code may reach only through Device::copy");
+}
+
 std::unique_ptr<Stream> CudaDevice::create_stream() { return std::make_unique<CudaStream>(ordinal_); }
 
 std::unique_ptr<Event> CudaDevice::create_event() { return std::make_unique<CudaEvent>(ordinal_); }
@@ -228,6 +252,10 @@ void CudaDevice::host_func(Stream& stream, std::function<void()> fn) {
 void CudaDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& stream) {
   if (bytes == 0) return;
   make_current();
+  const cudaMemoryType d = memory_type(dst), s_type = memory_type(src);
+  if ((d == cudaMemoryTypeDevice && s_type == cudaMemoryTypeUnregistered) ||
+      (s_type == cudaMemoryTypeDevice && d == cudaMemoryTypeUnregistered))
+    pageable_copies_.fetch_add(1, std::memory_order_relaxed);
   ZOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cuda_stream(stream).stream), name_,
                  ": cudaMemcpyAsync of ", bytes, " bytes");
 }

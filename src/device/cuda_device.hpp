@@ -5,12 +5,17 @@
 // freed with cudaFreeAsync; byte accounting counts the bytes asked for. Streams are
 // non-blocking cudaStreams, events cudaEvents without timing. register_host_memory is
 // cudaHostRegister. Elementwise ops are the kernels in kernels/elementwise.cu.
+// Transfer accounting: copy() asks cudaPointerGetAttributes for both sides and counts a copy
+// as pageable when one side is device memory and the other unregistered host memory (not
+// cudaHostRegister'ed, not cudaHostAlloc'ed, not managed). check_host_accessible throws for
+// cudaMemoryTypeDevice; the device is listed in host_access.hpp's process-wide check.
 // Errors: CUDA failures throw CudaError with the CUDA error name and text; an exception
 // thrown by a host_func is kept by its stream and rethrown by synchronize(stream).
 // Thread-safety: every method may be called from any thread (each sets the device first).
 // Built only when zoe has CUDA (ZOE_HAVE_CUDA).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -37,6 +42,9 @@ class CudaDevice final : public Device {
   void reset_peak() override;
   bool register_host_memory(void* ptr, std::size_t bytes) override;
   void unregister_host_memory(void* ptr) override;
+  std::int64_t pageable_copy_count() const override;
+  /// Throws UsageError if ptr or ptr + bytes - 1 is device memory (cudaMemoryTypeDevice).
+  void check_host_accessible(const void* ptr, std::size_t bytes, const char* what) const override;
 
   Stream& compute_stream() override { return *compute_; }
   std::unique_ptr<Stream> create_stream() override;
@@ -72,6 +80,7 @@ class CudaDevice final : public Device {
   mutable std::mutex mutex_;
   std::unordered_map<void*, std::size_t> sizes_;
   DeviceMemoryStats stats_;
+  std::atomic<std::int64_t> pageable_copies_{0};
 };
 
 }  // namespace zoe

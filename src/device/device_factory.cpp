@@ -9,7 +9,9 @@
 
 namespace zoe {
 
-std::shared_ptr<Device> make_host_device() { return std::make_shared<HostDevice>(); }
+std::shared_ptr<Device> make_host_device() {
+  return std::make_shared<HostDevice>(host_device_options_from_environment());
+}
 
 std::shared_ptr<Device> best_available_device(int ordinal) {
 #if ZOE_HAVE_CUDA

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <cmath>
 #include <new>
+#include <thread>
 
 #include "src/common/check.hpp"
+#include "src/device/host_access.hpp"
 #include "src/device/host_elementwise.hpp"
 
 namespace zoe {
@@ -25,15 +28,36 @@ HostQueue& host_queue(Stream& stream) {
   return *s->queue();
 }
 
-HostDevice::HostDevice(std::size_t capacity_bytes)
-    : capacity_(capacity_bytes), compute_(std::make_unique<HostStream>("compute")) {}
+HostDevice::HostDevice(std::size_t capacity_bytes) : HostDevice(HostDeviceOptions{.capacity_bytes = capacity_bytes}) {}
+
+HostDevice::HostDevice(const HostDeviceOptions& options)
+    : options_((validate(options), options)),
+      capacity_(options.capacity_bytes),
+      compute_(std::make_unique<HostStream>("compute")) {
+  if (options_.memory == HostMemoryModel::discrete) {
+    const CopyModel model{options_.copy_gbps, options_.copy_latency_us};
+    h2d_ = std::make_shared<CopyEngine>("copy-h2d", model);
+    d2h_ = std::make_shared<CopyEngine>("copy-d2h", model);
+    add_host_access_guard(this);
+  }
+}
 
 HostDevice::~HostDevice() {
+  if (options_.memory == HostMemoryModel::discrete) remove_host_access_guard(this);
   compute_.reset();  // drains queued work before the memory map goes away
   std::lock_guard lock(mutex_);
   for (auto& [ptr, bytes] : sizes_) std::free(ptr);
   for (auto& [bytes, blocks] : cache_)
     for (void* p : blocks) std::free(p);
+}
+
+std::string HostDevice::name() const {
+  return options_.memory == HostMemoryModel::discrete ? "host (discrete)" : "host";
+}
+
+void HostDevice::free_block(void* ptr) {
+  blocks_.erase(ptr);
+  std::free(ptr);
 }
 
 std::size_t HostDevice::cached_bytes() const {
@@ -67,7 +91,7 @@ void* HostDevice::allocate(std::size_t bytes) {
     live_rounded_peak_ = std::max(live_rounded_peak_, live_rounded_);
     while (cached_bytes_ > 0 && live_rounded_ + cached_bytes_ > live_rounded_peak_) {
       auto largest = std::prev(cache_.end());
-      std::free(largest->second.back());
+      free_block(largest->second.back());
       largest->second.pop_back();
       cached_bytes_ -= largest->first;
       if (largest->second.empty()) cache_.erase(largest);
@@ -81,6 +105,7 @@ void* HostDevice::allocate(std::size_t bytes) {
     ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
   }
   sizes_.emplace(ptr, bytes);
+  blocks_.insert(ptr, rounded);
   return ptr;
 }
 
@@ -100,6 +125,7 @@ void HostDevice::deallocate(void* ptr) {
       cached_bytes_ += rounded;
       return;
     }
+    blocks_.erase(ptr);  // before free: the address may come back as host memory at once
   }
   std::free(ptr);
 }
@@ -112,6 +138,53 @@ DeviceMemoryStats HostDevice::memory_stats() const {
 void HostDevice::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_bytes = stats_.current_bytes;
+}
+
+bool HostDevice::register_host_memory(void* ptr, std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (!ptr || bytes == 0 || blocks_.overlaps(ptr, bytes)) return false;
+  return registered_.insert(ptr, bytes);
+}
+
+void HostDevice::unregister_host_memory(void* ptr) {
+  std::lock_guard lock(mutex_);
+  registered_.erase(ptr);
+}
+
+std::int64_t HostDevice::pageable_copy_count() const { return pageable_copies_.load(std::memory_order_relaxed); }
+
+bool HostDevice::is_device_memory(const void* ptr, std::size_t bytes) const {
+  std::lock_guard lock(mutex_);
+  return blocks_.overlaps(ptr, bytes);
+}
+
+void HostDevice::check_host_accessible(const void* ptr, std::size_t bytes, const char* what) const {
+  if (options_.memory != HostMemoryModel::discrete || !ptr || bytes == 0) return;
+  if (!is_device_memory(ptr, bytes)) return;
+  ZOE_THROW(UsageError, what ? what : "host code", ": [", ptr, ", +", bytes, " bytes) lies in the device memory of ",
+            name(), ", which host code may reach only through Device::copy");
+}
+
+HostDevice::Route HostDevice::route_of(void* dst, const void* src, std::size_t bytes) {
+  bool dst_dev, src_dev, host_registered = true;
+  {
+    std::lock_guard lock(mutex_);
+    dst_dev = blocks_.overlaps(dst, bytes);
+    src_dev = blocks_.overlaps(src, bytes);
+    if (dst_dev != src_dev) host_registered = registered_.contains(dst_dev ? src : dst, bytes);
+  }
+  if (!host_registered) pageable_copies_.fetch_add(1, std::memory_order_relaxed);
+  if (dst_dev && src_dev) return Route::device_to_device;
+  if (dst_dev) return Route::host_to_device;
+  if (src_dev) return Route::device_to_host;
+  return Route::host_to_host;
+}
+
+void HostDevice::model_kernel(Stream& stream, double seconds) {
+  ZOE_CHECK_USAGE(std::isfinite(seconds) && seconds >= 0, "HostDevice::model_kernel: seconds must be a finite ",
+                  "number >= 0, got ", seconds);
+  const auto d = std::chrono::nanoseconds(std::llround(seconds * 1e9));
+  host_queue(stream).enqueue([d] { std::this_thread::sleep_for(d); });
 }
 
 std::unique_ptr<Stream> HostDevice::create_stream() {
@@ -160,7 +233,15 @@ void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& str
   if (bytes == 0) return;
   ZOE_CHECK_USAGE(dst && src, "HostDevice::copy: null pointer (dst=", dst, ", src=", src, ") for ", bytes,
                   " bytes");
-  host_queue(stream).enqueue([=] { std::memmove(dst, src, bytes); });
+  const Route route = route_of(dst, src, bytes);
+  HostQueue& q = host_queue(stream);
+  if (options_.memory == HostMemoryModel::discrete && route == Route::host_to_device) {
+    q.enqueue([engine = h2d_, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  } else if (options_.memory == HostMemoryModel::discrete && route == Route::device_to_host) {
+    q.enqueue([engine = d2h_, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  } else {
+    q.enqueue([=] { std::memmove(dst, src, bytes); });
+  }
 }
 
 void HostDevice::fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) {

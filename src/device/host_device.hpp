@@ -1,8 +1,21 @@
 // HostDevice: the Device backend without a GPU. Device memory is host memory
 // (256-byte aligned, byte-accounted); every stream, the compute stream included, is a
-// HostStream (an in-order executor thread); events follow CUDA semantics; copies and
-// elementwise ops run on the stream's thread as scalar loops over the shared ZOE_HD
-// math in kernels/elementwise.hpp.
+// HostStream (an in-order executor thread); events follow CUDA semantics; elementwise ops
+// run on the stream's thread as scalar loops over the shared ZOE_HD math in
+// kernels/elementwise.hpp.
+//
+// Two memory models (HostDeviceOptions::memory, src/device/host_device_options.hpp):
+// - unified: host code may touch device memory; copies are memmoves on the stream's thread.
+// - discrete: device memory is an arena (the device's own blocks, told apart from host memory
+//   by address) that the engine's host code may reach only through copy():
+//   check_host_accessible throws for it. A copy between arena and host memory runs on one of
+//   two copy engines (host-to-device, device-to-host; src/device/copy_engine.hpp) with the
+//   modelled bandwidth and latency; the stream's later work waits for it, other streams go on.
+//   Copies within the arena and between host addresses run on the stream's thread, unmodelled.
+//   The trainer's compute still reads and writes the arena directly, as kernels do on a GPU.
+//   model_kernel() stands in for a kernel of a given duration (benches: a forward pass).
+// Transfer accounting (both models): a copy between device memory (live or cached blocks)
+// and host memory that is not registered (register_host_memory) counts as pageable.
 //
 // Memory: like cudaMallocAsync's pool, freed blocks of at least kCacheMinBytes are kept and
 // handed back by the next allocate() of the same rounded size, so the buffers a training step
@@ -20,6 +33,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <map>
@@ -27,7 +41,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "src/device/address_ranges.hpp"
+#include "src/device/copy_engine.hpp"
 #include "src/device/device.hpp"
+#include "src/device/host_device_options.hpp"
 #include "src/device/host_stream.hpp"
 
 namespace zoe {
@@ -45,13 +62,19 @@ namespace zoe {
 
 class HostDevice final : public Device {
  public:
-  /// `capacity_bytes` bounds current_bytes (0 = unbounded): allocate() beyond it throws
-  /// OutOfMemoryError, like a GPU of that size would.
+  /// A unified device. `capacity_bytes` bounds current_bytes (0 = unbounded): allocate()
+  /// beyond it throws OutOfMemoryError, like a GPU of that size would.
   explicit HostDevice(std::size_t capacity_bytes = 0);
+  /// A device of either model. Throws UsageError for invalid options (validate()).
+  explicit HostDevice(const HostDeviceOptions& options);
   ~HostDevice() override;
 
+  /// host in both models: src/core must not branch on the kind.
   DeviceKind kind() const override { return DeviceKind::host; }
-  std::string name() const override { return "host"; }
+  /// "host" (unified) or "host (discrete)".
+  std::string name() const override;
+  HostMemoryModel memory_model() const noexcept { return options_.memory; }
+  const HostDeviceOptions& options() const noexcept { return options_; }
 
   /// Smallest block (bytes) the cache keeps: below it malloc reuses memory by itself.
   static constexpr std::size_t kCacheMinBytes = std::size_t{1} << 20;
@@ -64,8 +87,27 @@ class HostDevice final : public Device {
   /// Bytes held by the block cache (freed, not returned to the system).
   std::size_t cached_bytes() const;
   void reset_peak() override;
-  bool register_host_memory(void* ptr, std::size_t bytes) override { return true; }
-  void unregister_host_memory(void* ptr) override {}
+  /// Records [ptr, ptr + bytes) as registered (pinned): copies from or to it do not count as
+  /// pageable. Returns false, recording nothing, for a null or empty range or one that
+  /// overlaps device memory or a registered range (CUDA refuses a second registration too).
+  bool register_host_memory(void* ptr, std::size_t bytes) override;
+  /// Forgets the range registered at `ptr`; an unknown ptr is ignored (as CudaDevice does).
+  void unregister_host_memory(void* ptr) override;
+
+  /// Copies so far between device memory and unregistered host memory (see the file comment).
+  std::int64_t pageable_copy_count() const override;
+  /// discrete: throws UsageError naming `what`, the address and the size if [ptr, ptr + bytes)
+  /// overlaps the arena (a live or cached block). unified: never throws.
+  void check_host_accessible(const void* ptr, std::size_t bytes, const char* what) const override;
+  /// True if [ptr, ptr + bytes) overlaps one of this device's blocks (live or cached).
+  bool is_device_memory(const void* ptr, std::size_t bytes = 1) const;
+  /// Queues a stand-in kernel on `stream` that occupies it for `seconds` (sleeping, so it
+  /// costs no CPU): the modelled duration of a forward pass or other GPU work, for benches
+  /// measuring overlap on a small machine. Throws UsageError for a negative or non-finite time.
+  void model_kernel(Stream& stream, double seconds);
+  /// The discrete model's copy engines (nullptr in the unified model): counters for tests.
+  const CopyEngine* h2d_engine() const noexcept { return h2d_.get(); }
+  const CopyEngine* d2h_engine() const noexcept { return d2h_.get(); }
 
   Stream& compute_stream() override { return *compute_; }
   std::unique_ptr<Stream> create_stream() override;
@@ -89,9 +131,19 @@ class HostDevice final : public Device {
                  DType grad_dtype, void* out, DType out_dtype, std::size_t n, Stream& stream) override;
 
  private:
+  /// Which way a copy goes, decided when it is queued.
+  enum class Route { host_to_host, host_to_device, device_to_host, device_to_device };
+  Route route_of(void* dst, const void* src, std::size_t bytes);  // also counts pageable copies
+  void free_block(void* ptr);  // back to the system; the caller holds mutex_
+
+  HostDeviceOptions options_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
   std::unordered_map<void*, std::size_t> sizes_;  // live blocks: requested bytes
+  AddressRanges blocks_;      // every block this device holds (live and cached), rounded bytes
+  AddressRanges registered_;  // register_host_memory ranges
+  std::atomic<std::int64_t> pageable_copies_{0};
+  std::shared_ptr<CopyEngine> h2d_, d2h_;  // discrete only; shared with queued copies
   std::map<std::size_t, std::vector<void*>> cache_;  // freed blocks by rounded size
   std::size_t cached_bytes_ = 0;
   std::size_t live_rounded_ = 0, live_rounded_peak_ = 0;  // live blocks' rounded bytes

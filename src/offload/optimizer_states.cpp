@@ -8,6 +8,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/device/host_access.hpp"
 #include "src/device/host_elementwise.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/nvme_tier.hpp"
@@ -74,6 +75,7 @@ void OptimizerStates::finalize() {
 void OptimizerStates::write_initial(int id, std::span<const float> master) {
   ZOE_CHECK_USAGE(finalized_, "OptimizerStates::write_initial before finalize");
   ZOE_CHECK_USAGE(id >= 0 && static_cast<std::size_t>(id) < numels_.size(), "OptimizerStates::write_initial: unknown sub-group ", id);
+  check_host_accessible_in_process(master.data(), master.size_bytes(), "OptimizerStates::write_initial (master)");
   const auto n = static_cast<std::size_t>(numels_[id]);
   ZOE_CHECK_USAGE(master.size() == n, "OptimizerStates::write_initial: sub-group ", id, " has ", n,
                   " elements, got ", master.size());
@@ -208,6 +210,7 @@ void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first,
   ZOE_CHECK_USAGE(finalized_, "OptimizerStates::add_grad before finalize");
   check_initialised();
   const auto n = static_cast<std::size_t>(numels_[id]);
+  check_host_accessible_in_process(src, n * dtype_size(dtype), "OptimizerStates::add_grad (src)");
   auto apply = [&](float* grad) {
     if (first) {
       host_ops::cast(src, dtype, grad, DType::f32, n);
@@ -238,6 +241,8 @@ void OptimizerStates::zero_grad(int id) {
 void OptimizerStates::read_master(int id, float* dst) {
   check_initialised();
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
+  check_host_accessible_in_process(dst, static_cast<std::size_t>(numels_[id]) * sizeof(float),
+                                   "OptimizerStates::read_master (dst)");
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(dst, host_[id].data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
     return;
@@ -250,6 +255,8 @@ void OptimizerStates::read_master(int id, float* dst) {
 void OptimizerStates::read_all(int id, float* data) {
   check_initialised();
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
+  check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
+                                   "OptimizerStates::read_all (data)");
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(data, host_[id].data(), bytes(id));
     return;
@@ -262,6 +269,8 @@ void OptimizerStates::read_all(int id, float* data) {
 void OptimizerStates::write_all(int id, const float* data) {
   check_initialised();
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
+  check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
+                                   "OptimizerStates::write_all (data)");
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(host_[id].data(), data, bytes(id));
     return;

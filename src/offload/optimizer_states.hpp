@@ -63,6 +63,10 @@ struct SubGroupStates {
   const float* grad;  // the accumulated fp32 gradient (see add_grad)
 };
 
+/// Host-access check: every pointer argument below must be host memory. write_initial,
+/// add_grad, read_master, read_all and write_all throw UsageError naming the call when it
+/// lies in the memory of a device host code may not touch (check_host_accessible_in_process,
+/// src/device/host_access.hpp: the discrete host device's arena, CUDA device memory).
 class OptimizerStates {
  public:
   explicit OptimizerStates(const OptimizerStatesOptions& options);

@@ -5,6 +5,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/device/host_access.hpp"
 #include "src/offload/nvme_tier.hpp"
 
 namespace zoe::offload {
@@ -102,6 +103,7 @@ void ParamShards::commit(int id) {
 
 void ParamShards::read(int id, void* dst) {
   ZOE_CHECK_USAGE(finalized_, "ParamShards: read/write before finalize");
+  check_host_accessible_in_process(dst, bytes_[id], "ParamShards::read (dst)");
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(dst, host_[id].data(), bytes_[id]);
     return;
@@ -113,6 +115,7 @@ void ParamShards::read(int id, void* dst) {
 
 void ParamShards::write(int id, const void* src) {
   ZOE_CHECK_USAGE(finalized_, "ParamShards: read/write before finalize");
+  check_host_accessible_in_process(src, bytes_[id], "ParamShards::write (src)");
   if (options_.device == OffloadDevice::cpu) {
     std::memcpy(host_[id].data(), src, bytes_[id]);
     return;

@@ -90,6 +90,8 @@ class ParamShards {
   void abort_write() { writing_.reset(); }
 
   /// Copies shard `id` out / in (checkpoints); not on the training path. After finalize().
+  /// Throws UsageError if dst / src lies in device memory host code may not touch
+  /// (check_host_accessible_in_process, src/device/host_access.hpp).
   void read(int id, void* dst);
   void write(int id, const void* src);
 

@@ -1,8 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <string>
 
 #include "src/common/check.hpp"
+#include "zoe/engine.hpp"
 #include "zoe/error.hpp"
 
 TEST(Error, CarriesFileAndLine) {
@@ -34,4 +36,20 @@ TEST(Error, ConfigErrorNamesKey) {
     EXPECT_EQ(e.key(), "zero_optimization.stage");
     EXPECT_NE(std::string(e.what()).find("got 5"), std::string::npos);
   }
+}
+
+// The build maps the source dir away (-fmacro-prefix-map in CMakeLists.txt): an error raised in
+// the library names "src/core/engine.cpp", never the builder's absolute path.
+TEST(Error, NamesTheRepoRelativeSourcePath) {
+  try {
+    zoe::Engine engine(zoe::Config{}, zoe::RankContext{});  // no device: a UsageError
+  } catch (const zoe::UsageError& e) {
+    EXPECT_STREQ(e.file(), "src/core/engine.cpp");
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[at src/core/engine.cpp:"), std::string::npos) << what;
+    EXPECT_EQ(what.find("[at /"), std::string::npos) << what;
+    EXPECT_STREQ(__FILE__, "tests/common/test_error.cpp");  // the tests' own paths too
+    return;
+  }
+  FAIL() << "no exception";
 }

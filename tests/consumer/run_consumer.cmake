@@ -1,20 +1,41 @@
+# ctest consumer_installed (see CMakeLists.txt here): installs the build tree into a temp
+# prefix, runs the installed zoe-estimate, builds tests/consumer/project against the prefix as
+# a trainer would, runs it and compares its output with REFERENCE byte for byte.
+# -D: SOURCE_DIR, BUILD_DIR, WORK_DIR, REFERENCE, GENERATOR, BINDIR.
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${what}: ${out}${err}")
+  if(rc)
+    message(FATAL_ERROR "${what} failed (${rc}): ${ARGN}")
+  endif()
+  set(out "${out}" PARENT_SCOPE)
+endfunction()
+
 file(REMOVE_RECURSE ${WORK_DIR})
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
-  RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "install failed: ${rc}")
+set(prefix ${WORK_DIR}/prefix)
+run("install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+
+# The installed tool finds libzoe through its own RPATH ($ORIGIN/../lib), with nothing else set.
+run("installed zoe-estimate" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+  ${prefix}/${BINDIR}/zoe-estimate --params 1B --world-size 8 --gpu-memory 80GB --host-memory 512GB)
+if(NOT out MATCHES "recommendation")
+  message(FATAL_ERROR "installed zoe-estimate printed no recommendation")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer/project -B ${WORK_DIR}/build
-  -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "consumer configure failed: ${rc}")
+
+run("consumer configure" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer/project -B ${WORK_DIR}/build
+  -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
+run("consumer build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run("consumer run" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+  ${WORK_DIR}/build/consumer ${WORK_DIR}/installed.bin ${WORK_DIR}/nvme)
+if(NOT out MATCHES "zoe consumer ok")
+  message(FATAL_ERROR "the consumer did not report success")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "consumer build failed: ${rc}")
+
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK_DIR}/installed.bin ${REFERENCE}
+  RESULT_VARIABLE differ)
+if(differ)
+  message(FATAL_ERROR "the installed consumer's losses and parameters (${WORK_DIR}/installed.bin) "
+                      "differ from the build tree's run (${REFERENCE})")
 endif()
-execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
-message(STATUS "consumer printed: ${out}")
-if(rc OR NOT out MATCHES "zoe consumer ok")
-  message(FATAL_ERROR "consumer run failed: ${rc} ${out}")
-endif()
+file(SIZE ${REFERENCE} bytes)
+message(STATUS "installed consumer = build-tree run, ${bytes} bytes bitwise")

@@ -13,6 +13,7 @@
 
 #include "kernels/half.hpp"
 #include "src/device/cuda_device.hpp"
+#include "src/device/host_access.hpp"
 #include "src/device/host_elementwise.hpp"
 #include "zoe/error.hpp"
 
@@ -56,7 +57,7 @@ TEST(CudaDevice, OpensOrRaisesCudaErrorWithTheCudaText) {
   EXPECT_THROW(CudaDevice(1 << 20), CudaError);  // never a valid ordinal
 }
 
-TEST(CudaDevice, KernelsMatchTheHostDevice) {
+TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   Opened o = open_gpu();
   if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
   CudaDevice& dev = *o.device;
@@ -128,7 +129,7 @@ TEST(CudaDevice, KernelsMatchTheHostDevice) {
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);
 }
 
-TEST(CudaDevice, AdamKernelMatchesTheHostDeviceBitwise) {
+TEST(CudaDeviceOnGpu, AdamKernelMatchesTheHostDeviceBitwise) {
   Opened o = open_gpu();
   if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
   CudaDevice& dev = *o.device;
@@ -166,4 +167,45 @@ TEST(CudaDevice, AdamKernelMatchesTheHostDeviceBitwise) {
     ASSERT_EQ(std::memcmp(out_dev.data(), out_host.data(), n * esz), 0) << "output";
     for (void* q : {static_cast<void*>(d), dg, dout}) dev.deallocate(q);
   }
+}
+
+TEST(CudaDevice, CountsPageableCopiesAndKeepsHostCodeOutOfDeviceMemory) {
+  Opened o = open_gpu();
+  if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
+  CudaDevice& dev = *o.device;
+  auto s = dev.create_stream();
+  std::vector<float> pageable(1000, 1.0f), pinned(1000, 2.0f), back(1000, 0.0f);
+  auto* a = static_cast<float*>(dev.allocate(4000));
+  auto* b = static_cast<float*>(dev.allocate(4000));
+  EXPECT_EQ(dev.pageable_copy_count(), 0);
+  for (int i = 0; i < 3; ++i) dev.copy(a, pageable.data(), 4000, *s);
+  EXPECT_EQ(dev.pageable_copy_count(), 3);
+  dev.copy(b, a, 4000, *s);  // device -> device
+  std::vector<float> w(1000);
+  dev.copy(w.data(), pageable.data(), 4000, *s);  // host -> host
+  EXPECT_EQ(dev.pageable_copy_count(), 3);
+  ASSERT_TRUE(dev.register_host_memory(pinned.data(), 4000));
+  dev.copy(a, pinned.data(), 4000, *s);
+  dev.copy(pinned.data(), b, 4000, *s);
+  EXPECT_EQ(dev.pageable_copy_count(), 3) << "registered memory is pinned";
+  dev.copy(back.data(), a, 4000, *s);
+  EXPECT_EQ(dev.pageable_copy_count(), 4);
+  dev.synchronize(*s);
+  dev.unregister_host_memory(pinned.data());
+  EXPECT_EQ(back[0], 2.0f);
+  EXPECT_EQ(pinned[0], 1.0f);
+  EXPECT_THROW(dev.check_host_accessible(a, 4000, "x"), UsageError);
+  EXPECT_THROW(dev.check_host_accessible(a + 999, 4, "x"), UsageError);
+  EXPECT_NO_THROW(dev.check_host_accessible(pageable.data(), 4000, "x"));
+  EXPECT_NO_THROW(dev.check_host_accessible(pinned.data(), 4000, "x"));
+  try {
+    dev.check_host_accessible(b, 16, "ParamShards::write");
+    FAIL() << "no error for device memory";
+  } catch (const UsageError& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("ParamShards::write"));
+    EXPECT_THAT(std::string(e.what()), HasSubstr("16 bytes"));
+  }
+  EXPECT_THROW(check_host_accessible_in_process(a, 4, "x"), UsageError);
+  dev.deallocate(a);
+  dev.deallocate(b);
 }

@@ -116,7 +116,7 @@ void expect_close(const std::string& what, const std::vector<float>& got,
                                 << want[at] << " (largest reference magnitude " << scale << ")";
 }
 
-class CudaOpsVsKernelOps : public ::testing::Test {
+class CudaOpsVsKernelOpsOnGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
@@ -179,7 +179,7 @@ class CudaOpsVsKernelOps : public ::testing::Test {
   std::mt19937_64 rng_{7};
 };
 
-TEST_F(CudaOpsVsKernelOps, MemoryOps) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, MemoryOps) {
   const auto v = random(1000);
   auto a = up(v);
   EXPECT_EQ(down(a), v);
@@ -202,7 +202,7 @@ TEST_F(CudaOpsVsKernelOps, MemoryOps) {
   EXPECT_EQ(down(gy), want);  // one fp32 add per element: the same bits
 }
 
-TEST_F(CudaOpsVsKernelOps, Embedding) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, Embedding) {
   const auto tok = tokens(kN, kV);
   const auto wte = random(kV * kC), wpe = random(kT * kC), dout = random(kN * kC);
   auto dwte = random(kV * kC), dwpe = random(kT * kC);
@@ -220,7 +220,7 @@ TEST_F(CudaOpsVsKernelOps, Embedding) {
   expect_close("embedding dwpe", down(gdwpe), dwpe, kTol);
 }
 
-TEST_F(CudaOpsVsKernelOps, LayerNorm) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, LayerNorm) {
   const auto x = random(kN * kC, 2.f), w = random(kC), b = random(kC), dout = random(kN * kC);
   auto dx = random(kN * kC), dw = random(kC), db = random(kC);
   std::vector<float> out(kN * kC), mean(kN), rstd(kN);
@@ -246,7 +246,7 @@ TEST_F(CudaOpsVsKernelOps, LayerNorm) {
   expect_close("layernorm db", down(gdb), db, kTol);
 }
 
-TEST_F(CudaOpsVsKernelOps, Linear) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, Linear) {
   const int in = kC, out = 3 * kC;
   const auto x = random(kN * in), W = random(in * out, 0.5f), b = random(out),
              dy = random(kN * out);
@@ -273,7 +273,7 @@ TEST_F(CudaOpsVsKernelOps, Linear) {
   expect_close("linear db (no dx)", down(gdb), db, kTol);
 }
 
-TEST_F(CudaOpsVsKernelOps, Gelu) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, Gelu) {
   const std::int64_t n = 4 * kN * kC + 3;
   const auto x = random(n, 2.f), dy = random(n);
   auto dx = random(n);
@@ -289,7 +289,7 @@ TEST_F(CudaOpsVsKernelOps, Gelu) {
   expect_close("gelu dx", down(gdx), dx, kTol);
 }
 
-TEST_F(CudaOpsVsKernelOps, Attention) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, Attention) {
   const auto qkv = random(kN * 3 * kC), dout = random(kN * kC);
   auto dqkv = random(kN * 3 * kC);
   std::vector<float> out(kN * kC), att(kB * kH * kT * kT);
@@ -309,11 +309,11 @@ TEST_F(CudaOpsVsKernelOps, Attention) {
   expect_close("attention dqkv", down(gdqkv), dqkv, kTol);
 }
 
-TEST_F(CudaOpsVsKernelOps, HeadInFp32) { compare_head(HeadPrecision::fp32, kTol); }
+TEST_F(CudaOpsVsKernelOpsOnGpu, HeadInFp32) { compare_head(HeadPrecision::fp32, kTol); }
 
-TEST_F(CudaOpsVsKernelOps, HeadInBf16) { compare_head(HeadPrecision::bf16, kBf16Tol); }
+TEST_F(CudaOpsVsKernelOpsOnGpu, HeadInBf16) { compare_head(HeadPrecision::bf16, kBf16Tol); }
 
-TEST_F(CudaOpsVsKernelOps, HeadLogits) {
+TEST_F(CudaOpsVsKernelOpsOnGpu, HeadLogits) {
   const auto x = random(kN * kC), wte = random(kV * kC);
   std::vector<float> out(kN * kV);
   auto gx = up(x), gw = up(wte);
@@ -373,7 +373,7 @@ class DeviceProvider : public ParamProvider<float> {
   std::vector<cuda::Array<float>> values_, scratch_;
 };
 
-class CudaModel : public ::testing::TestWithParam<bool> {
+class CudaModelOnGpu : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     std::string why;
@@ -381,7 +381,7 @@ class CudaModel : public ::testing::TestWithParam<bool> {
   }
 };
 
-TEST_P(CudaModel, ForwardBackwardMatchesKernelOps) {
+TEST_P(CudaModelOnGpu, ForwardBackwardMatchesKernelOps) {
   const bool checkpointing = GetParam();
   GptConfig cfg;
   cfg.vocab_size = kV;
@@ -425,7 +425,7 @@ TEST_P(CudaModel, ForwardBackwardMatchesKernelOps) {
   expect_close("last logits", logits_got, logits_want, 1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpointing, CudaModel, ::testing::Values(false, true));
+INSTANTIATE_TEST_SUITE_P(Checkpointing, CudaModelOnGpu, ::testing::Values(false, true));
 
 }  // namespace
 }  // namespace gpt

@@ -41,7 +41,7 @@ TEST(Dataset, BatchesAreShiftedWindows) {
   EXPECT_THROW(sample_batch(tokens, 1, 1000, rng), zoe::Error);
 }
 
-TEST(Dataset, BuildsAndReusesTheTokenCache) {
+TEST(DatasetWithData, BuildsAndReusesTheTokenCache) {
   std::string why;
   const auto dir = test::data_dir(why);
   if (!dir) GTEST_SKIP() << why;

@@ -47,7 +47,7 @@ TEST(Unicode, ClassifiesAndNeverFailsToDecode) {
   EXPECT_EQ(decode_utf8("\xc0\x80", 0).length, 1);  // overlong
 }
 
-class TokenizerTest : public ::testing::Test {
+class TokenizerWithData : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     std::string why;
@@ -66,13 +66,13 @@ class TokenizerTest : public ::testing::Test {
   static inline std::string dir_, skip_reason_;
 };
 
-TEST_F(TokenizerTest, HelloWorld) {
+TEST_F(TokenizerWithData, HelloWorld) {
   EXPECT_EQ(tok_->vocab_size(), 50257u);
   EXPECT_EQ(tok_->end_of_text(), 50256);
   EXPECT_EQ(tok_->encode("Hello world"), (std::vector<TokenId>{15496, 995}));
 }
 
-TEST_F(TokenizerTest, MatchesReferenceEncoder) {
+TEST_F(TokenizerWithData, MatchesReferenceEncoder) {
   // Expected ids from gpt-3-encoder 1.1.4 (node: require('./Encoder.js').encode(text)).
   const std::vector<std::pair<std::string, std::vector<TokenId>>> cases = {
       {"I'm here  now\n\nok ", {40, 1101, 994, 220, 783, 198, 198, 482, 220}},
@@ -94,7 +94,7 @@ TEST_F(TokenizerTest, MatchesReferenceEncoder) {
   }
 }
 
-TEST_F(TokenizerTest, RoundTripsWholeBooks) {
+TEST_F(TokenizerWithData, RoundTripsWholeBooks) {
   // A CRLF book with Latin-1 bytes (invalid UTF-8) and a plain one: decode(encode(t)) == t.
   for (const char* name : {"shakespeare-caesar.txt", "carroll-alice.txt"}) {
     std::ifstream in(dir_ + "/gutenberg/" + name, std::ios::binary);
@@ -109,7 +109,7 @@ TEST_F(TokenizerTest, RoundTripsWholeBooks) {
   }
 }
 
-TEST_F(TokenizerTest, RejectsIdsOutsideTheVocabulary) {
+TEST_F(TokenizerWithData, RejectsIdsOutsideTheVocabulary) {
   const std::vector<TokenId> bad{50257};
   EXPECT_THROW(tok_->decode(bad), zoe::Error);
 }

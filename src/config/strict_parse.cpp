@@ -1,0 +1,132 @@
+#include "src/config/strict_parse.hpp"
+
+#include <cstdio>
+#include <set>
+#include <vector>
+
+#include "src/common/check.hpp"
+#include "src/config/json_reader.hpp"
+
+namespace zoe::config_detail {
+namespace {
+using Json = nlohmann::json;
+// A cut may split a UTF-8 sequence: dump it as U+FFFD rather than throw.
+constexpr auto kReplace = Json::error_handler_t::replace;
+
+// A validating SAX pass in front of the DOM parse: it tracks the path of the value being read
+// so that each refusal can name it. nlohmann's SAX parser is iterative, so a deep document
+// reaches start_object / start_array here without recursion and is refused at kMaxDepth.
+class StrictSax {
+ public:
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(Json::number_integer_t) { return value(); }
+  bool number_unsigned(Json::number_unsigned_t) { return value(); }
+  bool number_float(Json::number_float_t, const Json::string_t&) { return value(); }
+  bool string(Json::string_t&) { return value(); }
+  bool binary(Json::binary_t&) { return value(); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(Json::string_t& k) {
+    Frame& f = frames_.back();
+    f.key = k;
+    if (!f.keys.insert(k).second)
+      ZOE_THROW_CONFIG(path(), "duplicate key: it appears more than once in the same object (JSON keys must be "
+                               "unique; a parser would silently keep one of the values)");
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::detail::exception& e) {
+    if (e.id == 406)  // out_of_range.406: a number beyond a double's range
+      ZOE_THROW_CONFIG(path(), "number ", excerpt_text(last_token), " is outside the range of a double");
+    ZOE_THROW_CONFIG("", "not valid JSON at byte ", position, " (near ", excerpt_text(last_token), "): ",
+                     excerpt_text(without_prefix(e.what()), 160));
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    std::string key;            // object: the key being read
+    std::size_t index = 0;      // array: the element being read
+    std::set<std::string> keys;  // object: keys seen
+  };
+
+  bool value() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  bool open(bool object) {
+    if (static_cast<int>(frames_.size()) >= kMaxDepth)
+      ZOE_THROW_CONFIG(path(), "nested deeper than ", kMaxDepth, " levels of objects and arrays");
+    frames_.push_back(Frame{object, {}, 0, {}});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return value();
+  }
+  // The path of the value being read: keys joined by '.', array elements as [i]; cut to
+  // 120 characters (a hostile document's path may be 64 levels of long keys).
+  std::string path() const { return excerpt_text(full_path(), 120); }
+  std::string full_path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.object) {
+        if (f.key.empty() && f.keys.empty()) break;
+        p = join_path(p, excerpt_text(f.key, 48));
+      } else {
+        p += "[" + std::to_string(f.index) + "]";
+      }
+    }
+    return p;
+  }
+  // nlohmann's what() starts with "[json.exception.parse_error.101] parse error at line 1, ...".
+  static std::string without_prefix(const char* what) {
+    std::string s(what);
+    if (auto close = s.find("] "); s.rfind("[json.exception.", 0) == 0 && close != std::string::npos)
+      s.erase(0, close + 2);
+    return s;
+  }
+
+  std::vector<Frame> frames_;
+};
+}  // namespace
+
+Json parse_strict(std::string_view text) {
+  StrictSax sax;
+  Json::sax_parse(text.begin(), text.end(), &sax);
+  // The text is valid and within the limits: the DOM parse cannot fail now.
+  return Json::parse(text.begin(), text.end());
+}
+
+std::string excerpt_text(std::string_view text, std::size_t max_chars) {
+  std::string out;
+  const std::size_t shown = std::min(text.size(), max_chars);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (shown < text.size()) out += "... (" + std::to_string(text.size()) + " characters)";
+  return out;
+}
+
+std::string excerpt(const Json& value, std::size_t max_chars) {
+  if (value.is_string()) {
+    const auto& s = value.get_ref<const std::string&>();
+    if (s.size() > max_chars)  // dump only the shown part: the value may be megabytes
+      return excerpt_text(Json(s.substr(0, max_chars)).dump(-1, ' ', false, kReplace), max_chars + 1) + "...\" (" +
+             std::to_string(s.size()) + " characters)";
+    return excerpt_text(Json(s).dump(-1, ' ', false, kReplace), max_chars + 2);
+  }
+  // Depth is bounded by parse_strict, so dump() cannot recurse deeply.
+  return excerpt_text(value.dump(-1, ' ', false, kReplace), max_chars);
+}
+
+}  // namespace zoe::config_detail
