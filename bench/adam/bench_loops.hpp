@@ -7,13 +7,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "src/optim/cpu_adam.hpp"
+
 namespace zoe::bench {
 
 /// STREAM-style bound of the Adam access pattern: reads p, m, v, g (4 fp32 arrays of n) and
 /// writes p, m, v back in place (x = x + 0 * g with a run-time zero, so values are unchanged),
-/// 28 bytes per element, with the widest vectors the CPU has. nontemporal: streaming stores.
-void stream_bound_pass(tbb::task_arena& arena, float* p, float* m, float* v, const float* g, std::size_t n,
-                       bool nontemporal);
+/// 28 bytes per element; with out (n uint16, may be null) also writes the top 16 bits of p there,
+/// 30 bytes per element. Widest vectors the CPU has (active_isa(), like CpuAdam). Stores as
+/// `stores` says (non-temporal only where p, m, v are 64-byte and out 32-byte aligned, the same
+/// rule as CpuAdam::step), so the bound of each store kind is measured with that kind.
+void stream_bound_pass(tbb::task_arena& arena, float* p, float* m, float* v, const float* g, std::uint16_t* out,
+                       std::size_t n, optim::Stores stores);
 
 /// A plain Adam loop as one would write it without care for speed (scalar C++, -O3, no ISA
 /// flags), same math as CpuAdam; out (bf16 bits) may be null.

@@ -1,4 +1,5 @@
-// The STREAM-style bound loop (4 reads + 3 writes per element), AVX-512 / AVX2 / scalar by CPUID.
+// The STREAM-style bound loop (4 reads + 3 writes per element, optionally one 16-bit write),
+// AVX-512 / AVX2 / scalar by CPUID, ordinary or non-temporal stores per stream.
 #include <immintrin.h>
 #include <algorithm>
 #include <cstdint>
@@ -6,16 +7,17 @@
 #include <tbb/parallel_for.h>
 
 #include "bench/adam/bench_loops.hpp"
-#include "src/optim/cpu_adam.hpp"
 
 namespace zoe::bench {
 namespace {
 
 volatile float g_zero = 0.0f;  // read at run time, so the loop cannot be optimised away
 
-template <bool NT>
-__attribute__((target("avx512f"))) void pass_avx512(float* p, float* m, float* v, const float* g, std::size_t b,
-                                                    std::size_t e, float zero) {
+// NT: p, m, v streamed; Out: 16-bit copy written; NTOut: that copy streamed.
+template <bool NT, bool Out, bool NTOut>
+__attribute__((target("avx512f,avx512bw"))) void pass_avx512(float* p, float* m, float* v, const float* g,
+                                                             std::uint16_t* out, std::size_t b, std::size_t e,
+                                                             float zero) {
   const __m512 z = _mm512_set1_ps(zero);
   std::size_t i = b;
   for (; i + 16 <= e; i += 16) {
@@ -32,14 +34,22 @@ __attribute__((target("avx512f"))) void pass_avx512(float* p, float* m, float* v
       _mm512_storeu_ps(m + i, c);
       _mm512_storeu_ps(v + i, w);
     }
+    if constexpr (Out) {
+      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(a), 16));
+      if constexpr (NTOut) _mm256_stream_si256(reinterpret_cast<__m256i*>(out + i), h);
+      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+    }
   }
-  if constexpr (NT) _mm_sfence();
-  for (; i < e; ++i) p[i] += g[i] * zero, m[i] += g[i] * zero, v[i] += g[i] * zero;
+  if constexpr (NT || NTOut) _mm_sfence();
+  for (; i < e; ++i) {
+    p[i] += g[i] * zero, m[i] += g[i] * zero, v[i] += g[i] * zero;
+    if constexpr (Out) out[i] = static_cast<std::uint16_t>(__builtin_bit_cast(std::uint32_t, p[i]) >> 16);
+  }
 }
 
-template <bool NT>
-__attribute__((target("avx2"))) void pass_avx2(float* p, float* m, float* v, const float* g, std::size_t b,
-                                               std::size_t e, float zero) {
+template <bool NT, bool Out, bool NTOut>
+__attribute__((target("avx2"))) void pass_avx2(float* p, float* m, float* v, const float* g, std::uint16_t* out,
+                                               std::size_t b, std::size_t e, float zero) {
   const __m256 z = _mm256_set1_ps(zero);
   std::size_t i = b;
   for (; i + 8 <= e; i += 8) {
@@ -56,33 +66,61 @@ __attribute__((target("avx2"))) void pass_avx2(float* p, float* m, float* v, con
       _mm256_storeu_ps(m + i, c);
       _mm256_storeu_ps(v + i, w);
     }
+    if constexpr (Out) {
+      const __m256i s = _mm256_srli_epi32(_mm256_castps_si256(a), 16);
+      const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(s, s), 0x08));
+      if constexpr (NTOut) _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), h);
+      else _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+    }
   }
-  if constexpr (NT) _mm_sfence();
-  for (; i < e; ++i) p[i] += g[i] * zero, m[i] += g[i] * zero, v[i] += g[i] * zero;
+  if constexpr (NT || NTOut) _mm_sfence();
+  for (; i < e; ++i) {
+    p[i] += g[i] * zero, m[i] += g[i] * zero, v[i] += g[i] * zero;
+    if constexpr (Out) out[i] = static_cast<std::uint16_t>(__builtin_bit_cast(std::uint32_t, p[i]) >> 16);
+  }
 }
 
-void pass_scalar(float* p, float* m, float* v, const float* g, std::size_t b, std::size_t e, float zero) {
-  for (std::size_t i = b; i < e; ++i) p[i] += g[i] * zero, m[i] += g[i] * zero, v[i] += g[i] * zero;
+void pass_scalar(float* p, float* m, float* v, const float* g, std::uint16_t* out, std::size_t b, std::size_t e,
+                 float zero) {
+  for (std::size_t i = b; i < e; ++i) {
+    p[i] += g[i] * zero, m[i] += g[i] * zero, v[i] += g[i] * zero;
+    if (out) out[i] = static_cast<std::uint16_t>(__builtin_bit_cast(std::uint32_t, p[i]) >> 16);
+  }
 }
+
+using Pass = void (*)(float*, float*, float*, const float*, std::uint16_t*, std::size_t, std::size_t, float);
+
+// The pass for (isa, nt, out, nt_out).
+Pass pick(optim::Isa isa, bool nt, bool out, bool nt_out) {
+  if (isa == optim::Isa::avx512) {
+    if (!out) return nt ? pass_avx512<true, false, false> : pass_avx512<false, false, false>;
+    if (nt) return pass_avx512<true, true, true>;
+    return nt_out ? pass_avx512<false, true, true> : pass_avx512<false, true, false>;
+  }
+  if (isa == optim::Isa::avx2) {
+    if (!out) return nt ? pass_avx2<true, false, false> : pass_avx2<false, false, false>;
+    if (nt) return pass_avx2<true, true, true>;
+    return nt_out ? pass_avx2<false, true, true> : pass_avx2<false, true, false>;
+  }
+  return pass_scalar;
+}
+
+bool aligned(const void* x, std::size_t a) { return reinterpret_cast<std::uintptr_t>(x) % a == 0; }
 
 }  // namespace
 
-void stream_bound_pass(tbb::task_arena& arena, float* p, float* m, float* v, const float* g, std::size_t n,
-                       bool nontemporal) {
+void stream_bound_pass(tbb::task_arena& arena, float* p, float* m, float* v, const float* g, std::uint16_t* out,
+                       std::size_t n, optim::Stores stores) {
   const float zero = g_zero;
-  const optim::Isa isa = optim::active_isa();
-  // NT stores need 64-byte alignment; chunks keep the base alignment.
-  const bool nt = nontemporal && reinterpret_cast<std::uintptr_t>(p) % 64 == 0 &&
-                  reinterpret_cast<std::uintptr_t>(m) % 64 == 0 && reinterpret_cast<std::uintptr_t>(v) % 64 == 0;
-  auto body = [&](std::size_t b, std::size_t e) {
-    if (isa == optim::Isa::avx512) nt ? pass_avx512<true>(p, m, v, g, b, e, zero) : pass_avx512<false>(p, m, v, g, b, e, zero);
-    else if (isa == optim::Isa::avx2) nt ? pass_avx2<true>(p, m, v, g, b, e, zero) : pass_avx2<false>(p, m, v, g, b, e, zero);
-    else pass_scalar(p, m, v, g, b, e, zero);
-  };
+  // Same alignment rule as CpuAdam::step; chunks keep the base alignment.
+  const bool can_stream = aligned(p, 64) && aligned(m, 64) && aligned(v, 64) && (!out || aligned(out, 32));
+  const bool nt = stores.in_place == optim::StoreKind::nontemporal && can_stream;
+  const bool nt_out = out && (nt || (stores.half_out == optim::StoreKind::nontemporal && aligned(out, 32)));
+  const Pass pass = pick(optim::active_isa(), nt, out != nullptr, nt_out);
   const std::size_t chunk = optim::CpuAdam::kChunk, chunks = (n + chunk - 1) / chunk;
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1), [&](const tbb::blocked_range<std::size_t>& r) {
-      for (std::size_t c = r.begin(); c != r.end(); ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
+      for (std::size_t c = r.begin(); c != r.end(); ++c) pass(p, m, v, g, out, c * chunk, std::min(n, (c + 1) * chunk), zero);
     });
   });
 }

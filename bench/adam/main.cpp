@@ -1,14 +1,22 @@
 // zoe-adam-bench: CpuAdam::step (AdamW, fp32 grads, optional bf16 weight copy) for N = 16M and
-// 128M elements on 1 and 2 threads. Next to each timed step (after it; before it on odd steps)
-// the same process runs the STREAM-style bound of that access pattern (4 fp32 reads + 3 writes, both with ordinary and with
-// non-temporal stores; the faster one is the bound) and a plain -O3 Adam loop. Prints the median
-// over the steps of: params/s, GB/s, bound GB/s, achieved / bound, and speed-up over the plain loop.
-// --json: one JSON object per line {"bench","case","value","unit","bound","ratio"}.
+// 128M elements on 1 and 2 threads. Per case, in one process and interleaved (each repetition
+// runs every pass once, the order rotated by one per repetition):
+//  - CpuAdam forced to each store kind (ordinary, nontemporal, and with the bf16 copy
+//    nontemporal-half) next to the STREAM-style bound of the same access pattern with the same
+//    stores (4 fp32 reads + 3 writes per element, + one 16-bit write with the copy);
+//  - CpuAdam with its own pick (StorePolicy::measure, its trials run before the timed
+//    repetitions) against the best bound of any store kind in the same repetition: the headline;
+//  - a plain -O3 Adam loop.
+// Prints medians over the repetitions of GB/s and of the per-repetition ratios. --thread-cpu
+// times one-thread cases by the thread's CPU clock (for a loaded shared machine).
+// --json: one JSON object per line {"bench","case","value","unit","bound","ratio"}; the
+// library's lines add "picked" (the store kind CpuAdam chose).
 #include <tbb/task_arena.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdint>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -31,6 +39,21 @@ double seconds(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double thread_cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// CPU seconds of the calling thread spent in f (one-thread cases run on the calling thread):
+// time the scheduler gave to other processes is left out.
+template <class F>
+double thread_cpu_seconds(F&& f) {
+  const double t0 = thread_cpu_now();
+  f();
+  return thread_cpu_now() - t0;
 }
 
 double median(std::vector<double> x) {
@@ -61,65 +84,119 @@ struct Options {
   std::vector<int> sizes_mi{16, 128};
   std::vector<int> threads{1, 2};
   int steps = 10;
+  bool thread_cpu = false;
   bool json = false;
 };
 
-void json_line(const std::string& case_name, double value, const std::string& unit, double bound, double ratio) {
-  const nlohmann::json j{{"bench", "adam"}, {"case", case_name}, {"value", value}, {"unit", unit},
-                         {"bound", bound},  {"ratio", ratio}};
+void json_line(const std::string& case_name, double value, const std::string& unit, double bound, double ratio,
+               const nlohmann::json& extra = nlohmann::json::object()) {
+  nlohmann::json j{{"bench", "adam"}, {"case", case_name}, {"value", value}, {"unit", unit},
+                   {"bound", bound},  {"ratio", ratio}};
+  j.update(extra);
   std::printf("%s\n", j.dump().c_str());
 }
 
+using zoe::optim::StoreKind;
+using zoe::optim::StorePolicy;
+using zoe::optim::Stores;
+
+// The store kinds compared per case: CpuAdam forced to each, the bound loop with each.
+struct Kind {
+  StorePolicy policy;
+  Stores stores;
+};
+const Kind kKinds[] = {
+    {StorePolicy::ordinary, {StoreKind::ordinary, StoreKind::ordinary}},
+    {StorePolicy::nontemporal, {StoreKind::nontemporal, StoreKind::nontemporal}},
+    {StorePolicy::nontemporal_half, {StoreKind::ordinary, StoreKind::nontemporal}},
+};
+
 void run_case(const Options& o, Arrays& a, std::size_t n, int size_mi, int threads, bool bf16_out, std::int64_t& t) {
-  CpuAdam adam(threads);
+  const bool cpu_clock = o.thread_cpu && threads == 1;
+  auto seconds = [cpu_clock](auto&& f) { return cpu_clock ? thread_cpu_seconds(f) : ::seconds(f); };
+  CpuAdam forced(threads), library(threads);  // forced: one kind per call; library: its own pick
+  library.set_store_policy(StorePolicy::measure);
   tbb::task_arena arena(threads);
   AdamHyper h;
   h.weight_decay = 0.01;
   std::uint16_t* out = bf16_out ? a.out : nullptr;
-  const double adam_bytes = static_cast<double>(n) * (28 + (bf16_out ? 2 : 0));
-  const double bound_bytes = static_cast<double>(n) * 28;
-  auto adam_step = [&] { adam.step(h, ++t, 1.0f, a.p, a.m, a.v, a.g, DType::f32, n, out, DType::bf16); };
-  // Warm-up: starts the arena's threads and faults nothing new (arrays are touched).
-  adam_step();
-  zoe::bench::stream_bound_pass(arena, a.p, a.m, a.v, a.g, n, true);
-  std::vector<double> gbps, bound_gbps, ratio, plain_speedup, plain_params;
+  const double bytes = static_cast<double>(n) * (28 + (bf16_out ? 2 : 0));
+  const int kinds = bf16_out ? 3 : 2;  // nontemporal-half only differs with a half copy
+  auto adam_step = [&](CpuAdam& adam) { adam.step(h, ++t, 1.0f, a.p, a.m, a.v, a.g, DType::f32, n, out, DType::bf16); };
+  // Warm-up (starts the arenas' threads; the arrays are touched), then the library's own trials
+  // (StorePolicy::measure: warm-up call + kStoreTrialRounds rounds over its candidates).
+  adam_step(forced);
+  zoe::bench::stream_bound_pass(arena, a.p, a.m, a.v, a.g, out, n, kKinds[0].stores);
+  while (!library.store_choice(n, DType::f32, bf16_out).decided) adam_step(library);
+  const auto choice = library.store_choice(n, DType::f32, bf16_out);
+  // Per repetition: every pass once, in an order rotated by one each repetition, so no pass
+  // always follows the same other pass (cache state, DRAM page state, turbo).
+  enum Pass { kernel0, bound0 = 3, lib = 6, plain = 7, passes = 8 };
+  std::vector<std::vector<double>> secs(passes);
+  std::vector<int> order;
+  for (int k = 0; k < kinds; ++k) order.push_back(kernel0 + k), order.push_back(bound0 + k);
+  order.push_back(lib);
+  order.push_back(plain);
   for (int s = 0; s < o.steps; ++s) {
-    // Odd steps run the bound first, so neither side always inherits the other's cache state.
-    auto bound_pass = [&](bool nt) {
-      return seconds([&] { zoe::bench::stream_bound_pass(arena, a.p, a.m, a.v, a.g, n, nt); });
-    };
-    double ta, tb_reg, tb_nt;
-    if (s % 2 == 0) {
-      ta = seconds(adam_step);
-      tb_reg = bound_pass(false);
-      tb_nt = bound_pass(true);
-    } else {
-      tb_reg = bound_pass(false);
-      tb_nt = bound_pass(true);
-      ta = seconds(adam_step);
+    std::rotate(order.begin(), order.begin() + 1, order.end());
+    for (int p : order) {
+      double dt;
+      if (p == lib) {
+        dt = seconds([&] { adam_step(library); });
+      } else if (p == plain) {
+        dt = seconds([&] { zoe::bench::plain_adam_pass(arena, ++t, a.p, a.m, a.v, a.g, out, n); });
+      } else if (p >= bound0) {
+        dt = seconds([&] { zoe::bench::stream_bound_pass(arena, a.p, a.m, a.v, a.g, out, n, kKinds[p - bound0].stores); });
+      } else {
+        forced.set_store_policy(kKinds[p].policy);
+        dt = seconds([&] { adam_step(forced); });
+      }
+      secs[p].push_back(dt);
     }
-    const double tp = seconds([&] { zoe::bench::plain_adam_pass(arena, ++t, a.p, a.m, a.v, a.g, out, n); });
-    const double tb = std::min(tb_reg, tb_nt);
-    gbps.push_back(adam_bytes / ta / 1e9);
-    bound_gbps.push_back(bound_bytes / tb / 1e9);
-    ratio.push_back(gbps.back() / bound_gbps.back());
-    plain_speedup.push_back(tp / ta);
-    plain_params.push_back(static_cast<double>(n) / tp);
   }
-  const double bytes_per_param = adam_bytes / static_cast<double>(n);
-  const double gb = median(gbps), bound = median(bound_gbps), r = median(ratio), sp = median(plain_speedup);
-  const double params = gb * 1e9 / bytes_per_param, bound_params = bound * 1e9 / bytes_per_param;
+  // Medians over repetitions of GB/s and of per-repetition ratios.
+  auto gbps = [&](int p) {
+    std::vector<double> r;
+    for (double x : secs[p]) r.push_back(bytes / x / 1e9);
+    return median(r);
+  };
+  auto ratio = [&](int p, auto bound_secs) {
+    std::vector<double> r;
+    for (int s = 0; s < o.steps; ++s) r.push_back(bound_secs(s) / secs[p][s]);
+    return median(r);
+  };
+  auto best_bound_secs = [&](int s) {
+    double b = secs[bound0][s];
+    for (int k = 1; k < kinds; ++k) b = std::min(b, secs[bound0 + k][s]);
+    return b;
+  };
   const std::string name = "N=" + std::to_string(size_mi) + "M threads=" + std::to_string(threads) +
-                           (bf16_out ? " out=fp32+bf16" : " out=fp32") + " isa=" + std::string(zoe::optim::isa_name(adam.isa()));
+                           (bf16_out ? " out=fp32+bf16" : " out=fp32") + " isa=" + std::string(zoe::optim::isa_name(library.isa())) +
+                           (cpu_clock ? " clock=thread-cpu" : "");
+  const std::string picked(zoe::optim::stores_name(choice.stores));
+  std::vector<double> bound_best;
+  for (int s = 0; s < o.steps; ++s) bound_best.push_back(bytes / best_bound_secs(s) / 1e9);
+  const double lib_gbps = gbps(lib), lib_ratio = ratio(lib, best_bound_secs), best = median(bound_best);
+  const double plain_speedup = ratio(lib, [&](int s) { return secs[plain][s]; });
   if (o.json) {
-    // "ratio" is the median of the per-step ratios (not value / bound of the medians).
-    json_line(name, gb, "GB/s", bound, r);
-    json_line(name, params, "params/s", bound_params, r);
+    // Per store kind: CpuAdam forced to it against the bound loop with the same stores.
+    for (int k = 0; k < kinds; ++k)
+      json_line(name + " stores=" + std::string(zoe::optim::stores_name(kKinds[k].stores)), gbps(kernel0 + k), "GB/s",
+                gbps(bound0 + k), ratio(kernel0 + k, [&](int s) { return secs[bound0 + k][s]; }));
+    // The library's own pick against the best bound of any store kind: the headline figure.
+    json_line(name + " library", lib_gbps, "GB/s", best, lib_ratio, {{"picked", picked}});
+    json_line(name + " library", lib_gbps * 1e9 / (bytes / n), "params/s", best * 1e9 / (bytes / n), lib_ratio,
+              {{"picked", picked}});
     // Against the plain loop: "bound" is its params/s, "ratio" the median per-step speed-up.
-    json_line(name + " vs plain -O3 loop", params, "params/s", median(plain_params), sp);
+    json_line(name + " vs plain -O3 loop", lib_gbps * 1e9 / (bytes / n), "params/s", gbps(plain) * 1e9 / (bytes / n),
+              plain_speedup);
   } else {
-    std::printf("%-44s %9.3g params/s %7.2f GB/s  bound %7.2f GB/s  ratio %.3f  vs plain -O3 loop %.2fx\n",
-                name.c_str(), params, gb, bound, r, sp);
+    std::printf("%-40s", name.c_str());
+    for (int k = 0; k < kinds; ++k)
+      std::printf("  %s %.2f/%.2f=%.3f", std::string(zoe::optim::stores_name(kKinds[k].stores)).c_str(),
+                  gbps(kernel0 + k), gbps(bound0 + k), ratio(kernel0 + k, [&](int s) { return secs[bound0 + k][s]; }));
+    std::printf("  | library (%s) %.2f GB/s, best bound %.2f, ratio %.3f, vs plain %.2fx\n", picked.c_str(), lib_gbps,
+                best, lib_ratio, plain_speedup);
   }
   std::fflush(stdout);
 }
@@ -133,11 +210,15 @@ int main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "thread counts (oneTBB arena sizes)");
   app.add_option("--steps", o.steps, "timed steps per case (medians over them; >= 10 for reported figures)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--thread-cpu", o.thread_cpu,
+               "one-thread cases: time by the thread's CPU clock (leaves out time the scheduler gave to other "
+               "processes on a loaded machine; the bound and every variant alike); other cases stay on the wall clock");
   app.add_flag("--json", o.json, "one JSON object per line: {bench, case, value, unit, bound, ratio}");
   CLI11_PARSE(app, argc, argv);
   if (!o.json)
-    std::printf("AdamW step, fp32 grads; bound: 4 fp32 reads + 3 writes per element, same arrays, run after each "
-                "step; medians over %d steps\n", o.steps);
+    std::printf("AdamW step, fp32 grads; per store kind: CpuAdam GB/s / bound GB/s = ratio (bound: 4 fp32 reads + 3 "
+                "writes per element [+ one 16-bit write], same arrays and stores); library: CpuAdam's own pick vs the "
+                "best bound; medians over %d interleaved repetitions\n", o.steps);
   std::int64_t t = 0;
   for (int size_mi : o.sizes_mi) {
     const std::size_t n = static_cast<std::size_t>(size_mi) << 20;

@@ -1,7 +1,9 @@
 // zoe-offload-bench: ZeRO-Offload / ZeRO-Infinity optimizer step figures (issue 6).
 //  (a) the optimizer step with states in host memory (cpu) and on NVMe for several model
 //      sizes Ψ, next to its parts measured alone in the same run (step_bench.cpp);
-//  (b) Engine::step() followed by the next forward, against each alone (overlap_bench.cpp).
+//  (b) Engine::step() followed by the next forward, against each alone (overlap_bench.cpp);
+//  (c) the whole CPU step (gradient add, norm, clip, AdamW, bf16 copy) with host-memory states
+//      against the bound of its bytes (cpu_step_bench.cpp).
 // Cases run one at a time and free their memory before the next (the 1B host case holds
 // 16 GB of states and fp32 gradients). NVMe files go to a fresh directory under
 // --nvme-path, removed at the end.
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/offload/cpu_step_bench.hpp"
 #include "bench/offload/overlap_bench.hpp"
 #include "bench/offload/step_bench.hpp"
 #include "bench/offload/report.hpp"
@@ -52,7 +55,9 @@ zoe::OffloadDevice tier_of(const std::string& s) {
 int main(int argc, char** argv) {
   zoe::bench::StepBenchOptions so;
   zoe::bench::OverlapBenchOptions oo;
-  std::vector<std::string> cases{"step", "overlap"}, tiers{"cpu", "nvme"}, overlap_tiers{"cpu", "nvme"};
+  zoe::bench::CpuStepBenchOptions co;
+  double cpu_step_psi_m = 100;
+  std::vector<std::string> cases{"step", "overlap", "cpu-step"}, tiers{"cpu", "nvme"}, overlap_tiers{"cpu", "nvme"};
   std::vector<double> psi_m{100, 500, 1000};
   double group_m = 100, sub_group_m = 10, overlap_psi_m = 100;
   std::string nvme_parent = std::filesystem::temp_directory_path().string();
@@ -60,7 +65,12 @@ int main(int argc, char** argv) {
   int reps = 3;
 
   CLI::App app{"zoe-offload-bench: optimizer step over host/NVMe states vs its parts; step + next forward overlap"};
-  app.add_option("--cases", cases, "which parts to run")->check(CLI::IsMember({"step", "overlap"}));
+  app.add_option("--cases", cases, "which parts to run")->check(CLI::IsMember({"step", "overlap", "cpu-step"}));
+  app.add_option("--cpu-step-psi", cpu_step_psi_m, "(cpu-step) model size in millions of elements")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--thread-cpu", co.thread_cpu,
+               "(cpu-step) with --threads 1: time by the thread's CPU clock (a loaded machine's other processes "
+               "left out)");
   app.add_option("--psi", psi_m, "(step) model sizes in millions of elements")->check(CLI::PositiveNumber);
   app.add_option("--tiers", tiers, "(step) where the states live")->check(CLI::IsMember({"cpu", "nvme"}));
   app.add_option("--group", group_m, "(step) millions of elements per group (module shard)")
@@ -93,6 +103,10 @@ int main(int argc, char** argv) {
   oo.buffer_count = so.buffer_count;
   oo.threads = so.threads;
   oo.reps = reps;
+  co.psi = elements(cpu_step_psi_m);
+  co.sub_group_numel = so.sub_group_numel;
+  co.threads = so.threads;
+  co.reps = std::max(reps, 5);
 
   zoe::bench::Report report(json);
   try {
@@ -106,6 +120,7 @@ int main(int argc, char** argv) {
         for (const std::string& t : tiers) zoe::bench::run_step_case(so, tier_of(t), elements(p), report);
     if (has("overlap"))
       for (const std::string& t : overlap_tiers) zoe::bench::run_overlap_case(oo, tier_of(t), report);
+    if (has("cpu-step")) zoe::bench::run_cpu_step_case(co, report);
     report.text("# load average at the end: %s\n", zoe::bench::load_average().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zoe-offload-bench: %s\n", e.what());

@@ -47,7 +47,7 @@ void store_half8(std::uint16_t* dst, __m128i h) {
   else _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), h);
 }
 
-template <DType G, Out O, bool Stream>
+template <DType G, Out O, bool Stream, bool StreamOut, bool Prefetch>
 void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
   const kernels::AdamCoeffs& c = a.c;
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale), l2 = _mm256_set1_ps(c.l2);
@@ -77,16 +77,18 @@ void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
     store8<Stream>(p_ptr + j, p);
     store8<Stream>(m_ptr + j, m);
     store8<Stream>(v_ptr + j, v);
-    if constexpr (O == Out::bf16) store_half8<Stream>(out + j, bf16_round(p));
+    if constexpr (O == Out::bf16) store_half8<StreamOut>(out + j, bf16_round(p));
     if constexpr (O == Out::f16)
-      store_half8<Stream>(out + j, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      store_half8<StreamOut>(out + j, _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   };
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {  // 16 fp32 = one 64-byte line per array and iteration
-    _mm_prefetch(reinterpret_cast<const char*>(p_ptr + i + kPrefetchElements), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(m_ptr + i + kPrefetchElements), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(v_ptr + i + kPrefetchElements), _MM_HINT_T0);
-    _mm_prefetch(grad_bytes + (i + kPrefetchElements) * grad_size, _MM_HINT_T0);
+    if constexpr (Prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(p_ptr + i + kPrefetchElements), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(m_ptr + i + kPrefetchElements), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v_ptr + i + kPrefetchElements), _MM_HINT_T0);
+      _mm_prefetch(grad_bytes + (i + kPrefetchElements) * grad_size, _MM_HINT_T0);
+    }
     update8(i);
     update8(i + 8);
   }
@@ -94,14 +96,27 @@ void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
     update8(i);
     i += 8;
   }
-  if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
+  if constexpr (Stream || StreamOut) _mm_sfence();  // order the weakly-ordered stores before the task ends
   if (i < end) adam_scalar_range(a, i, end);
+}
+
+template <DType G, Out O, bool Stream, bool StreamOut>
+void adam_pick_prefetch(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (a.prefetch) adam_range<G, O, Stream, StreamOut, true>(a, begin, end);
+  else adam_range<G, O, Stream, StreamOut, false>(a, begin, end);
 }
 
 template <DType G, Out O>
 void adam_pick_store(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  if (a.stream) adam_range<G, O, true>(a, begin, end);
-  else adam_range<G, O, false>(a, begin, end);
+  if constexpr (O == Out::none) {
+    if (a.stream) adam_pick_prefetch<G, O, true, false>(a, begin, end);
+    else adam_pick_prefetch<G, O, false, false>(a, begin, end);
+  } else {
+    // In-place streaming with an ordinary half copy is never chosen (CpuAdam's candidates).
+    if (a.stream) adam_pick_prefetch<G, O, true, true>(a, begin, end);
+    else if (a.stream_out) adam_pick_prefetch<G, O, false, true>(a, begin, end);
+    else adam_pick_prefetch<G, O, false, false>(a, begin, end);
+  }
 }
 
 template <DType G>
@@ -178,7 +193,9 @@ bool all_finite(const void* x, DType dtype, std::size_t begin, std::size_t end) 
 }  // namespace
 
 const KernelTable& avx2_kernels() {
-  static const KernelTable table{adam, sum_squares, all_finite};
+  // add_grad: the scalar loop (its fp64 sums are in index order per chunk; only the AVX-512
+  // path has the chunk-transposed vector version).
+  static const KernelTable table{adam, sum_squares, all_finite, add_grad_scalar};
   return table;
 }
 

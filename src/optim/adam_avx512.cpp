@@ -56,7 +56,7 @@ void store_half16(std::uint16_t* dst, __m256i h) {
   else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
 }
 
-template <DType G, Out O, bool Stream, bool Bf16Cvt>
+template <DType G, Out O, bool Stream, bool StreamOut, bool Bf16Cvt, bool Prefetch>
 void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
   const kernels::AdamCoeffs& c = a.c;
   const __m512 grad_scale = _mm512_set1_ps(c.grad_scale), l2 = _mm512_set1_ps(c.l2);
@@ -74,10 +74,12 @@ void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
   const char* grad_bytes = static_cast<const char*>(a.grad);
   constexpr std::size_t grad_size = G == DType::f32 ? 4 : 2;
   for (; i + 16 <= end; i += 16) {  // 16 fp32 = one 64-byte line per array and iteration
-    _mm_prefetch(reinterpret_cast<const char*>(p_ptr + i + kPrefetchElements), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(m_ptr + i + kPrefetchElements), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(v_ptr + i + kPrefetchElements), _MM_HINT_T0);
-    _mm_prefetch(grad_bytes + (i + kPrefetchElements) * grad_size, _MM_HINT_T0);
+    if constexpr (Prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(p_ptr + i + kPrefetchElements), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(m_ptr + i + kPrefetchElements), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v_ptr + i + kPrefetchElements), _MM_HINT_T0);
+      _mm_prefetch(grad_bytes + (i + kPrefetchElements) * grad_size, _MM_HINT_T0);
+    }
     __m512 g = _mm512_mul_ps(load_grad16<G>(a.grad, i), grad_scale);
     __m512 p = _mm512_loadu_ps(p_ptr + i);
     __m512 m = _mm512_loadu_ps(m_ptr + i);
@@ -91,19 +93,37 @@ void adam_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
     store16<Stream>(p_ptr + i, p);
     store16<Stream>(m_ptr + i, m);
     store16<Stream>(v_ptr + i, v);
-    if constexpr (O == Out::bf16) store_half16<Stream>(out + i, Bf16Cvt ? bf16_round_cvt(p) : bf16_round_int(p));
+    if constexpr (O == Out::bf16) store_half16<StreamOut>(out + i, Bf16Cvt ? bf16_round_cvt(p) : bf16_round_int(p));
     if constexpr (O == Out::f16)
-      store_half16<Stream>(out + i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      store_half16<StreamOut>(out + i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
-  if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
+  if constexpr (Stream || StreamOut) _mm_sfence();  // order the weakly-ordered stores before the task ends
   if (i < end) adam_scalar_range(a, i, end);
+}
+
+template <DType G, Out O, bool Stream, bool StreamOut, bool Bf16Cvt>
+void adam_pick_prefetch(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (a.prefetch) adam_range<G, O, Stream, StreamOut, Bf16Cvt, true>(a, begin, end);
+  else adam_range<G, O, Stream, StreamOut, Bf16Cvt, false>(a, begin, end);
+}
+
+template <DType G, Out O, bool Stream, bool StreamOut>
+void adam_pick_cvt(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  if (O == Out::bf16 && a.bf16_convert) adam_pick_prefetch<G, O, Stream, StreamOut, true>(a, begin, end);
+  else adam_pick_prefetch<G, O, Stream, StreamOut, false>(a, begin, end);
 }
 
 template <DType G, Out O>
 void adam_pick_store(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  const bool cvt = O == Out::bf16 && a.bf16_convert;
-  if (a.stream) cvt ? adam_range<G, O, true, true>(a, begin, end) : adam_range<G, O, true, false>(a, begin, end);
-  else cvt ? adam_range<G, O, false, true>(a, begin, end) : adam_range<G, O, false, false>(a, begin, end);
+  if constexpr (O == Out::none) {
+    if (a.stream) adam_pick_prefetch<G, O, true, false, false>(a, begin, end);
+    else adam_pick_prefetch<G, O, false, false, false>(a, begin, end);
+  } else {
+    // In-place streaming with an ordinary half copy is never chosen (CpuAdam's candidates).
+    if (a.stream) adam_pick_cvt<G, O, true, true>(a, begin, end);
+    else if (a.stream_out) adam_pick_cvt<G, O, false, true>(a, begin, end);
+    else adam_pick_cvt<G, O, false, false>(a, begin, end);
+  }
 }
 
 template <DType G>
@@ -176,10 +196,111 @@ bool all_finite(const void* x, DType dtype, std::size_t begin, std::size_t end) 
   return all_finite_scalar(x, dtype, i, end);
 }
 
+// 8 rows of 8 doubles -> 8 columns: c[k] lane j = r[j] lane k.
+void transpose8x8(const __m512d r[8], __m512d c[8]) {
+  __m512d t[8], u[8];
+  for (int k = 0; k < 4; ++k) {
+    t[2 * k] = _mm512_unpacklo_pd(r[2 * k], r[2 * k + 1]);      // r0[0] r1[0] r0[2] r1[2] ...
+    t[2 * k + 1] = _mm512_unpackhi_pd(r[2 * k], r[2 * k + 1]);  // r0[1] r1[1] r0[3] r1[3] ...
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 0-3, then 4-7
+    __m512d* tt = t + 4 * h;
+    __m512d* uu = u + 4 * h;
+    uu[0] = _mm512_shuffle_f64x2(tt[0], tt[2], 0x88);  // (r0 r1)[0], [4], (r2 r3)[0], [4]
+    uu[1] = _mm512_shuffle_f64x2(tt[1], tt[3], 0x88);  // [1], [5]
+    uu[2] = _mm512_shuffle_f64x2(tt[0], tt[2], 0xdd);  // [2], [6]
+    uu[3] = _mm512_shuffle_f64x2(tt[1], tt[3], 0xdd);  // [3], [7]
+  }
+  for (int k = 0; k < 4; ++k) {
+    c[k] = _mm512_shuffle_f64x2(u[k], u[4 + k], 0x88);
+    c[k + 4] = _mm512_shuffle_f64x2(u[k], u[4 + k], 0xdd);
+  }
+}
+
+template <DType S>
+__m256 load_src8(const void* src, std::size_t i) {
+  if constexpr (S == DType::f32) {
+    return _mm256_loadu_ps(static_cast<const float*>(src) + i);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(src) + i));
+    if constexpr (S == DType::bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else return _mm256_cvtph_ps(h);
+  }
+}
+
+template <DType S>
+__m512 load_src16(const void* src, std::size_t i) {
+  if constexpr (S == DType::f32) {
+    return _mm512_loadu_ps(static_cast<const float*>(src) + i);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(src) + i));
+    if constexpr (S == DType::bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    else return _mm512_cvtph_ps(h);
+  }
+}
+
+// Blocks of 8 whole chunks: lane j of the fp64 accumulator sums chunk j, one element of each
+// chunk per add, in index order (16 elements = one 64-byte line of each chunk loaded and stored,
+// squared, transposed in two 8x8 halves), so each lane's sum is the scalar loop's. Whole lines
+// per stream keep non-temporal stores write-combined (half lines over 8 streams ran 4x slower).
+// Finiteness needs no test per element: a square of a finite fp32 is finite in fp64 (< 2^256)
+// and a chunk sum of them too, while an inf or NaN element makes its chunk sum inf or NaN for
+// good (squares are >= 0, so no inf - inf); CpuAdam::add_grad checks the sums. The rest of the
+// range goes to the scalar loop.
+template <DType S, bool First, bool Stream>
+bool add_grad_t(const void* src, float* grad, std::size_t begin, std::size_t end, double* sums) {
+  constexpr std::size_t C = kGradSumChunk;
+  std::size_t b = begin;
+  for (; b + 8 * C <= end; b += 8 * C) {
+    __m512d acc = _mm512_setzero_pd();
+    for (std::size_t k = 0; k < C; k += 16) {
+      __m512d lo[8], hi[8], c[8];
+      for (int j = 0; j < 8; ++j) {
+        const std::size_t i = b + j * C + k;
+        __m512 x = load_src16<S>(src, i);
+        if constexpr (!First) x = _mm512_add_ps(_mm512_loadu_ps(grad + i), x);
+        if constexpr (Stream) _mm512_stream_ps(grad + i, x);
+        else _mm512_storeu_ps(grad + i, x);
+        const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+        const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+        lo[j] = _mm512_mul_pd(dl, dl);
+        hi[j] = _mm512_mul_pd(dh, dh);
+      }
+      transpose8x8(lo, c);
+      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+      transpose8x8(hi, c);
+      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+    }
+    _mm512_storeu_pd(sums + (b - begin) / C, acc);
+  }
+  if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
+  if (b == end) return true;
+  return add_grad_scalar(src, S, grad, First, false, b, end, sums + (b - begin) / C);
+}
+
+template <DType S>
+bool add_grad_pick(const void* src, float* grad, bool first, bool stream, std::size_t begin, std::size_t end,
+                   double* sums) {
+  if (first) return stream ? add_grad_t<S, true, true>(src, grad, begin, end, sums)
+                           : add_grad_t<S, true, false>(src, grad, begin, end, sums);
+  return stream ? add_grad_t<S, false, true>(src, grad, begin, end, sums)
+                : add_grad_t<S, false, false>(src, grad, begin, end, sums);
+}
+
+bool add_grad(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
+              std::size_t end, double* sums) {
+  switch (src_dtype) {
+    case DType::f32: return add_grad_pick<DType::f32>(src, grad, first, stream, begin, end, sums);
+    case DType::bf16: return add_grad_pick<DType::bf16>(src, grad, first, stream, begin, end, sums);
+    case DType::f16: return add_grad_pick<DType::f16>(src, grad, first, stream, begin, end, sums);
+  }
+  return true;
+}
+
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable table{adam, sum_squares, all_finite};
+  static const KernelTable table{adam, sum_squares, all_finite, add_grad};
   return table;
 }
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "kernels/adam_math.hpp"
+#include "kernels/elementwise.hpp"
 #include "zoe/dtype.hpp"
 
 namespace zoe::optim::detail {
@@ -21,7 +22,9 @@ struct AdamArgs {
   DType grad_dtype;
   void* out;  // null: no half output
   DType out_dtype;
-  bool stream;         // non-temporal stores (all fp32 arrays 64-byte, out 32-byte aligned)
+  bool stream;         // non-temporal stores for p, m, v and out (fp32 arrays 64-byte, out 32-byte aligned)
+  bool stream_out;     // non-temporal stores for out only (out 32-byte aligned); p, m, v ordinary
+  bool prefetch;       // software prefetch kPrefetchElements ahead on p, m, v and grad
   bool bf16_convert;   // AVX-512 only: the CPU has vcvtneps2bf16 (AVX512_BF16)
 };
 
@@ -31,16 +34,30 @@ struct KernelTable {
   /// CpuAdam::kSumLanes documents.
   double (*sum_squares)(const void* x, DType dtype, std::size_t begin, std::size_t end);
   bool (*all_finite)(const void* x, DType dtype, std::size_t begin, std::size_t end);
+  /// CpuAdam::add_grad over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
+  /// grad[i] = float(src[i]) (first) or grad[i] + float(src[i]) (fp32 add); sums[k] = the sum
+  /// of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk of the range.
+  /// Returns false if a written grad[i] is not finite; may return true then if that element's
+  /// chunk sum is inf or NaN (the AVX-512 path: the caller checks the sums). stream:
+  /// non-temporal stores of grad (grad 64-byte aligned; paths without a vector version ignore it).
+  bool (*add_grad)(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
+                   std::size_t end, double* sums);
 };
 
 const KernelTable& scalar_kernels();
 const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 
-/// Software prefetch distance of the update loops, in elements (1 KiB of fp32 ahead on each of
-/// the four input streams): keeps enough cache-line fills in flight while the divides and square
-/// root of earlier elements execute. Prefetching past the array end is harmless (no fault).
+/// Software prefetch distance of the update loops when AdamArgs::prefetch (a measured choice of
+/// CpuAdam), in elements: 1 KiB of fp32 ahead on each of the four input streams. The distance
+/// was not re-tuned on the 2-core VM; whether to prefetch at all is measured per CPU (issue 16:
+/// it lost 3-8% on one thread on a Zen 4 VM, gained under load on a Xeon VM). Prefetching past
+/// the array end is harmless (no fault).
 inline constexpr std::size_t kPrefetchElements = 256;
+
+/// Chunk of add_grad's sums of squares (kernels::kSumSquaresChunk: host_ops' and the device's).
+/// Vector TUs use only this constant of kernels/elementwise.hpp, none of its inline functions.
+inline constexpr std::size_t kGradSumChunk = kernels::kSumSquaresChunk;
 
 /// Lanes of the sum_squares accumulators (CpuAdam::kSumLanes).
 inline constexpr std::size_t kSumLanes = 32;
@@ -55,5 +72,8 @@ void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size
 /// acc[0] + acc[1] + ... + acc[kSumLanes - 1], left to right.
 double reduce_lanes(const double* acc);
 bool all_finite_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end);
+/// KernelTable::add_grad, scalar (also the tail of the vector paths).
+bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
+                     std::size_t end, double* sums);
 
 }  // namespace zoe::optim::detail

@@ -1,7 +1,10 @@
 // Scalar (portable) kernels: the reference path, and the tails of the vector paths.
 #include <cstdint>
 
+#include <algorithm>
+
 #include "kernels/adam_math.hpp"
+#include "kernels/elementwise.hpp"
 #include "kernels/half.hpp"
 #include "src/optim/adam_kernels.hpp"
 
@@ -97,8 +100,26 @@ bool all_finite_scalar(const void* x, DType dtype, std::size_t begin, std::size_
   return true;
 }
 
+bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool /*stream*/, std::size_t begin,
+                     std::size_t end, double* sums) {
+  bool finite = true;
+  for (std::size_t c = begin; c < end; c += kernels::kSumSquaresChunk) {
+    const std::size_t ce = std::min(end, c + kernels::kSumSquaresChunk);
+    double sum = 0.0;
+    for (std::size_t i = c; i < ce; ++i) {
+      const float x = load_as_float(src, src_dtype, i);
+      const float g = first ? x : kernels::accumulate_value(grad[i], x);
+      grad[i] = g;
+      sum += kernels::square_f64(g);
+      finite = finite && kernels::is_finite_f32(g);
+    }
+    sums[(c - begin) / kernels::kSumSquaresChunk] = sum;
+  }
+  return finite;
+}
+
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{adam_scalar_whole, sum_squares_scalar, all_finite_scalar};
+  static const KernelTable table{adam_scalar_whole, sum_squares_scalar, all_finite_scalar, add_grad_scalar};
   return table;
 }
 

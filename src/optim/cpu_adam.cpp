@@ -5,43 +5,82 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "kernels/elementwise.hpp"
 #include "src/common/check.hpp"
 #include "src/optim/adam_kernels.hpp"
 #include "src/optim/isa_detect.hpp"
 
 namespace zoe::optim {
+
+std::string stores_name(Stores s) {
+  const bool a = s.in_place == StoreKind::nontemporal, b = s.half_out == StoreKind::nontemporal;
+  const std::string kinds = a ? (b ? "nontemporal" : "nontemporal-in-place") : (b ? "nontemporal-half" : "ordinary");
+  return s.prefetch ? kinds + "+prefetch" : kinds;
+}
+
+std::string_view store_policy_name(StorePolicy p) {
+  switch (p) {
+    case StorePolicy::measure: return "measure";
+    case StorePolicy::ordinary: return "ordinary";
+    case StorePolicy::nontemporal: return "nontemporal";
+    case StorePolicy::nontemporal_half: return "nontemporal-half";
+  }
+  return "unknown";
+}
+
+StorePolicy parse_store_policy(std::string_view text, const char* key) {
+  for (StorePolicy p : {StorePolicy::measure, StorePolicy::ordinary, StorePolicy::nontemporal,
+                        StorePolicy::nontemporal_half})
+    if (text == store_policy_name(p)) return p;
+  ZOE_THROW_CONFIG(key, "'", text, "' is not one of measure, ordinary, nontemporal, nontemporal-half");
+}
+
 namespace {
 
 static_assert(CpuAdam::kChunk % 64 == 0, "chunks must keep 64-byte alignment of fp32 arrays");
 static_assert(CpuAdam::kChunk % CpuAdam::kSumLanes == 0);
 static_assert(CpuAdam::kSumLanes == detail::kSumLanes);
 
-// Non-temporal stores only pay when the update's arrays do not fit in the last-level cache: then
-// every written line goes to memory anyway, and streaming it keeps the cache for the inputs. A
-// working set that fits stays cached with ordinary stores (an in-place update reads each line
-// first, so ordinary stores cost no extra read-for-ownership traffic).
-// Env ZOE_ADAM_STREAM_BYTES overrides the threshold (tests use 0 to cover the streaming path).
-std::size_t stream_threshold_bytes() {
-  if (const char* env = std::getenv("ZOE_ADAM_STREAM_BYTES"); env && *env) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    if (*end != '\0') ZOE_THROW_CONFIG("ZOE_ADAM_STREAM_BYTES", "'", env, "' is not a byte count");
-    return static_cast<std::size_t>(v);
-  }
-  // The reported L3 is often the sum over all core complexes (a VM here reports 508 MiB) while one
-  // core reaches only its own slice (32-96 MiB on current x86 server parts): clamp it.
-  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return std::clamp<std::size_t>(l3 > 0 ? static_cast<std::size_t>(l3) : 0, std::size_t{32} << 20,
-                                 std::size_t{128} << 20);
+StorePolicy store_policy_from_env() {
+  const char* env = std::getenv("ZOE_ADAM_STORES");
+  return env && *env ? parse_store_policy(env, "ZOE_ADAM_STORES") : StorePolicy::measure;
 }
+
+constexpr Stores kOrdinary{StoreKind::ordinary, StoreKind::ordinary};
+constexpr Stores kNontemporal{StoreKind::nontemporal, StoreKind::nontemporal};
+constexpr Stores kNontemporalHalf{StoreKind::ordinary, StoreKind::nontemporal};
+constexpr Stores with_prefetch(Stores s) { return {s.in_place, s.half_out, true}; }
+// StorePolicy::measure's candidates, in tie-break order; add_grad uses the first 2, step
+// without a half copy the first 4, with one all 6.
+constexpr Stores kCandidates[] = {kOrdinary,
+                                  kNontemporal,
+                                  with_prefetch(kOrdinary),
+                                  with_prefetch(kNontemporal),
+                                  kNontemporalHalf,
+                                  with_prefetch(kNontemporalHalf)};
+constexpr int kMaxCandidates = 6;
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+int size_class(std::size_t bytes) { return bytes == 0 ? 0 : 63 - __builtin_clzll(bytes); }
 
 const detail::KernelTable& kernels_for(Isa isa) {
   switch (isa) {
@@ -58,13 +97,78 @@ bool aligned(const void* p, std::size_t alignment) {
 
 }  // namespace
 
+// StorePolicy::measure's state for one size class of one operation.
+struct StoreTrials {
+  int calls = 0;                     // counted calls: 1 warm-up, then the timed trials
+  double best[kMaxCandidates] = {};  // per candidate: least seconds per byte, 0 = not yet timed
+  int chosen = -1;                   // index in kCandidates once decided
+};
+
+// The operations measured apart (their access patterns differ).
+enum Op { kStep, kStepHalf, kAddGradFirst, kAddGradAccumulate, kOps };
+
 struct CpuAdam::Impl {
   Impl(int threads, Isa isa_)
       : arena(threads == 0 ? tbb::task_arena::automatic : threads),
         isa(isa_),
         kernels(kernels_for(isa_)),
         bf16_convert(isa_ == Isa::avx512 && cpu_has_avx512_bf16_convert()),
-        stream_min_bytes(stream_threshold_bytes()) {}
+        policy(store_policy_from_env()) {}
+
+  // Candidates: a prefix of kCandidates.
+  static int candidate_count(Op op) { return op == kStepHalf ? 6 : op == kStep ? 4 : 2; }
+  // Index in kCandidates of the next call's stores in this class (warm-up / trial / decided).
+  static int next_candidate(const StoreTrials& t, Op op) {
+    if (t.chosen >= 0) return t.chosen;
+    if (t.calls == 0) return 0;  // warm-up
+    const int c = candidate_count(op), k = t.calls - 1;
+    return (k + k / c) % c;  // round r = k / c starts at candidate r % c
+  }
+  static Stores forced(StorePolicy p, Op op) {
+    Stores s = kOrdinary;
+    if (p == StorePolicy::nontemporal) s = kNontemporal;
+    if (p == StorePolicy::nontemporal_half) s = kNontemporalHalf;
+    if (op != kStepHalf) s.half_out = StoreKind::ordinary;  // nothing to stream there
+    return s;
+  }
+  // Runs run(stores) once with the stores the policy gives this call; under measure, times the
+  // call if it is a trial. can_stream: the arrays allow every candidate (else ordinary, untimed).
+  template <class Run>
+  void with_stores(Op op, std::size_t bytes, bool can_stream, const Run& run) {
+    if (policy != StorePolicy::measure) return run(forced(policy, op));
+    StoreTrials& t = trials[op][size_class(bytes)];
+    if (t.chosen >= 0 || !can_stream) return run(t.chosen >= 0 ? kCandidates[t.chosen] : kOrdinary);
+    const int c = next_candidate(t, op);
+    // One thread runs the call inline: its CPU clock leaves out time the scheduler gave to
+    // other processes (a loaded machine then still picks what is faster for this kernel).
+    // More threads: the wall clock (the workers' CPU time includes their idle spinning).
+    const bool inline_call = arena.max_concurrency() == 1;
+    const double t0 = inline_call ? thread_cpu_seconds() : wall_seconds();
+    run(kCandidates[c]);
+    // Never 0 (a call shorter than the clock's tick), which would read as "not yet timed".
+    const double s_per_byte =
+        std::max(1e-300, ((inline_call ? thread_cpu_seconds() : wall_seconds()) - t0) / static_cast<double>(bytes));
+    if (t.calls++ == 0) return;  // the warm-up call: ordinary stores, not a trial
+    if (t.best[c] == 0 || s_per_byte < t.best[c]) t.best[c] = s_per_byte;
+    if (t.calls < 1 + kStoreTrialRounds * candidate_count(op)) return;
+    int pick = 0;
+    for (int k = 1; k < candidate_count(op); ++k)
+      if (t.best[k] < t.best[pick]) pick = k;
+    t.chosen = pick;
+  }
+  StoreChoice choice(Op op, std::size_t bytes) const {
+    StoreChoice r;
+    if (policy != StorePolicy::measure) {
+      r.decided = true;
+      r.stores = forced(policy, op);
+      return r;
+    }
+    const StoreTrials& t = trials[op][size_class(bytes)];
+    r.decided = t.chosen >= 0;
+    r.stores = kCandidates[next_candidate(t, op)];
+    for (int k = 0; k < kMaxCandidates; ++k) r.gbps[k] = t.best[k] > 0 ? 1e-9 / t.best[k] : 0.0;
+    return r;
+  }
 
   // Runs body(chunk, begin, end) over the kChunk chunks of [0, n): inline for one chunk or one
   // thread, else in the arena.
@@ -87,7 +191,8 @@ struct CpuAdam::Impl {
   Isa isa;
   const detail::KernelTable& kernels;
   bool bf16_convert;
-  std::size_t stream_min_bytes;
+  StorePolicy policy;
+  StoreTrials trials[kOps][64];  // [operation][size class]
 };
 
 namespace {
@@ -106,6 +211,30 @@ CpuAdam::CpuAdam(int threads, Isa isa) : impl_(std::make_unique<Impl>(checked_th
 CpuAdam::~CpuAdam() = default;
 Isa CpuAdam::isa() const { return impl_->isa; }
 int CpuAdam::threads() const { return impl_->arena.max_concurrency(); }
+
+void CpuAdam::set_store_policy(StorePolicy policy) {
+  impl_->policy = policy;
+  for (auto& per_out : impl_->trials)
+    for (StoreTrials& t : per_out) t = StoreTrials{};
+}
+StorePolicy CpuAdam::store_policy() const { return impl_->policy; }
+
+namespace {
+std::size_t step_bytes(std::size_t n, DType grad_dtype, bool half_out) {
+  return n * (3 * 4 * 2 + dtype_size(grad_dtype) + (half_out ? 2 : 0));
+}
+std::size_t add_grad_bytes(std::size_t n, DType src_dtype, bool first) {
+  return n * (dtype_size(src_dtype) + (first ? 4 : 8));
+}
+}  // namespace
+
+CpuAdam::StoreChoice CpuAdam::store_choice(std::size_t n, DType grad_dtype, bool half_out) const {
+  return impl_->choice(half_out ? kStepHalf : kStep, step_bytes(n, grad_dtype, half_out));
+}
+
+CpuAdam::StoreChoice CpuAdam::add_grad_store_choice(std::size_t n, DType src_dtype, bool first) const {
+  return impl_->choice(first ? kAddGradFirst : kAddGradAccumulate, add_grad_bytes(n, src_dtype, first));
+}
 
 void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, float* exp_avg,
                    float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n, void* out_half,
@@ -126,12 +255,19 @@ void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, 
   a.grad_dtype = grad_dtype;
   a.out = out_half;
   a.out_dtype = out_dtype;
-  const std::size_t bytes = n * (3 * 4 * 2 + dtype_size(grad_dtype) + (out_half ? 2 : 0));
-  a.stream = bytes > impl_->stream_min_bytes && aligned(master, 64) && aligned(exp_avg, 64) && aligned(exp_avg_sq, 64) &&
-             (!out_half || aligned(out_half, 32));
   a.bf16_convert = impl_->bf16_convert;
+  const bool half_out = out_half != nullptr;
+  const bool can_stream = aligned(master, 64) && aligned(exp_avg, 64) && aligned(exp_avg_sq, 64) &&
+                          (!half_out || aligned(out_half, 32));
+  const bool can_stream_out = half_out && aligned(out_half, 32);
+  const std::size_t bytes = step_bytes(n, grad_dtype, half_out);
   const auto adam = impl_->kernels.adam;
-  impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) { adam(a, begin, end); });
+  impl_->with_stores(half_out ? kStepHalf : kStep, bytes, can_stream, [&](Stores st) {
+    a.stream = st.in_place == StoreKind::nontemporal && can_stream;
+    a.stream_out = !a.stream && st.half_out == StoreKind::nontemporal && can_stream_out;
+    a.prefetch = st.prefetch;
+    impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) { adam(a, begin, end); });
+  });
 }
 
 double CpuAdam::sum_squares(const void* x, DType dtype, std::size_t n) {
@@ -154,6 +290,38 @@ bool CpuAdam::all_finite(const void* x, DType dtype, std::size_t n) {
     if (!bad.load(std::memory_order_relaxed) && !finite(x, dtype, begin, end)) bad.store(true, std::memory_order_relaxed);
   });
   return !bad.load();
+}
+
+CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first) {
+  GradStats r;
+  if (n == 0) return r;
+  ZOE_CHECK_USAGE(src && grad, "CpuAdam::add_grad: null array (src or grad) for n = ", n);
+  constexpr std::size_t C = kernels::kSumSquaresChunk, kBlock = 8 * C;  // the AVX-512 path's 8 chunks
+  std::vector<double> sums((n + C - 1) / C);
+  const auto add = impl_->kernels.add_grad;
+  const std::size_t blocks = (n + kBlock - 1) / kBlock;
+  std::atomic<bool> bad{false};
+  impl_->with_stores(first ? kAddGradFirst : kAddGradAccumulate, add_grad_bytes(n, src_dtype, first), aligned(grad, 64),
+                     [&](Stores st) {
+    const bool stream = st.in_place == StoreKind::nontemporal && aligned(grad, 64);
+    auto run = [&](std::size_t blk) {
+      const std::size_t b = blk * kBlock, e = std::min(n, b + kBlock);
+      if (!add(src, src_dtype, grad, first, stream, b, e, sums.data() + b / C)) bad.store(true, std::memory_order_relaxed);
+    };
+    if (blocks <= 1 || impl_->arena.max_concurrency() == 1) {
+      for (std::size_t blk = 0; blk < blocks; ++blk) run(blk);
+      return;
+    }
+    impl_->arena.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks, 1), [&](const tbb::blocked_range<std::size_t>& rg) {
+        for (std::size_t blk = rg.begin(); blk != rg.end(); ++blk) run(blk);
+      });
+    });
+  });
+  for (double x : sums) r.sum_squares += x;  // chunk order, as host_ops::sum_squares
+  // The AVX-512 kernel reports its vector part finite; an inf or NaN there made the sum inf / NaN.
+  r.finite = !bad.load() && std::isfinite(r.sum_squares);
+  return r;
 }
 
 }  // namespace zoe::optim

@@ -18,6 +18,17 @@
 // sum_squares adds in a fixed order (below) that every path reproduces, so it is bitwise equal
 // across ISAs and thread counts too.
 //
+// Stores: step() writes its arrays with ordinary or non-temporal (streaming, cache-bypassing)
+// stores. Which is faster depends on the CPU, the sizes and what is in cache, not on a cache size
+// one can read (issue 16: on a Zen 4 VM non-temporal stores of the in-place arrays ran 0.55-0.8x
+// ordinary ones past the L3 size, the old threshold; on the 2-vCPU Xeon build VM they cost 25-31%,
+// while software prefetch gained 14-18% there and lost 3-8% on the Zen 4 VM). So by default
+// (StorePolicy::measure) each CpuAdam times the candidate store kinds, with and without
+// prefetch, on its own first calls of each size class and keeps the fastest: no separate
+// calibration pass, no memory of its own, and the trial calls do the real update (19 calls of a
+// class with a half copy, 13 without). Store kinds and prefetch never change a result bit
+// (tested), so the choice affects speed only.
+//
 // Thread-safety: a CpuAdam may be used from one thread at a time; it runs its own oneTBB arena
 // of the size given. Distinct CpuAdam objects may be used concurrently.
 #pragma once
@@ -25,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "zoe/dtype.hpp"
@@ -42,6 +54,48 @@ bool isa_supported(Isa isa);
 /// Best ISA this CPU supports (CPUID), lowered by env ZOE_ISA=scalar|avx2|avx512. Throws
 /// zoe::ConfigError (key "ZOE_ISA") for another value or for an ISA this CPU lacks.
 Isa active_isa();
+
+/// How one stream of stores is written: ordinary (through the caches) or non-temporal
+/// (vmovntps & co.: write-combined straight to memory, no read for ownership).
+enum class StoreKind { ordinary, nontemporal };
+
+/// The store kinds of one CpuAdam::step: for the fp32 arrays updated in place (master, exp_avg,
+/// exp_avg_sq) and for the bf16/fp16 copy out_half (ignored without one). The in-place lines
+/// have just been read, so streaming them saves no read for ownership; the half copy's have not.
+/// Also whether step's loop issues software prefetches (not a store kind, but measured with
+/// them: it pays on some CPUs and loses on others; add_grad never prefetches).
+struct Stores {
+  StoreKind in_place = StoreKind::ordinary;
+  StoreKind half_out = StoreKind::ordinary;
+  bool prefetch = false;
+  friend bool operator==(const Stores&, const Stores&) = default;
+};
+/// "ordinary" (both ordinary), "nontemporal" (both non-temporal), "nontemporal-half" (ordinary in
+/// place, non-temporal half copy), "nontemporal-in-place" (the remaining combination); with
+/// "+prefetch" appended when prefetch is set.
+std::string stores_name(Stores stores);
+
+/// How a CpuAdam picks the Stores of each step.
+enum class StorePolicy {
+  /// Default. Per size class (floor(log2(bytes moved)), with / without a half copy): the first
+  /// call uses ordinary stores untimed (warm-up: page faults, thread start); the next
+  /// kStoreTrialRounds rounds run every candidate once each (order rotated per round) and time
+  /// them; from then on the candidate with the least seconds per byte (best of its trials; ties
+  /// to the earlier candidate) is used. step's candidates: ordinary, nontemporal, each also with
+  /// prefetch, and with a half copy nontemporal-half with and without prefetch (4 or 6);
+  /// add_grad's: ordinary, nontemporal (first and accumulating calls are measured apart).
+  /// Arrays not aligned for streaming (see step) use ordinary stores and do not count as trials.
+  /// Trials are timed by the calling thread's CPU clock when the arena has one thread (the call
+  /// runs inline; time given to other processes is left out), else by the wall clock.
+  measure,
+  ordinary,          // always Stores{ordinary, ordinary}, no prefetch
+  nontemporal,       // always Stores{nontemporal, nontemporal} (where aligned), no prefetch
+  nontemporal_half,  // always Stores{ordinary, nontemporal} (half copy streamed where aligned), no prefetch
+};
+/// "measure", "ordinary", "nontemporal", "nontemporal-half".
+std::string_view store_policy_name(StorePolicy policy);
+/// Inverse of store_policy_name; throws zoe::ConfigError(key) naming the accepted values.
+StorePolicy parse_store_policy(std::string_view text, const char* key);
 
 /// Hyper-parameters, in double like torch's Python floats (so 1 - beta2 is computed as torch does;
 /// float literals convert implicitly). lr in parameter units per step; betas in [0, 1); eps > 0.
@@ -64,9 +118,14 @@ class CpuAdam {
   /// order), and the result is partial 0 + partial 1 + ... in chunk order.
   static constexpr std::size_t kSumLanes = 32;
 
-  /// threads: size of the oneTBB arena (0 = all hardware threads). The ISA is active_isa().
-  /// Throws zoe::UsageError for threads < 0, zoe::ConfigError for a bad ZOE_ISA or
-  /// ZOE_ADAM_STREAM_BYTES.
+  /// Timed rounds over the candidates per size class under StorePolicy::measure (best of 3
+  /// interleaved trials: one trial alone was seen off by 2x on this shared 2-core machine).
+  static constexpr int kStoreTrialRounds = 3;
+
+  /// threads: size of the oneTBB arena (0 = all hardware threads). The ISA is active_isa(); the
+  /// store policy is env ZOE_ADAM_STORES (measure|ordinary|nontemporal|nontemporal-half),
+  /// default measure. Throws zoe::UsageError for threads < 0, zoe::ConfigError for a bad ZOE_ISA
+  /// or ZOE_ADAM_STORES.
   explicit CpuAdam(int threads = 0);
   /// As above with a forced ISA; throws zoe::UsageError if this CPU cannot run it.
   CpuAdam(int threads, Isa isa);
@@ -76,12 +135,35 @@ class CpuAdam {
   Isa isa() const;
   int threads() const;
 
+  /// Replaces the store policy (tests, benches); forgets every measurement made so far.
+  void set_store_policy(StorePolicy policy);
+  StorePolicy store_policy() const;
+
+  /// What StorePolicy::measure knows about the size class of a step of n elements with
+  /// grad_dtype gradients and (half_out) a half copy. Units: GB/s = bytes moved (as step counts
+  /// them) / best trial seconds / 1e9; 0 for a candidate not yet timed.
+  struct StoreChoice {
+    bool decided = false;  // all trials done: `stores` is what step uses for this class
+    Stores stores;         // decided: the pick; else the next call's stores (ordinary for warm-up)
+    /// Best rate of each candidate, in the order of StorePolicy::measure's list:
+    /// ordinary, nontemporal, ordinary+prefetch, nontemporal+prefetch, nontemporal-half,
+    /// nontemporal-half+prefetch (add_grad: the first two only).
+    double gbps[6] = {0, 0, 0, 0, 0, 0};
+  };
+  /// Under another policy: decided = true and the policy's Stores, no rates.
+  StoreChoice store_choice(std::size_t n, DType grad_dtype, bool half_out) const;
+  /// The same for add_grad of n elements of src_dtype (first or accumulate: measured apart);
+  /// stores.in_place is the kind of the fp32 gradient's stores. Bytes moved: n * (src size + 4),
+  /// + 4 more when accumulating (grad read).
+  StoreChoice add_grad_store_choice(std::size_t n, DType src_dtype, bool first) const;
+
   /// One update of n elements in place: master, exp_avg, exp_avg_sq (fp32, n each). grad has n
   /// elements of grad_dtype. If out_half is not null it receives the updated weights as out_dtype
   /// (bf16 or fp16, n elements, round to nearest even, NaN stays NaN). step is t >= 1.
-  /// Arrays must not overlap. Updates whose bytes moved exceed the last-level cache (its reported
-  /// size clamped to [32, 128] MiB; env ZOE_ADAM_STREAM_BYTES, read by the constructor, overrides
-  /// it) and whose fp32 arrays are 64-byte aligned (out_half 32-byte) use non-temporal stores.
+  /// Arrays must not overlap. Stores per the store policy (class comment); non-temporal stores
+  /// only where the fp32 arrays are 64-byte aligned (in place) and out_half 32-byte aligned
+  /// (half copy), else ordinary. Bytes moved: n * (24 + dtype_size(grad_dtype) + (out_half ? 2 : 0)),
+  /// i.e. master, exp_avg, exp_avg_sq read and written, grad read, out_half written.
   /// Throws zoe::UsageError for step < 1, a null array with n > 0, or out_dtype fp32.
   void step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, float* exp_avg,
             float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n, void* out_half = nullptr,
@@ -92,6 +174,22 @@ class CpuAdam {
   double sum_squares(const void* x, DType dtype, std::size_t n);
   /// True if every x[i] (n elements of dtype) is finite (not inf, not NaN); true for n = 0.
   bool all_finite(const void* x, DType dtype, std::size_t n);
+
+  /// What add_grad reports about the gradient it wrote.
+  struct GradStats {
+    double sum_squares = 0.0;  // fp64, kernels::kSumSquaresChunk order (host_ops::sum_squares')
+    bool finite = true;        // every element finite
+  };
+  /// The offload tier's gradient add (offload::OptimizerStates::add_grad's arithmetic) in one
+  /// pass over this object's threads: grad[i] = float(src[i]) when `first`, else grad[i] +
+  /// float(src[i]) in fp32, for n elements (src of src_dtype, grad fp32, not overlapping), and of
+  /// the result its sum of squares and finiteness. Bitwise what host_ops::cast / accumulate then
+  /// host_ops::sum_squares and all_finite give, for any thread count and ISA (tested; one
+  /// exception: an fp16 signalling NaN becomes a quiet NaN on the AVX-512 path, as in step). The
+  /// AVX-512 path sums 8 chunks at once, one chunk per fp64 lane, so the chunk order is kept.
+  /// grad's stores follow the store policy like step's (measured apart, class comment);
+  /// non-temporal only where grad is 64-byte aligned. Throws zoe::UsageError for a null array with n > 0.
+  GradStats add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first);
 
  private:
   struct Impl;

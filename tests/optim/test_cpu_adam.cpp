@@ -135,35 +135,139 @@ TEST(CpuAdam, UnalignedArraysMatchReference) {
   }
 }
 
-TEST(CpuAdam, NonTemporalStorePathMatchesReference) {
-  // Threshold 0: every aligned update streams its stores (normally only above the LLC size).
-  const ScopedEnv always_stream("ZOE_ADAM_STREAM_BYTES", "0");
-  for (std::size_t n : {std::size_t{1025}, (std::size_t{1} << 20) + 3}) {
-    for (DType ot : {DType::bf16, DType::f16}) {
-      const Case c = make_case(n, 1, 13);
-      RefHyper rh;
-      auto rp = c.p, rm = c.m, rv = c.v;
-      ref_adam_step(rh, 2, 1.0f, rp, rm, rv, c.grads[0]);
-      for (Isa isa : runnable_isas()) {
-        CpuAdam adam(2, isa);
-        State st(n);
-        st.load(c.p, c.m, c.v);
-        AlignedBuffer out(n * 2, 64);
-        auto* o = out.as<std::uint16_t>().data();
-        adam.step(to_hyper(rh), 2, 1.0f, st.p, st.m, st.v, c.grads[0].data(), DType::f32, n, o, ot);
-        const std::string ctx = std::string(isa_name(isa)) + " streaming n=" + std::to_string(n);
-        expect_bitwise("param", st.p, rp, ctx);
-        expect_bitwise("exp_avg", st.m, rm, ctx);
-        expect_bitwise("exp_avg_sq", st.v, rv, ctx);
-        std::size_t wrong = 0;
-        for (std::size_t i = 0; i < n; ++i)
-          wrong += o[i] != (ot == DType::bf16 ? kernels::f32_to_bf16(rp[i]) : kernels::f32_to_f16(rp[i]));
-        EXPECT_EQ(wrong, 0u) << ctx;
+TEST(CpuAdam, EveryStoreKindMatchesReferenceBitwise) {
+  // Each forced store policy, with bf16 and fp16 copies (the non-temporal paths need the
+  // 64-byte aligned State arrays and a 32-byte aligned copy, as here).
+  for (StorePolicy policy : {StorePolicy::ordinary, StorePolicy::nontemporal, StorePolicy::nontemporal_half}) {
+    for (std::size_t n : {std::size_t{1025}, (std::size_t{1} << 20) + 3}) {
+      for (DType ot : {DType::bf16, DType::f16}) {
+        const Case c = make_case(n, 1, 13);
+        RefHyper rh;
+        auto rp = c.p, rm = c.m, rv = c.v;
+        ref_adam_step(rh, 2, 1.0f, rp, rm, rv, c.grads[0]);
+        for (Isa isa : runnable_isas()) {
+          CpuAdam adam(2, isa);
+          adam.set_store_policy(policy);
+          EXPECT_EQ(adam.store_policy(), policy);
+          State st(n);
+          st.load(c.p, c.m, c.v);
+          AlignedBuffer out(n * 2, 64);
+          auto* o = out.as<std::uint16_t>().data();
+          adam.step(to_hyper(rh), 2, 1.0f, st.p, st.m, st.v, c.grads[0].data(), DType::f32, n, o, ot);
+          const std::string ctx = std::string(isa_name(isa)) + " stores " + std::string(store_policy_name(policy)) +
+                                  " n=" + std::to_string(n);
+          expect_bitwise("param", st.p, rp, ctx);
+          expect_bitwise("exp_avg", st.m, rm, ctx);
+          expect_bitwise("exp_avg_sq", st.v, rv, ctx);
+          std::size_t wrong = 0;
+          for (std::size_t i = 0; i < n; ++i)
+            wrong += o[i] != (ot == DType::bf16 ? kernels::f32_to_bf16(rp[i]) : kernels::f32_to_f16(rp[i]));
+          EXPECT_EQ(wrong, 0u) << ctx;
+        }
       }
     }
   }
-  const ScopedEnv bad("ZOE_ADAM_STREAM_BYTES", "lots");
-  EXPECT_THROW(CpuAdam(1), ConfigError);
+}
+
+TEST(CpuAdam, MeasuredStorePolicyTrialsThenKeepsOneAndStaysBitwiseEqual) {
+  // StorePolicy::measure (the default): one untimed warm-up call, then kStoreTrialRounds rounds
+  // over the candidates (6 with a half copy), then decided. Every call is bitwise the reference.
+  const std::size_t n = (std::size_t{1} << 18) + 5;
+  const int calls = 1 + CpuAdam::kStoreTrialRounds * 6;
+  const Case c = make_case(n, calls + 1, 21);
+  RefHyper rh;
+  auto rp = c.p, rm = c.m, rv = c.v;
+  CpuAdam adam(2);
+  EXPECT_EQ(adam.store_policy(), StorePolicy::measure);
+  State st(n);
+  st.load(c.p, c.m, c.v);
+  AlignedBuffer out(n * 2, 64);
+  auto* o = out.as<std::uint16_t>().data();
+  const std::vector<Stores> candidates = {
+      {StoreKind::ordinary, StoreKind::ordinary, false},     {StoreKind::nontemporal, StoreKind::nontemporal, false},
+      {StoreKind::ordinary, StoreKind::ordinary, true},      {StoreKind::nontemporal, StoreKind::nontemporal, true},
+      {StoreKind::ordinary, StoreKind::nontemporal, false},  {StoreKind::ordinary, StoreKind::nontemporal, true}};
+  for (int k = 0; k <= calls; ++k) {
+    const CpuAdam::StoreChoice before = adam.store_choice(n, DType::f32, true);
+    EXPECT_EQ(before.decided, k >= calls) << "call " << k;
+    if (k == 0) EXPECT_EQ(before.stores, candidates[0]) << "the warm-up call uses ordinary stores";
+    if (k == 0) EXPECT_EQ(before.gbps[0], 0.0);
+    ref_adam_step(rh, 1 + k, 1.0f, rp, rm, rv, c.grads[k]);
+    adam.step(to_hyper(rh), 1 + k, 1.0f, st.p, st.m, st.v, c.grads[k].data(), DType::f32, n, o, DType::bf16);
+    const std::string ctx = "measured stores, call " + std::to_string(k);
+    expect_bitwise("param", st.p, rp, ctx);
+    expect_bitwise("exp_avg_sq", st.v, rv, ctx);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += o[i] != kernels::f32_to_bf16(rp[i]);
+    EXPECT_EQ(wrong, 0u) << ctx;
+  }
+  const CpuAdam::StoreChoice done = adam.store_choice(n, DType::f32, true);
+  ASSERT_TRUE(done.decided);
+  for (int k = 0; k < 6; ++k) EXPECT_GT(done.gbps[k], 0.0) << "candidate " << k;
+  // The pick is the candidate with the highest best rate.
+  const int best = static_cast<int>(std::max_element(done.gbps, done.gbps + 6) - done.gbps);
+  EXPECT_EQ(done.stores, candidates[best]) << stores_name(done.stores);
+  // Another size class (and the class without a half copy) has its own trials.
+  EXPECT_FALSE(adam.store_choice(n * 4, DType::f32, true).decided);
+  EXPECT_FALSE(adam.store_choice(n, DType::f32, false).decided);
+  // Four candidates without a half copy: decided after 1 + rounds * 4 calls.
+  for (int k = 0; k < 1 + CpuAdam::kStoreTrialRounds * 4; ++k) {
+    EXPECT_FALSE(adam.store_choice(n, DType::f32, false).decided);
+    adam.step(to_hyper(rh), 1, 1.0f, st.p, st.m, st.v, c.grads[0].data(), DType::f32, n);
+  }
+  const CpuAdam::StoreChoice plain = adam.store_choice(n, DType::f32, false);
+  EXPECT_TRUE(plain.decided);
+  EXPECT_EQ(plain.stores.half_out, StoreKind::ordinary);
+  EXPECT_GT(plain.gbps[3], 0.0);
+  EXPECT_EQ(plain.gbps[4], 0.0);  // nontemporal-half: not a candidate without a copy
+  // set_store_policy forgets the measurements.
+  adam.set_store_policy(StorePolicy::measure);
+  EXPECT_FALSE(adam.store_choice(n, DType::f32, true).decided);
+}
+
+TEST(CpuAdam, MeasuredStorePolicyIgnoresUnalignedCalls) {
+  // Arrays off the 64-byte grid cannot stream: their calls use ordinary stores and are no trials.
+  const std::size_t n = 4096 + 3;
+  const Case c = make_case(n, 1, 5);
+  CpuAdam adam(1);
+  State st(n, 3);
+  st.load(c.p, c.m, c.v);
+  for (int k = 0; k < 20; ++k)
+    adam.step(AdamHyper{}, 1 + k, 1.0f, st.p, st.m, st.v, c.grads[0].data(), DType::f32, n);
+  const CpuAdam::StoreChoice ch = adam.store_choice(n, DType::f32, false);
+  EXPECT_FALSE(ch.decided);
+  EXPECT_EQ(ch.gbps[0], 0.0);
+}
+
+TEST(CpuAdam, StorePolicyFromEnvironmentAndForcedChoice) {
+  {
+    const ScopedEnv env("ZOE_ADAM_STORES", "nontemporal-half");
+    CpuAdam adam(1);
+    EXPECT_EQ(adam.store_policy(), StorePolicy::nontemporal_half);
+    const CpuAdam::StoreChoice with_copy = adam.store_choice(100, DType::bf16, true);
+    EXPECT_TRUE(with_copy.decided);
+    EXPECT_EQ(with_copy.stores, (Stores{StoreKind::ordinary, StoreKind::nontemporal}));
+    EXPECT_EQ(adam.store_choice(100, DType::bf16, false).stores, (Stores{}));  // no copy: nothing to stream
+  }
+  for (StorePolicy p : {StorePolicy::measure, StorePolicy::ordinary, StorePolicy::nontemporal,
+                        StorePolicy::nontemporal_half}) {
+    const std::string name(store_policy_name(p));
+    EXPECT_EQ(parse_store_policy(name, "key"), p) << name;
+    const ScopedEnv env("ZOE_ADAM_STORES", name.c_str());
+    EXPECT_EQ(CpuAdam(1).store_policy(), p) << name;
+  }
+  EXPECT_EQ(stores_name({StoreKind::ordinary, StoreKind::ordinary}), "ordinary");
+  EXPECT_EQ(stores_name({StoreKind::nontemporal, StoreKind::nontemporal}), "nontemporal");
+  EXPECT_EQ(stores_name({StoreKind::ordinary, StoreKind::nontemporal}), "nontemporal-half");
+  EXPECT_EQ(stores_name({StoreKind::ordinary, StoreKind::ordinary, true}), "ordinary+prefetch");
+  const ScopedEnv bad("ZOE_ADAM_STORES", "streaming");
+  try {
+    CpuAdam adam(1);
+    ADD_FAILURE() << "no ConfigError for ZOE_ADAM_STORES=streaming";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("ZOE_ADAM_STORES"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nontemporal-half"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CpuAdam, HalfGradientsAndHalfOutputs) {

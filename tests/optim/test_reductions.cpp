@@ -2,12 +2,16 @@
 #include <gtest/gtest.h>
 #include <tbb/global_control.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "src/common/aligned_buffer.hpp"
+#include "src/device/host_elementwise.hpp"
 #include "tests/optim/test_support.hpp"
+#include "zoe/error.hpp"
 
 namespace zoe::optim::test {
 namespace {
@@ -103,6 +107,126 @@ TEST(AllFinite, FindsEveryNonFiniteAtEveryPosition) {
       h = to_half(x, dt == DType::f32 ? DType::bf16 : dt, nullptr);
     }
   }
+}
+
+// CpuAdam::add_grad against the offload tier's own arithmetic (host_ops cast / accumulate, then
+// sum_squares and all_finite, as OptimizerStates::add_grad does): bitwise, every ISA, dtype,
+// first / accumulate, thread count, sizes around the 4096-element sum chunk and the 8-chunk block.
+TEST(AddGrad, EveryIsaEveryDtypeMatchesHostOpsBitwise) {
+  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
+  constexpr std::size_t C = 4096;
+  for (std::size_t n : {std::size_t{1}, std::size_t{17}, C - 1, C, 8 * C - 3, 8 * C, 8 * C + 1, 16 * C, 17 * C + 5,
+                        25 * C - 1,
+                        std::size_t{3} << 18}) {
+    const std::vector<float> start = uniform(n, -3.0f, 3.0f, 40 + static_cast<unsigned>(n));
+    const std::vector<float> g = uniform(n, -1.0f, 1.0f, 41 + static_cast<unsigned>(n));
+    for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+      std::vector<std::uint16_t> half;
+      if (dt != DType::f32) half = to_half(g, dt, nullptr);
+      const void* src = dt == DType::f32 ? static_cast<const void*>(g.data()) : half.data();
+      for (bool first : {true, false}) {
+        std::vector<float> want = start;
+        if (first) host_ops::cast(src, dt, want.data(), DType::f32, n);
+        else host_ops::accumulate(src, dt, want.data(), n);
+        const double want_sum = host_ops::sum_squares(want.data(), DType::f32, n);
+        for (Isa isa : runnable_isas()) {
+          for (int threads : {1, 2, 8}) {
+            for (StorePolicy policy : {StorePolicy::ordinary, StorePolicy::nontemporal}) {
+              CpuAdam adam(threads, isa);
+              adam.set_store_policy(policy);
+              AlignedBuffer buf(n * 4, 64);  // 64-byte aligned: the streaming path runs
+              float* got = buf.as<float>().data();
+              std::copy(start.begin(), start.end(), got);
+              const CpuAdam::GradStats st = adam.add_grad(src, dt, got, n, first);
+              const std::string ctx = std::string(isa_name(isa)) + " " + std::string(dtype_name(dt)) +
+                                      (first ? " first" : " accumulate") + " threads=" + std::to_string(threads) +
+                                      " stores " + std::string(store_policy_name(policy)) + " n=" + std::to_string(n);
+              EXPECT_EQ(first_bit_difference(got, want.data(), n), -1) << ctx;
+              EXPECT_EQ(bits_f64(st.sum_squares), bits_f64(want_sum))
+                  << ctx << ": " << st.sum_squares << " vs " << want_sum;
+              EXPECT_TRUE(st.finite) << ctx;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AddGrad, NonFiniteAnywhereIsReportedAndPropagatesLikeHostOps) {
+  constexpr std::size_t n = 8 * 4096 * 2 + 100;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::size_t at : {std::size_t{0}, std::size_t{4095}, std::size_t{4096 * 7 + 3}, std::size_t{8 * 4096 + 1},
+                         n - 1}) {
+    for (float bad : {inf, -inf, nan}) {
+      std::vector<float> g = uniform(n, -1.0f, 1.0f, 3);
+      g[at] = bad;
+      std::vector<float> want(n);
+      host_ops::cast(g.data(), DType::f32, want.data(), DType::f32, n);
+      const double want_sum = host_ops::sum_squares(want.data(), DType::f32, n);
+      for (Isa isa : runnable_isas()) {
+        CpuAdam adam(2, isa);
+        std::vector<float> got(n, 5.0f);
+        const CpuAdam::GradStats st = adam.add_grad(g.data(), DType::f32, got.data(), n, true);
+        const std::string ctx = std::string(isa_name(isa)) + " bad at " + std::to_string(at);
+        EXPECT_FALSE(st.finite) << ctx;
+        EXPECT_EQ(first_bit_difference(got.data(), want.data(), n), -1) << ctx;
+        EXPECT_EQ(std::isnan(st.sum_squares), std::isnan(want_sum)) << ctx;
+        if (!std::isnan(want_sum)) EXPECT_EQ(st.sum_squares, want_sum) << ctx;
+      }
+    }
+  }
+  // bf16 / fp16 infinities and quiet NaNs read as the same fp32 value host_ops reads.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    std::vector<std::uint16_t> h = to_half(uniform(n, -1.0f, 1.0f, 9), dt, nullptr);
+    h[8 * 4096 + 5] = dt == DType::bf16 ? 0x7f80 : 0x7c00;   // +inf
+    h[100] = dt == DType::bf16 ? 0xffc1 : 0xfe01;            // quiet NaN with payload
+    std::vector<float> want(n);
+    host_ops::cast(h.data(), dt, want.data(), DType::f32, n);
+    for (Isa isa : runnable_isas()) {
+      CpuAdam adam(2, isa);
+      std::vector<float> got(n);
+      const CpuAdam::GradStats st = adam.add_grad(h.data(), dt, got.data(), n, true);
+      EXPECT_FALSE(st.finite) << isa_name(isa);
+      EXPECT_EQ(first_bit_difference(got.data(), want.data(), n), -1) << isa_name(isa) << " " << dtype_name(dt);
+      EXPECT_TRUE(std::isnan(st.sum_squares)) << isa_name(isa);
+    }
+  }
+  EXPECT_THROW(CpuAdam(1).add_grad(nullptr, DType::f32, nullptr, 3, true), UsageError);
+  EXPECT_TRUE(CpuAdam(1).add_grad(nullptr, DType::f32, nullptr, 0, true).finite);
+}
+
+TEST(AddGrad, MeasuredStoresTrialFirstAndAccumulateApart) {
+  // StorePolicy::measure: warm-up + kStoreTrialRounds rounds of {ordinary, nontemporal} per
+  // class; first and accumulate calls are separate classes. Results stay bitwise host_ops'.
+  const std::size_t n = 8 * 4096 * 3 + 7;
+  const std::vector<float> g = uniform(n, -1.0f, 1.0f, 77);
+  CpuAdam adam(2);
+  AlignedBuffer buf(n * 4, 64);
+  float* got = buf.as<float>().data();
+  std::vector<float> want(n);
+  const int calls = 1 + CpuAdam::kStoreTrialRounds * 2;
+  for (int k = 0; k < calls; ++k) {
+    EXPECT_FALSE(adam.add_grad_store_choice(n, DType::f32, true).decided) << k;
+    adam.add_grad(g.data(), DType::f32, got, n, true);
+  }
+  const CpuAdam::StoreChoice c = adam.add_grad_store_choice(n, DType::f32, true);
+  EXPECT_TRUE(c.decided);
+  EXPECT_GT(c.gbps[0], 0.0);
+  EXPECT_GT(c.gbps[1], 0.0);
+  EXPECT_EQ(c.gbps[2], 0.0);  // add_grad has two candidates
+  EXPECT_FALSE(c.stores.prefetch);
+  EXPECT_EQ(c.stores.in_place, c.gbps[1] < c.gbps[0] || c.gbps[1] == c.gbps[0] ? StoreKind::ordinary
+                                                                                : StoreKind::nontemporal);
+  EXPECT_FALSE(adam.add_grad_store_choice(n, DType::f32, false).decided);
+  host_ops::cast(g.data(), DType::f32, want.data(), DType::f32, n);
+  for (int k = 0; k < calls; ++k) {
+    const CpuAdam::GradStats st = adam.add_grad(g.data(), DType::f32, got, n, false);
+    host_ops::accumulate(g.data(), DType::f32, want.data(), n);
+    ASSERT_EQ(first_bit_difference(got, want.data(), n), -1) << "accumulate call " << k;
+    EXPECT_EQ(bits_f64(st.sum_squares), bits_f64(host_ops::sum_squares(want.data(), DType::f32, n))) << k;
+  }
+  EXPECT_TRUE(adam.add_grad_store_choice(n, DType::f32, false).decided);
 }
 
 }  // namespace

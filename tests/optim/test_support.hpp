@@ -38,6 +38,12 @@ inline std::uint32_t bits(float f) {
   return u;
 }
 
+inline std::uint64_t bits_f64(double d) {
+  std::uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+
 /// Index of the first element whose bits differ, or -1.
 inline long first_bit_difference(const float* a, const float* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i)
