@@ -12,6 +12,7 @@
 #include "io/crc32c.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "tests/io/scoped_mount.hpp"
 #include "tests/io/test_support.hpp"
 #include "zoe/error.hpp"
 
@@ -274,6 +275,33 @@ TEST(NvmeStore, TmpfsDirectoryAndRefusedDirectIo) {
   o.require_direct_io = true;
   EXPECT_THROW(NvmeStore store(o), ConfigError);
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "no file left behind";
+}
+
+// ramfs refuses O_DIRECT at open (EINVAL, after O_CREAT made the file) and has no fallocate.
+TEST(NvmeStore, RamfsFallsBackToBufferedAndLeavesNoFiles) {
+  test::ScopedMount ramfs("ramfs");
+  if (!ramfs.mounted()) GTEST_SKIP() << ramfs.why();
+  {
+    NvmeStore store(options_in(ramfs.path()));
+    EXPECT_FALSE(store.direct_io());
+    auto src = pattern_buffer(1'000'001, 12);
+    AlignedBuffer back(1'000'001);
+    store.register_tensor("p", 1'000'001);
+    store.swap_out("p", src.data(), 1'000'001).wait();
+    store.swap_in("p", back.data(), 1'000'001).wait();
+    EXPECT_EQ(first_difference(src.data(), back.data(), 1'000'001), -1);
+    std::size_t files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(ramfs.path())) {
+      ++files;
+      EXPECT_EQ(e.path().string(), store.path());
+    }
+    EXPECT_EQ(files, 1u) << "one swap file, no empty leftovers of refused opens";
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(ramfs.path())) << "the file is removed with the store";
+  auto o = options_in(ramfs.path());
+  o.require_direct_io = true;
+  EXPECT_THROW(NvmeStore store(o), ConfigError);
+  EXPECT_TRUE(std::filesystem::is_empty(ramfs.path())) << "no file left behind by the refusal";
 }
 
 TEST(NvmeStore, PinnedPoolBuffersAsFixedBuffersAndMemlockFallback) {
