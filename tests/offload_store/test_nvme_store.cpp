@@ -12,6 +12,7 @@
 #include "io/crc32c.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "src/offload/swap_file_owner.hpp"
 #include "tests/io/scoped_mount.hpp"
 #include "tests/io/test_support.hpp"
 #include "zoe/error.hpp"
@@ -77,7 +78,7 @@ TEST(NvmeStore, RoundTripsFromOneByteTo64MiBPlusOne) {
   }
   // Independent check of the on-disk layout: data at the 4 KiB-aligned extent, and the
   // trailer's CRC equal to the table-path CRC32C of the data.
-  std::uint64_t expected_offset = 0;
+  std::uint64_t expected_offset = kSwapHeaderBytes;  // the owner's header block comes first
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     Extent e = store.extent("t" + std::to_string(i));
     EXPECT_EQ(e.offset, expected_offset);
@@ -343,7 +344,7 @@ TEST(NvmeStore, MisuseIsAUsageErrorAndMissingDiskAnIoError) {
   }
   EXPECT_FALSE(store.contains("huge"));
   store.register_tensor("after", 100);  // the store is still usable
-  EXPECT_EQ(store.extent("after").offset, 8192u);
+  EXPECT_EQ(store.extent("after").offset, kSwapHeaderBytes + 8192u);
 }
 
 TEST(NvmeStore, OptionsFromTheEngineConfig) {
