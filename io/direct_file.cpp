@@ -17,29 +17,39 @@ namespace {
 
 constexpr std::uint64_t kAlign = 4096;
 
-// Opens with O_DIRECT if allowed; returns the fd and whether it is direct.
-std::pair<int, bool> open_maybe_direct(const std::string& path, int flags, const FileOptions& options) {
-  if (options.buffered) {
-    int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0600);
-    if (fd < 0) ZOE_THROW_ERRNO(errno, "cannot open '", path, "'");
-    return {fd, false};
-  }
+// Opens `path` without O_DIRECT (O_DIRECT is turned on afterwards by enable_direct): a
+// filesystem that refuses O_DIRECT (ramfs, tmpfs before Linux 6.6) fails an O_DIRECT open
+// with EINVAL only after O_CREAT has created the file, so opening with the flag would leave
+// an empty file behind and make an O_EXCL retry fail with EEXIST.
+int open_fd(const std::string& path, int flags) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, 0600);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) ZOE_THROW_ERRNO(errno, "cannot open '", path, "'");
+  return fd;
+}
+
+// Turns O_DIRECT on for `fd` (fcntl applies the same check as open); returns whether the
+// file is now direct. A refusal (EINVAL) is a ConfigError when direct I/O is required, else
+// one warning and buffered I/O.
+bool enable_direct(int fd, const std::string& path, const FileOptions& options) {
+  if (options.buffered) return false;
   int err = EINVAL;
   if (!options.simulate_direct_refusal) {
-    int fd = ::open(path.c_str(), flags | O_DIRECT | O_CLOEXEC, 0600);
-    if (fd >= 0) return {fd, true};
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) ZOE_THROW_ERRNO(errno, "cannot read the flags of '", path, "'");
+    if (::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) return true;
     err = errno;
-    if (err != EINVAL) ZOE_THROW_ERRNO(err, "cannot open '", path, "'");
+    if (err != EINVAL) ZOE_THROW_ERRNO(err, "cannot turn on O_DIRECT for '", path, "'");
   }
   if (options.require_direct)
     ZOE_THROW_CONFIG("zoe.require_direct_io", "the filesystem of '", path,
-                     "' refuses O_DIRECT (errno ", err, ", e.g. tmpfs before Linux 6.6); choose a ",
+                     "' refuses O_DIRECT (errno ", err, ", e.g. ramfs, or tmpfs before Linux 6.6); choose a ",
                      "directory on a disk or set zoe.require_direct_io = false");
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0600);
-  if (fd < 0) ZOE_THROW_ERRNO(errno, "cannot open '", path, "'");
   ZOE_LOG_WARN("'{}': the filesystem refuses O_DIRECT; using buffered I/O (page cache, slower, "
                "double-buffered in host memory)", path);
-  return {fd, false};
+  return false;
 }
 
 // Some filesystems accept O_DIRECT at open and refuse the I/O: probe one aligned read.
@@ -60,8 +70,10 @@ DirectFile::DirectFile(int fd, std::string path, bool direct, std::uint64_t size
 DirectFile DirectFile::create(const std::string& path, std::uint64_t bytes, const FileOptions& options) {
   ZOE_CHECK_USAGE(bytes % kAlign == 0, "DirectFile::create('", path, "'): size ", bytes,
                   " is not a multiple of 4096");
-  auto [fd, direct] = open_maybe_direct(path, O_RDWR | O_CREAT | O_EXCL, options);
-  DirectFile file(fd, path, direct, 0, true);  // removes itself if anything below throws
+  const int fd = open_fd(path, O_RDWR | O_CREAT | O_EXCL);
+  DirectFile file(fd, path, false, 0, true);  // removes itself if anything below throws
+  file.direct_ = enable_direct(fd, path, options);
+  const bool direct = file.direct_;
   if (bytes) file.allocate(0, bytes);
   if (direct && bytes && !direct_read_works(fd)) {
     if (options.require_direct)
@@ -78,14 +90,14 @@ DirectFile DirectFile::create(const std::string& path, std::uint64_t bytes, cons
 }
 
 DirectFile DirectFile::open(const std::string& path, const FileOptions& options) {
-  auto [fd, direct] = open_maybe_direct(path, O_RDWR, options);
+  const int fd = open_fd(path, O_RDWR);
+  DirectFile file(fd, path, false, 0, false);  // closes (never removes) if anything below throws
+  file.direct_ = enable_direct(fd, path, options);
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    ZOE_THROW_ERRNO(err, "cannot stat '", path, "'");
-  }
-  return DirectFile(fd, path, direct, static_cast<std::uint64_t>(st.st_size), options.remove_on_close);
+  if (::fstat(fd, &st) != 0) ZOE_THROW_ERRNO(errno, "cannot stat '", path, "'");
+  file.size_ = static_cast<std::uint64_t>(st.st_size);
+  file.remove_on_close_ = options.remove_on_close;
+  return file;
 }
 
 DirectFile::DirectFile(DirectFile&& other) noexcept
@@ -123,7 +135,8 @@ void DirectFile::allocate(std::uint64_t offset, std::uint64_t bytes) {
   // ENOSPC, leaving the disk full for everyone else.
   std::uint64_t growth = offset + bytes > size_ ? offset + bytes - size_ : 0;
   struct statvfs fs {};
-  if (growth && ::fstatvfs(fd_, &fs) == 0 && fs.f_frsize &&
+  // ramfs reports no size at all (0 blocks): nothing to check against.
+  if (growth && ::fstatvfs(fd_, &fs) == 0 && fs.f_frsize && fs.f_blocks &&
       growth > static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize)
     throw IoError(path_, static_cast<long long>(offset), static_cast<long long>(bytes), ENOSPC,
                   "preallocation (" + std::to_string(bytes) + " bytes requested, " +
@@ -134,8 +147,9 @@ void DirectFile::allocate(std::uint64_t offset, std::uint64_t bytes) {
   do {
     rc = ::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(bytes));
   } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    int err = errno;
+  int err = rc != 0 ? errno : 0;
+  if (err == EOPNOTSUPP) err = allocate_by_writing(offset, bytes);
+  if (err != 0) {
     if (err == ENOSPC)
       throw IoError(path_, static_cast<long long>(offset), static_cast<long long>(bytes), err,
                     "preallocation (not enough free disk for " + std::to_string(bytes) + " bytes)",
@@ -144,6 +158,17 @@ void DirectFile::allocate(std::uint64_t offset, std::uint64_t bytes) {
                   "preallocation (fallocate)", __FILE__, __LINE__);
   }
   size_ = std::max(size_, offset + bytes);
+}
+
+int DirectFile::allocate_by_writing(std::uint64_t offset, std::uint64_t bytes) {
+  // glibc's posix_fallocate writes a zero into every block not yet holding data; that needs
+  // byte-sized writes, so O_DIRECT is off meanwhile.
+  const int flags = ::fcntl(fd_, F_GETFL);
+  if (flags < 0) return errno;
+  if (direct_ && ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) return errno;
+  const int err = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
+  if (direct_ && ::fcntl(fd_, F_SETFL, flags) != 0 && err == 0) return errno;
+  return err;
 }
 
 }  // namespace zoe::io

@@ -3,10 +3,14 @@
 // when it does not), and grown only by fallocate, so running out of disk is an error
 // at allocation time (start-up) rather than in the middle of a write.
 //
-// Notes: Linux >= 6.6 accepts O_DIRECT on tmpfs (/dev/shm); older kernels return EINVAL
-// at open(), which is what the refusal path handles. The file probes the first 4 KiB
-// with a direct read after allocation because some filesystems accept the flag at open
-// and refuse the I/O.
+// Notes: the file is opened without O_DIRECT and O_DIRECT is then turned on with fcntl:
+// a filesystem refusing it (ramfs; tmpfs before Linux 6.6) returns EINVAL from an O_DIRECT
+// open only after O_CREAT made the file, which would leave an empty file behind and make
+// the O_EXCL retry fail with EEXIST. fcntl applies the same check, on the file already
+// ours. The file probes the first 4 KiB with a direct read after allocation because some
+// filesystems accept the flag and refuse the I/O. A filesystem without fallocate (ramfs:
+// EOPNOTSUPP) is grown by writing a zero into each block (posix_fallocate's emulation), which
+// reserves the memory or disk as well.
 // Thread-safety: const methods may be called from any thread; allocate() and the
 // destructor must not race with each other.
 #pragma once
@@ -24,7 +28,7 @@ struct FileOptions {
   bool remove_on_close = false;
   /// Open without O_DIRECT on purpose (page cache, no alignment rules, no warning).
   bool buffered = false;
-  /// Test hook: behave as if the filesystem refused O_DIRECT with EINVAL.
+  /// Test hook: behave as if the filesystem refused O_DIRECT with EINVAL (as ramfs does).
   bool simulate_direct_refusal = false;
 };
 
@@ -59,6 +63,8 @@ class DirectFile {
  private:
   DirectFile(int fd, std::string path, bool direct, std::uint64_t size, bool remove_on_close);
   void close() noexcept;
+  // Grows the file by writing zeros (filesystems without fallocate); returns 0 or an errno.
+  int allocate_by_writing(std::uint64_t offset, std::uint64_t bytes);
 
   int fd_ = -1;
   std::string path_;

@@ -79,9 +79,10 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
                   std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const int err = errno;
   std::fclose(f);
+  std::error_code ec;
+  if (!ok) fs::remove(tmp, ec);  // a partial file helps nobody (a full disk: ENOSPC)
   GPT_CHECK(ok, "cannot write ", text.size(), " bytes to '", tmp.string(), "': ",
             std::strerror(err));
-  std::error_code ec;
   fs::rename(tmp, path, ec);
   GPT_CHECK(!ec, "cannot rename '", tmp.string(), "' to '", path.string(), "': ", ec.message());
 }

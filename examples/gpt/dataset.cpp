@@ -2,19 +2,23 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "examples/gpt/error.hpp"
+#include "examples/gpt/sha256.hpp"
 
 namespace gpt {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr int kCacheVersion = 1;
+// 2: meta.json records sha256 of the sources and of the cache files (1 recorded sizes only).
+constexpr int kCacheVersion = 2;
 
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -24,7 +28,8 @@ std::string read_text(const fs::path& path) {
   return os.str();
 }
 
-std::vector<TokenId> read_tokens(const fs::path& path) {
+// The tokens of a cache file and the sha256 of its bytes.
+std::vector<TokenId> read_tokens(const fs::path& path, std::string& sha) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   GPT_CHECK(in, "cannot open token cache '", path.string(), "'");
   const auto bytes = static_cast<std::size_t>(in.tellg());
@@ -34,6 +39,7 @@ std::vector<TokenId> read_tokens(const fs::path& path) {
   in.seekg(0);
   in.read(reinterpret_cast<char*>(tokens.data()), static_cast<std::streamsize>(bytes));
   GPT_CHECK(in, "cannot read token cache '", path.string(), "'");
+  sha = sha256_hex(tokens.data(), bytes);
   return tokens;
 }
 
@@ -48,17 +54,78 @@ void write_atomically(const fs::path& path, const void* data, std::size_t bytes)
   fs::rename(tmp, path);
 }
 
-// What the cache was built from; a cache with different meta is rebuilt.
-nlohmann::json source_meta(const std::vector<fs::path>& books, const fs::path& data_dir,
+// What the cache was built from (the books' names and sha256, the tokenizer files' sha256,
+// the split); a cache with different meta is rebuilt.
+nlohmann::json source_meta(const std::vector<fs::path>& books, const std::vector<std::string>& texts,
                            double val_fraction) {
   nlohmann::json books_json = nlohmann::json::array();
-  for (const auto& b : books)
-    books_json.push_back({{"name", b.filename().string()}, {"bytes", fs::file_size(b)}});
+  for (std::size_t i = 0; i < books.size(); ++i)
+    books_json.push_back({{"name", books[i].filename().string()},
+                          {"bytes", texts[i].size()},
+                          {"sha256", sha256_hex(texts[i])}});
   return {{"version", kCacheVersion},
           {"val_fraction", val_fraction},
-          {"encoder_bytes", fs::file_size(data_dir / "encoder.json")},
-          {"vocab_bytes", fs::file_size(data_dir / "vocab.bpe")},
+          {"encoder_sha256", kEncoderJsonSha256},
+          {"vocab_sha256", kVocabBpeSha256},
           {"books", books_json}};
+}
+
+// Why a cache built from `cached` does not fit `now` (both source_meta), for the message.
+std::string what_changed(const nlohmann::json& cached, const nlohmann::json& now) {
+  if (!cached.is_object() || cached.value("version", 0) != kCacheVersion)
+    return "it was written by another version of the cache format";
+  if (cached.value("val_fraction", -1.0) != now.at("val_fraction").get<double>())
+    return "it was split with another --val-fraction";
+  const nlohmann::json none = nlohmann::json::array();
+  const auto& old_books = cached.contains("books") ? cached.at("books") : none;
+  const auto& new_books = now.at("books");
+  for (std::size_t i = 0; i < std::max(old_books.size(), new_books.size()); ++i) {
+    if (i >= old_books.size()) return detail::concat("book ", new_books[i].value("name", ""), " was added");
+    if (i >= new_books.size()) return detail::concat("book ", old_books[i].value("name", ""), " was removed");
+    if (old_books[i] != new_books[i])
+      return detail::concat("book ", new_books[i].value("name", ""), " changed (sha256 ",
+                            new_books[i].value("sha256", ""), ", the cache was built from ",
+                            old_books[i].value("sha256", ""), ")");
+  }
+  return "it was built with other tokenizer files";
+}
+
+// The cached split if `meta_path` describes `source` and both files hash to what it
+// records; else nullopt, with `why` saying what is wrong.
+std::optional<TokenSplit> read_cache(const fs::path& cache_dir, const nlohmann::json& source, std::string& why) {
+  const fs::path meta_path = cache_dir / "meta.json";
+  if (!fs::exists(meta_path)) return std::nullopt;
+  nlohmann::json cached;
+  try {
+    cached = nlohmann::json::parse(read_text(meta_path));
+  } catch (const nlohmann::json::exception&) {
+    cached = nullptr;
+  }
+  if (!cached.is_object()) {
+    why = detail::concat("'", meta_path.string(), "' is not valid JSON");
+    return std::nullopt;
+  }
+  if (cached.value("source", nlohmann::json()) != source) {
+    why = what_changed(cached.value("source", nlohmann::json()), source);
+    return std::nullopt;
+  }
+  TokenSplit split;
+  for (auto [name, tokens] : {std::pair{"train", &split.train}, std::pair{"val", &split.val}}) {
+    const fs::path file = cache_dir / (std::string(name) + ".bin");
+    if (!fs::exists(file)) {
+      why = detail::concat("'", file.string(), "' is missing");
+      return std::nullopt;
+    }
+    std::string sha;
+    *tokens = read_tokens(file, sha);
+    const std::string recorded = cached.value(std::string(name) + "_sha256", "");
+    if (sha != recorded) {
+      why = detail::concat("'", file.string(), "' does not match its recorded sha256 (", sha, ", recorded ",
+                           recorded, "): overwritten or damaged");
+      return std::nullopt;
+    }
+  }
+  return split;
 }
 
 }  // namespace
@@ -87,25 +154,19 @@ TokenSplit load_or_build_tokens(const std::string& data_dir_str, const std::stri
   std::sort(books.begin(), books.end());
   GPT_CHECK(!books.empty(), "no .txt books in '", book_dir.string(), "'");
 
-  const nlohmann::json meta = source_meta(books, data_dir, val_fraction);
-  const fs::path meta_path = cache_dir / "meta.json";
-  if (fs::exists(meta_path)) {
-    nlohmann::json cached;
-    try {
-      cached = nlohmann::json::parse(read_text(meta_path));
-    } catch (const nlohmann::json::exception&) {
-      cached = nullptr;  // unreadable: rebuild below
-    }
-    if (cached.is_object() && cached.value("source", nlohmann::json()) == meta) {
-      TokenSplit split{read_tokens(cache_dir / "train.bin"), read_tokens(cache_dir / "val.bin")};
-      if (split.train.size() == cached.value("train_tokens", std::size_t{0}) &&
-          split.val.size() == cached.value("val_tokens", std::size_t{0}))
-        return split;
-    }
-  }
+  const std::string encoder_path = (data_dir / "encoder.json").string();
+  const std::string vocab_path = (data_dir / "vocab.bpe").string();
+  Tokenizer::verify_gpt2_files(encoder_path, vocab_path);  // even when the cache is reused
+  std::vector<std::string> texts(books.size());
+  for (std::size_t i = 0; i < books.size(); ++i) texts[i] = read_text(books[i]);
+  const nlohmann::json meta = source_meta(books, texts, val_fraction);
+  std::string why;
+  if (auto cached = read_cache(cache_dir, meta, why)) return std::move(*cached);
+  if (!why.empty())
+    std::fprintf(stderr, "zoe-gpt: rebuilding the token cache '%s': %s\n", cache_dir.string().c_str(),
+                 why.c_str());
 
-  const Tokenizer tok = Tokenizer::load((data_dir / "encoder.json").string(),
-                                        (data_dir / "vocab.bpe").string());
+  const Tokenizer tok = Tokenizer::load(encoder_path, vocab_path);  // verified above
   std::vector<std::vector<TokenId>> encoded(books.size());
   const int n_threads = std::max(1, std::min<int>(threads, static_cast<int>(books.size())));
   std::vector<std::thread> pool;
@@ -115,7 +176,7 @@ TokenSplit load_or_build_tokens(const std::string& data_dir_str, const std::stri
       try {
         EncodeCache cache;
         for (std::size_t i = t; i < books.size(); i += n_threads) {
-          encoded[i] = tok.encode(normalize_newlines(read_text(books[i])), cache);
+          encoded[i] = tok.encode(normalize_newlines(std::move(texts[i])), cache);
           encoded[i].push_back(tok.end_of_text());
         }
       } catch (...) {
@@ -138,9 +199,11 @@ TokenSplit load_or_build_tokens(const std::string& data_dir_str, const std::stri
   write_atomically(cache_dir / "val.bin", split.val.data(), split.val.size() * 2);
   const nlohmann::json written{{"source", meta},
                                {"train_tokens", split.train.size()},
-                               {"val_tokens", split.val.size()}};
+                               {"val_tokens", split.val.size()},
+                               {"train_sha256", sha256_hex(split.train.data(), split.train.size() * 2)},
+                               {"val_sha256", sha256_hex(split.val.data(), split.val.size() * 2)}};
   const std::string text = written.dump(2);
-  write_atomically(meta_path, text.data(), text.size());
+  write_atomically(cache_dir / "meta.json", text.data(), text.size());
   return split;
 }
 

@@ -24,9 +24,14 @@ struct TokenSplit {
 
 /// Returns the token split for the books under `data_dir` (data_dir/gutenberg/*.txt, with
 /// data_dir/encoder.json and vocab.bpe as laid out by scripts/fetch-data.sh). Reuses
-/// `cache_dir`/{train,val}.bin when its meta.json matches (books, sizes, split); else tokenizes
-/// (on `threads` threads) and writes the cache atomically (temp file + rename).
-/// Throws zoe::Error naming the path when a file is missing or unreadable.
+/// `cache_dir`/{train,val}.bin when its meta.json was written from the same sources (each
+/// book's name and sha256, the split) and both files still have the sha256 it records; else
+/// prints why to stderr ("zoe-gpt: rebuilding the token cache ...": a book edited, a cache
+/// file overwritten), tokenizes (on `threads` threads) and writes the cache atomically (temp
+/// file + rename). Hashing the ~19 MB of sources and cache costs ~15 ms.
+/// Throws zoe::Error naming the path when a file is missing or unreadable, and naming the
+/// file with the expected and actual sha256 when encoder.json or vocab.bpe is not GPT-2's
+/// (Tokenizer::verify_gpt2_files, checked even when the cache is reused).
 TokenSplit load_or_build_tokens(const std::string& data_dir, const std::string& cache_dir,
                                 double val_fraction, int threads);
 

@@ -6,16 +6,18 @@ find_package(nlohmann_json 3 REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 # oneDNN (Debian's libdnnl-dev): the lm_head's matmuls, fp32 and bf16 (lm_head.hpp).
 find_package(dnnl REQUIRED)
+# OpenSSL's libcrypto (Debian's libssl-dev): SHA-256 of the data files (sha256.hpp).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 set(_gpt ${PROJECT_SOURCE_DIR}/examples/gpt)
 add_library(zoe_gpt_core STATIC
-  ${_gpt}/unicode.cpp ${_gpt}/pretokenize.cpp ${_gpt}/tokenizer.cpp ${_gpt}/dataset.cpp
+  ${_gpt}/unicode.cpp ${_gpt}/pretokenize.cpp ${_gpt}/tokenizer.cpp ${_gpt}/dataset.cpp ${_gpt}/sha256.cpp
   ${_gpt}/model_spec.cpp ${_gpt}/lm_head.cpp)
 target_include_directories(zoe_gpt_core PUBLIC ${PROJECT_SOURCE_DIR})
 target_compile_options(zoe_gpt_core PRIVATE -Wall -Wextra -Wno-unused-parameter)
 # The trainer sees zoe through its public headers only (include/zoe, zoe::zoe).
 target_link_libraries(zoe_gpt_core PUBLIC zoe::zoe Eigen3::Eigen nlohmann_json::nlohmann_json
-  OpenMP::OpenMP_CXX Threads::Threads DNNL::dnnl)
+  OpenMP::OpenMP_CXX Threads::Threads DNNL::dnnl PRIVATE OpenSSL::Crypto)
 
 # Eigen's GEMM is the trainer's hot loop: build it for this CPU (AVX2/AVX-512, FMA) unless
 # ZOE_GPT_NATIVE=OFF (for binaries that must run on other machines). PUBLIC, so every

@@ -25,8 +25,8 @@ int main(int argc, char** argv) {
       std::printf("note: --warmup %d >= --steps %d: the learning rate only ramps up (no cosine "
                   "decay)\n", opt.warmup, opt.steps);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const gpt::Tokenizer tok = gpt::Tokenizer::load(opt.data_dir + "/encoder.json",
-                                                    opt.data_dir + "/vocab.bpe");
+    const gpt::Tokenizer tok = gpt::Tokenizer::load_gpt2(opt.data_dir + "/encoder.json",
+                                                         opt.data_dir + "/vocab.bpe");
     const gpt::TokenSplit data =
         gpt::load_or_build_tokens(opt.data_dir, opt.cache_dir, opt.val_fraction, cores);
     const double entropy = gpt::unigram_entropy(data.train);

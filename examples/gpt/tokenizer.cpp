@@ -8,6 +8,7 @@
 
 #include "examples/gpt/error.hpp"
 #include "examples/gpt/pretokenize.hpp"
+#include "examples/gpt/sha256.hpp"
 #include "examples/gpt/unicode.hpp"
 
 namespace gpt {
@@ -116,6 +117,16 @@ Tokenizer Tokenizer::load(const std::string& encoder_json_path,
     t.merges_.emplace(pair_key(ia->second, ib->second), Merge{rank++, ir->second});
   }
   return t;
+}
+
+void Tokenizer::verify_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
+  require_sha256(encoder_json_path, kEncoderJsonSha256, "tokenizer file");
+  require_sha256(vocab_bpe_path, kVocabBpeSha256, "tokenizer file");
+}
+
+Tokenizer Tokenizer::load_gpt2(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
+  verify_gpt2_files(encoder_json_path, vocab_bpe_path);
+  return load(encoder_json_path, vocab_bpe_path);
 }
 
 std::vector<TokenId> Tokenizer::bpe(std::string_view piece) const {

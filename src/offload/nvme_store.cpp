@@ -12,6 +12,7 @@
 #include "src/common/aligned_buffer.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/offload/swap_file_owner.hpp"
 
 namespace zoe::offload {
 namespace {
@@ -120,16 +121,27 @@ NvmeStore::NvmeStore(const NvmeStoreOptions& options) {
   fo.require_direct = options.require_direct_io;
   fo.remove_on_close = true;
   fo.simulate_direct_refusal = options.simulate_direct_refusal;
+  remove_stale_swap_files(options.dir);
   for (int attempt = 0;; ++attempt) {
-    std::string path = options.dir + "/zoe-rank" + std::to_string(options.rank) + "-" +
-                       std::to_string(::getpid()) + "-" + std::to_string(g_store_serial.fetch_add(1)) + ".swap";
+    std::string path = options.dir + "/" + swap_file_name(options.rank, ::getpid(), g_store_serial.fetch_add(1));
     try {
-      file_ = io::DirectFile::create(path, 0, fo);
+      file_ = io::DirectFile::create(path, kSwapHeaderBytes, fo);
       break;
     } catch (const SystemError& e) {
       if (e.error_code() != EEXIST || attempt >= 1000) throw;  // a leftover of an earlier run: skip it
     }
   }
+  // The header block names this process, so a later start can tell the file is a dead one's.
+  AlignedBuffer header(kSwapHeaderBytes);
+  encode_swap_header(SwapFileOwner::self(options.rank), header.data());
+  ssize_t written;
+  do {
+    written = ::pwrite(file_.fd(), header.data(), kSwapHeaderBytes, 0);
+  } while (written < 0 && errno == EINTR);
+  if (written != static_cast<ssize_t>(kSwapHeaderBytes))
+    throw IoError(file_.path(), 0, kSwapHeaderBytes, written < 0 ? errno : EIO, "swap file header write",
+                  __FILE__, __LINE__);
+  end_ = kSwapHeaderBytes;
   engine_ = std::make_unique<io::Engine>(options.aio, options.fixed_buffers);
   ref_ = engine_->register_file(file_);
   ZOE_LOG_DEBUG("NVMe store '{}' ({} I/O, fixed buffers {}, fixed files {})", file_.path(),

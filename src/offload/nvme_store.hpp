@@ -5,14 +5,17 @@
 // File: <dir>/zoe-rank<R>-<pid>-<n>.swap, created with O_EXCL (n counts stores in the
 // process and skips names that exist), so two engines, or two processes, on the same
 // nvme_path never share or clobber a file; it is removed when the store is destroyed.
-// O_DIRECT is used when the filesystem allows it (see io/direct_file.hpp).
+// Its first 4 KiB block names the owning process (swap_file_owner.hpp); before creating its
+// file a store removes the files that dead zoe processes left in the directory (a killed
+// run never runs its destructors), logging each. O_DIRECT is used when the filesystem allows
+// it (see io/direct_file.hpp).
 //
 // Registration is growable: register_tensor() may be called at any time and reserves the
 // extent on disk at once with fallocate, so running out of disk is an IoError (ENOSPC) at
 // registration (start-up), never during a swap. Register everything up front to get one
 // contiguous file.
 //
-// Extent layout for a tensor of B bytes: the data, padded to a 4 KiB boundary, with a
+// Extents follow the header block. Extent layout for a tensor of B bytes: the data, padded to a 4 KiB boundary, with a
 // 32-byte trailer in the last 4 KiB block holding a magic number, B, the CRC32C of the B
 // data bytes and the CRC32C of the tensor's name. Extent size = round_up(B + 32, 4096).
 // swap_out computes the CRC (on the calling thread, see zoe-nvme-bench) and writes data and trailer
@@ -98,8 +101,10 @@ class SwapHandle {
 
 class NvmeStore {
  public:
-  /// Creates the directory (if needed) and this store's file. Throws SystemError if the
-  /// directory or file cannot be created, ConfigError as described for require_direct_io,
+  /// Creates the directory (if needed), removes dead processes' swap files there
+  /// (remove_stale_swap_files) and creates this store's file with its header. Throws
+  /// SystemError if the directory or file cannot be created, IoError if the header cannot
+  /// be written, ConfigError as described for require_direct_io,
   /// UsageError for bad aio options.
   explicit NvmeStore(const NvmeStoreOptions& options);
   /// Waits for every outstanding swap, then closes and removes the file.
@@ -124,7 +129,7 @@ class NvmeStore {
   const std::string& path() const noexcept { return file_.path(); }
   /// True if the file uses O_DIRECT.
   bool direct_io() const noexcept { return file_.direct(); }
-  /// Bytes reserved in the file.
+  /// Bytes reserved in the file (the 4 KiB header and the extents).
   std::uint64_t file_bytes() const;
   io::Engine& engine() noexcept { return *engine_; }
 

@@ -115,7 +115,9 @@ TEST(Checkpoint, CorruptOrMismatchedIsAClearError) {
   // A long collective timeout: the healthy rank must fail at once, not wait for rank 1.
   auto ranks = make_local_ranks(2, 120.0);
   std::vector<std::string> errors(2);
-  std::vector<bool> unchanged(2, false);
+  // One byte per rank: std::vector<bool> packs both ranks' flags into one word, and the
+  // two rank threads writing it raced (ThreadSanitizer).
+  std::vector<char> unchanged(2, 0);
   const auto start = std::chrono::steady_clock::now();
   run_ranks(ranks, [&](RankContext& ctx) {
     Engine e(c, ctx);

@@ -276,7 +276,7 @@ TEST(DirectFile, TmpfsWorksDirectOrBuffered) {
 TEST(DirectFile, RefusedDirectIoFallsBackOrFailsWhenRequired) {
   test::TempDir dir("/dev/shm");
   FileOptions fo;
-  fo.simulate_direct_refusal = true;  // what tmpfs before Linux 6.6 does (EINVAL at open)
+  fo.simulate_direct_refusal = true;  // what ramfs and tmpfs before Linux 6.6 do (EINVAL)
   {
     DirectFile f = DirectFile::create(dir.path() + "/buffered", 1 << 20, fo);
     EXPECT_FALSE(f.direct());

@@ -12,6 +12,8 @@
 #include "io/crc32c.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "src/offload/swap_file_owner.hpp"
+#include "tests/io/scoped_mount.hpp"
 #include "tests/io/test_support.hpp"
 #include "zoe/error.hpp"
 
@@ -76,7 +78,7 @@ TEST(NvmeStore, RoundTripsFromOneByteTo64MiBPlusOne) {
   }
   // Independent check of the on-disk layout: data at the 4 KiB-aligned extent, and the
   // trailer's CRC equal to the table-path CRC32C of the data.
-  std::uint64_t expected_offset = 0;
+  std::uint64_t expected_offset = kSwapHeaderBytes;  // the owner's header block comes first
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     Extent e = store.extent("t" + std::to_string(i));
     EXPECT_EQ(e.offset, expected_offset);
@@ -276,6 +278,33 @@ TEST(NvmeStore, TmpfsDirectoryAndRefusedDirectIo) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "no file left behind";
 }
 
+// ramfs refuses O_DIRECT at open (EINVAL, after O_CREAT made the file) and has no fallocate.
+TEST(NvmeStore, RamfsFallsBackToBufferedAndLeavesNoFiles) {
+  test::ScopedMount ramfs("ramfs");
+  if (!ramfs.mounted()) GTEST_SKIP() << ramfs.why();
+  {
+    NvmeStore store(options_in(ramfs.path()));
+    EXPECT_FALSE(store.direct_io());
+    auto src = pattern_buffer(1'000'001, 12);
+    AlignedBuffer back(1'000'001);
+    store.register_tensor("p", 1'000'001);
+    store.swap_out("p", src.data(), 1'000'001).wait();
+    store.swap_in("p", back.data(), 1'000'001).wait();
+    EXPECT_EQ(first_difference(src.data(), back.data(), 1'000'001), -1);
+    std::size_t files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(ramfs.path())) {
+      ++files;
+      EXPECT_EQ(e.path().string(), store.path());
+    }
+    EXPECT_EQ(files, 1u) << "one swap file, no empty leftovers of refused opens";
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(ramfs.path())) << "the file is removed with the store";
+  auto o = options_in(ramfs.path());
+  o.require_direct_io = true;
+  EXPECT_THROW(NvmeStore store(o), ConfigError);
+  EXPECT_TRUE(std::filesystem::is_empty(ramfs.path())) << "no file left behind by the refusal";
+}
+
 TEST(NvmeStore, PinnedPoolBuffersAsFixedBuffersAndMemlockFallback) {
   test::TempDir dir;
   for (bool fail_mlock : {false, true}) {
@@ -315,7 +344,7 @@ TEST(NvmeStore, MisuseIsAUsageErrorAndMissingDiskAnIoError) {
   }
   EXPECT_FALSE(store.contains("huge"));
   store.register_tensor("after", 100);  // the store is still usable
-  EXPECT_EQ(store.extent("after").offset, 8192u);
+  EXPECT_EQ(store.extent("after").offset, kSwapHeaderBytes + 8192u);
 }
 
 TEST(NvmeStore, OptionsFromTheEngineConfig) {
