@@ -80,6 +80,7 @@ EngineImpl::~EngineImpl() {
   } catch (...) {
   }
   reap_frees(true);
+  if (readback_registered) device.unregister_host_memory(readback.data());
 }
 
 DeviceBuffer EngineImpl::alloc(MemKind kind, DType dt, std::int64_t numel) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/comm/communicator.hpp"
+#include "src/common/aligned_buffer.hpp"
 #include "src/core/call_rules.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
@@ -267,6 +268,11 @@ struct EngineImpl {
 
   // step.cpp
   StepResult step();
+  /// At least `bytes` of host memory registered with the device, for the step's small
+  /// read-backs (kept between steps; a few bytes per sub-group, not in the ledger).
+  std::byte* readback_area(std::size_t bytes);
+  AlignedBuffer readback;
+  bool readback_registered = false;
   std::int64_t sub_group_numel() const;
   const void* grad_of(const Group& g) const;
   /// The group's host part of the update for the pipeline: its offloaded sub-groups, their new

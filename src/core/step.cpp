@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
@@ -72,7 +73,13 @@ StepResult EngineImpl::step() {
   }
   DeviceBuffer sums = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * std::max<std::size_t>(pieces.size(), 1)));
   DeviceBuffer finite = alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));  // ints
-  std::vector<int> host_finite(G, 1);
+  // The step's read-backs (sums, finite flags, the all-reduced pair) land in registered host
+  // memory: no pageable copy on the hot path. Layout: [pieces doubles | 2 doubles | G ints].
+  std::byte* area = readback_area(pieces.size() * sizeof(double) + 2 * sizeof(double) + G * sizeof(int));
+  std::span<double> host_sums(reinterpret_cast<double*>(area), pieces.size());
+  double* local = reinterpret_cast<double*>(area) + pieces.size();
+  std::span<int> host_finite(reinterpret_cast<int*>(local + 2), G);
+  std::fill(host_finite.begin(), host_finite.end(), 1);
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     if (p.offload_id >= 0) continue;
@@ -86,7 +93,6 @@ StepResult EngineImpl::step() {
     const std::int64_t n = policy.shards_optimizer ? g.layout->shard_numel() : g.layout->padded_numel();
     device.all_finite(grad_of(g), gdt, static_cast<std::size_t>(n), static_cast<int*>(finite.data()) + gi, s);
   }
-  std::vector<double> host_sums(pieces.size());
   device.copy(host_sums.data(), sums.data(), host_sums.size() * sizeof(double), s);
   device.copy(host_finite.data(), finite.data(), host_finite.size() * sizeof(int), s);
   device.synchronize(s);
@@ -108,12 +114,13 @@ StepResult EngineImpl::step() {
       total += partial;
     }
   } else {
-    double local[2] = {0.0, nonfinite};
+    local[0] = 0.0;
+    local[1] = nonfinite;
     for (double x : host_sums) local[0] += x;
     DeviceBuffer red = alloc(MemKind::buffer, DType::f32, 4);
-    device.copy(red.data(), local, sizeof(local), s);
+    device.copy(red.data(), local, 2 * sizeof(double), s);
     comm.all_reduce_f64(static_cast<double*>(red.data()), 2, s);
-    device.copy(local, red.data(), sizeof(local), s);
+    device.copy(local, red.data(), 2 * sizeof(double), s);
     device.synchronize(s);
     total = local[0];
     nonfinite = local[1];
@@ -189,6 +196,15 @@ void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* 
                      static_cast<const char*>(grad_data) + sg.begin * dtype_size(gdt), gdt,
                      static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
   }
+}
+
+std::byte* EngineImpl::readback_area(std::size_t bytes) {
+  if (readback.size() < bytes) {
+    if (readback_registered) device.unregister_host_memory(readback.data());
+    readback = AlignedBuffer(std::max<std::size_t>(bytes, 4096));
+    readback_registered = device.register_host_memory(readback.data(), readback.size());
+  }
+  return static_cast<std::byte*>(readback.data());
 }
 
 std::int64_t EngineImpl::sub_group_numel() const {
