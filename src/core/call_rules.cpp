@@ -1,6 +1,7 @@
 #include "src/core/call_rules.hpp"
 
 #include <cstring>
+#include <span>
 
 #include "src/common/check.hpp"
 #include "src/core/engine_impl.hpp"
@@ -137,16 +138,20 @@ void agree_on_step(EngineImpl& I) {
   // The words travel as fp32 bit patterns: all_gather copies, never computes.
   DeviceBuffer send = I.alloc(MemKind::buffer, DType::f32, kWords);
   DeviceBuffer recv = I.alloc(MemKind::buffer, DType::f32, kWords * I.world);
-  std::vector<std::uint32_t> all(static_cast<std::size_t>(kWords * I.world));
+  // Through the step's registered read-back area (no pageable copy on the hot path); step()
+  // reuses it only after the synchronize below. Layout: [mine | every rank's words].
+  auto* area = reinterpret_cast<std::uint32_t*>(I.readback_area(sizeof(mine) * static_cast<std::size_t>(1 + I.world)));
+  std::memcpy(area, mine, sizeof(mine));
+  std::span<const std::uint32_t> all(area + kWords, static_cast<std::size_t>(kWords * I.world));
   Stream& s = *I.side;
-  I.device.copy(send.data(), mine, sizeof(mine), s);
+  I.device.copy(send.data(), area, sizeof(mine), s);
   CollectiveTag tag;
   tag.kind = CollectiveTag::Kind::step_agreement;
   tag.step = R.steps();
   tag.label = "the step agreement of step()";
   I.comm.tag_next(std::move(tag));
   I.comm.all_gather(send.data(), recv.data(), kWords, DType::f32, s);
-  I.device.copy(all.data(), recv.data(), all.size() * sizeof(std::uint32_t), s);
+  I.device.copy(area + kWords, recv.data(), all.size() * sizeof(std::uint32_t), s);
   I.device.synchronize(s);  // rethrows a failure of this step's collectives
   for (int p = 0; p < I.world; ++p) {
     const std::uint32_t* theirs = all.data() + p * kWords;
