@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "src/common/check.hpp"
+#include "src/config/config_check.hpp"
 #include "src/config/json_reader.hpp"
 #include "src/config/strict_parse.hpp"
 #include "zoe/config.hpp"
@@ -95,16 +96,21 @@ void read_zero(Section s, ZeroConfig& c) {
   s.unsupported("gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
   s.unsupported("load_from_fp32_weights", "zoe checkpoints always restore the fp32 master weights");
   s.unsupported("elastic_checkpoint", "checkpoints load at the world size that saved them");
-  s.unsupported("round_robin_gradients", "not supported by zoe");
+  s.unsupported("round_robin_gradients",
+                "zoe copies each rank's own gradient shard to the host after its reduce-scatter; there is no "
+                "round-robin partitioning to choose");
   s.unsupported("ignore_unused_parameters", "every registered parameter takes part in every step");
-  s.unsupported("legacy_stage1", "not supported by zoe");
+  s.unsupported("legacy_stage1", "DeepSpeed's old stage-1 implementation; zoe has one stage 1");
   s.unsupported("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning is not supported by zoe");
   s.unsupported("zero_quantized_weights", "ZeRO++ quantization is not supported by zoe");
   s.unsupported("zero_quantized_gradients", "ZeRO++ quantization is not supported by zoe");
   s.unsupported("mics_shard_size", "MiCS is not supported by zoe");
   s.unsupported("mics_hierarchical_params_gather", "MiCS is not supported by zoe");
   s.unsupported("memory_efficient_linear", "zoe does not wrap the trainer's layers");
-  s.unsupported("stage3_model_persistence_threshold", "not supported by zoe");
+  s.unsupported("stage3_model_persistence_threshold",
+                "zoe sets no cap on the total of persistent parameters: every stage-3 module smaller than "
+                "stage3_param_persistence_threshold stays gathered, as with DeepSpeed's default (unlimited); "
+                "remove the key, or lower stage3_param_persistence_threshold to keep fewer modules gathered");
 }
 
 void read_aio(Section s, AioConfig& c) {
@@ -149,15 +155,16 @@ void read_root(Section s, Config& c) {
   s.unsupported("wandb", kNoMonitor);
   s.unsupported("csv_monitor", kNoMonitor);
   s.unsupported("comms_logger", "use Engine::last_step_traffic()");
-  s.unsupported("flops_profiler", "not supported by zoe");
+  s.unsupported("flops_profiler", "zoe does not run the trainer's layers, so it cannot count their FLOPs");
   s.unsupported("activation_checkpointing", "activations belong to the trainer");
-  s.unsupported("sparse_attention", "not supported by zoe");
-  s.unsupported("sparse_gradients", "not supported by zoe");
+  s.unsupported("sparse_attention", "attention is the trainer's; zoe manages parameters, gradients and optimizer states");
+  s.unsupported("sparse_gradients", "zoe reduces dense gradient buffers only");
   s.unsupported("pipeline", "pipeline parallelism is not supported by zoe");
   s.unsupported("data_efficiency", "data loading belongs to the trainer");
   s.unsupported("curriculum_learning", "data loading belongs to the trainer");
-  s.unsupported("compression_training", "not supported by zoe");
-  s.unsupported("elasticity", "not supported by zoe");
+  s.unsupported("compression_training",
+                "zoe does not quantize or prune the trainer's layers (DeepSpeed Compression wraps torch modules)");
+  s.unsupported("elasticity", "a run's world size is fixed: checkpoints load only at the world size that saved them");
   s.unsupported("autotuning", "use zoe-estimate");
   s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
   s.unsupported("prescale_gradients", "zoe averages gradients in the reduction");
@@ -166,18 +173,40 @@ void read_root(Section s, Config& c) {
   s.unsupported("data_types", "gradients are reduced in the compute dtype");
   s.unsupported("zero_allow_untested_optimizer", "only Adam and AdamW exist");
   s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
-  s.unsupported("disable_allgather", "not supported by zoe");
-  s.unsupported("optimizer_legacy_fusion", "not supported by zoe");
+  s.unsupported("disable_allgather", "zoe always all-gathers the updated partitions at stages 1-2");
+  s.unsupported("optimizer_legacy_fusion", "DeepSpeed's switch for its old fused fp16 optimizer; zoe's optimizer has one path");
+}
+}  // namespace
+
+namespace {
+// `key` is `parent` or lies under it ("a.b" under "a"; "a[0]" under "a").
+bool under(const std::string& key, const std::string& parent) {
+  if (key.size() < parent.size() || key.compare(0, parent.size(), parent) != 0) return false;
+  return key.size() == parent.size() || parent.empty() || key[parent.size()] == '.' || key[parent.size()] == '[';
 }
 }  // namespace
 
 Config Config::from_json(const std::string& json_text) {
-  const Json doc = config_detail::parse_strict(json_text);
+  const Json doc = config_detail::parse_strict(json_text);  // first error only: the text can't be read past it
   Config c;
   JsonReader reader(doc);
   read_root(reader.root(), c);
   reader.reject_unknown_keys();
-  c.validate();
+  std::vector<ConfigError::Problem> problems = reader.problems();
+  const std::size_t read_problems = problems.size();
+  // A check that read a key which failed to read saw zoe's default, not the file's value:
+  // reporting it would blame the file for a value it does not hold.
+  auto failed_to_read = [&](const std::string& key) {
+    for (std::size_t i = 0; i < read_problems; ++i)
+      if (under(key, problems[i].key) || under(problems[i].key, key)) return true;
+    return false;
+  };
+  for (auto& p : config_detail::check(c)) {
+    bool skip = failed_to_read(p.key);
+    for (const auto& r : p.reads) skip = skip || failed_to_read(r);
+    if (!skip) problems.push_back({std::move(p.key), std::move(p.reason)});
+  }
+  if (!problems.empty()) throw ConfigError(std::move(problems), __FILE__, __LINE__);
   return c;
 }
 
@@ -190,7 +219,10 @@ Config Config::from_json_file(const std::string& path) {
   try {
     return from_json(text.str());
   } catch (const ConfigError& e) {
-    throw ConfigError(e.key(), e.reason() + " (in '" + path + "')", e.file(), e.line());
+    // The file is named once, after the first problem.
+    std::vector<ConfigError::Problem> problems = e.problems();
+    problems.front().reason += " (in '" + path + "')";
+    throw ConfigError(std::move(problems), e.file(), e.line());
   }
 }
 
