@@ -163,6 +163,20 @@ struct Config {
   int gradient_accumulation_steps = 1;
   /// Max global L2 norm of the gradients; 0 = no clipping.
   double gradient_clipping = 0.0;
+  /// steps_per_print (DeepSpeed's progress report): every this many Engine::step() calls
+  /// (skipped fp16 steps included, as DeepSpeed's global_steps), rank 0 logs the step count,
+  /// skipped steps, lr, betas, loss scale and gradient norm at info level; 0 = never
+  /// (DeepSpeed's default, None). >= 0.
+  int steps_per_print = 0;
+  /// wall_clock_breakdown: after every step() rank 0 logs at info level the milliseconds since
+  /// the previous step() returned (the trainer's forward and backward with the engine's calls;
+  /// for the first step, since the Engine was built) and those of the step() call itself.
+  bool wall_clock_breakdown = false;
+  /// dump_state: rank 0 logs the whole configuration (to_json) at info level when an Engine is
+  /// built, as DeepSpeed prints its configuration.
+  bool dump_state = false;
+  /// memory_breakdown: after every step() rank 0 logs Engine::memory_report() at info level.
+  bool memory_breakdown = false;
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;

@@ -147,31 +147,41 @@ void read_root(Section s, Config& c) {
   s.unsupported("bfloat16", "renamed bf16 in DeepSpeed; use \"bf16\": {\"enabled\": true}");
   s.unsupported("scheduler", kNoScheduler);
   s.unsupported("amp", "use fp16 or bf16");
-  s.unsupported("steps_per_print", kNoMonitor);
-  s.unsupported("wall_clock_breakdown", kNoMonitor);
-  s.unsupported("dump_state", kNoMonitor);
-  s.unsupported("memory_breakdown", "use Engine::memory_report()");
-  s.unsupported("tensorboard", kNoMonitor);
-  s.unsupported("wandb", kNoMonitor);
-  s.unsupported("csv_monitor", kNoMonitor);
-  s.unsupported("comms_logger", "use Engine::last_step_traffic()");
-  s.unsupported("flops_profiler", "zoe does not run the trainer's layers, so it cannot count their FLOPs");
+  // Logging and timing: zoe's own log lines (Engine::step, Engine's constructor).
+  s.integer("steps_per_print", c.steps_per_print);
+  s.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
+  s.boolean("dump_state", c.dump_state);
+  s.boolean("memory_breakdown", c.memory_breakdown);
+  // DeepSpeed refuses ZeRO with an optimizer it has not tested unless this is true; zoe's only
+  // optimizers are its Adam and AdamW, so either value means the same.
+  bool allow_untested_optimizer = false;
+  s.boolean("zero_allow_untested_optimizer", allow_untested_optimizer);
+  // Features that do nothing when disabled are accepted so; enabled, they are refused.
+  s.disabled_only("tensorboard", kNoMonitor);
+  s.disabled_only("wandb", kNoMonitor);
+  s.disabled_only("csv_monitor", kNoMonitor);
+  s.disabled_only("comet", kNoMonitor);
+  s.disabled_only("comms_logger", "use Engine::last_step_traffic()");
+  s.disabled_only("flops_profiler", "zoe does not run the trainer's layers, so it cannot count their FLOPs");
   s.unsupported("activation_checkpointing", "activations belong to the trainer");
   s.unsupported("sparse_attention", "attention is the trainer's; zoe manages parameters, gradients and optimizer states");
   s.unsupported("sparse_gradients", "zoe reduces dense gradient buffers only");
   s.unsupported("pipeline", "pipeline parallelism is not supported by zoe");
-  s.unsupported("data_efficiency", "data loading belongs to the trainer");
-  s.unsupported("curriculum_learning", "data loading belongs to the trainer");
+  s.disabled_only("data_efficiency", "data loading belongs to the trainer");
+  s.disabled_only("curriculum_learning", "data loading belongs to the trainer");
   s.unsupported("compression_training",
                 "zoe does not quantize or prune the trainer's layers (DeepSpeed Compression wraps torch modules)");
-  s.unsupported("elasticity", "a run's world size is fixed: checkpoints load only at the world size that saved them");
-  s.unsupported("autotuning", "use zoe-estimate");
+  s.disabled_only("elasticity", "a run's world size is fixed: checkpoints load only at the world size that saved them");
+  s.disabled_only("autotuning", "use zoe-estimate");
   s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
-  s.unsupported("prescale_gradients", "zoe averages gradients in the reduction");
-  s.unsupported("gradient_predivide_factor", "zoe averages gradients in the reduction");
+  s.fixed("prescale_gradients", false,
+          "zoe reduces the gradient sum and divides it by the world size after the reduction (DeepSpeed's "
+          "false); dividing before it is not implemented");
+  s.fixed("gradient_predivide_factor", 1.0,
+          "zoe divides the reduced gradient sum by the world size after the reduction (DeepSpeed's 1.0); "
+          "a partial division before it is not implemented");
   s.unsupported("communication_data_type", "gradients are reduced in the compute dtype");
   s.unsupported("data_types", "gradients are reduced in the compute dtype");
-  s.unsupported("zero_allow_untested_optimizer", "only Adam and AdamW exist");
   s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
   s.unsupported("disable_allgather", "zoe always all-gathers the updated partitions at stages 1-2");
   s.unsupported("optimizer_legacy_fusion", "DeepSpeed's switch for its old fused fp16 optimizer; zoe's optimizer has one path");
@@ -235,6 +245,10 @@ std::string Config::to_json() const {
   j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = gradient_accumulation_steps;
   j["gradient_clipping"] = gradient_clipping;
+  j["steps_per_print"] = steps_per_print;
+  j["wall_clock_breakdown"] = wall_clock_breakdown;
+  j["dump_state"] = dump_state;
+  j["memory_breakdown"] = memory_breakdown;
   j["fp16"] = {{"enabled", fp16.enabled},
                {"loss_scale", fp16.loss_scale},
                {"initial_scale_power", fp16.initial_scale_power},

@@ -175,6 +175,19 @@ void JsonReader::Section::unsupported(std::string_view key, std::string_view why
   });
 }
 
+void JsonReader::Section::disabled_only(std::string_view key, std::string_view why) {
+  guarded([&] {
+    const Json* v = find(key);
+    if (!v) return;
+    if (v->is_object()) {
+      const auto enabled = v->find("enabled");
+      if (enabled != v->end() && *enabled == false) return;
+    }
+    ZOE_THROW_CONFIG(path(key), "DeepSpeed key not supported by zoe (value ", shown(*v), "): ", why,
+                     "; accepted only with \"enabled\": false");
+  });
+}
+
 void JsonReader::Section::problem(std::string_view key, std::string reason) {
   reader_->add_problem(path(key), std::move(reason));
 }

@@ -58,6 +58,10 @@ class JsonReader {
     Section section(std::string_view key);
     /// A DeepSpeed key zoe does not implement: its presence is an error saying so and why.
     void unsupported(std::string_view key, std::string_view why);
+    /// A DeepSpeed feature zoe does not implement, given as an object with "enabled": accepted
+    /// (its other members unread: DeepSpeed ignores them too) when "enabled" is false; refused
+    /// with `why` otherwise (enabled, "enabled" absent, or not an object).
+    void disabled_only(std::string_view key, std::string_view why);
     /// Records a problem at this section's `key` (for checks the typed reads do not cover).
     void problem(std::string_view key, std::string reason);
     /// A DeepSpeed key accepted only with the value that is zoe's fixed behaviour.

@@ -1,5 +1,6 @@
 // Engine: registration, partitioning into groups, the public API and counted collectives.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -283,6 +284,7 @@ Engine::Engine(const Config& config, RankContext rank) {
                      config.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu" : "nvme",
                      " (the update writes the offloaded shards the next forward reads); set one of them off");
   impl_ = std::make_unique<Impl>(config, std::move(rank));
+  if (config.dump_state && impl_->rank == 0) ZOE_LOG_INFO("configuration (dump_state):\n{}", config.to_json());
 }
 
 Engine::~Engine() = default;
@@ -378,9 +380,43 @@ void Engine::end_backward(ModuleId id) {
   impl_->release(static_cast<int>(id.index));
 }
 
+// The config's logging keys (DeepSpeed's steps_per_print, wall_clock_breakdown,
+// memory_breakdown): rank 0's info lines after step() call number `calls` (skipped ones
+// included; `skipped` of them skipped), which took `step_ms` after `since_last_ms` since the
+// previous one returned.
+static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t skipped, const StepResult& r,
+                     double since_last_ms, double step_ms) {
+  if (I.rank != 0) return;
+  const Config& c = I.config;
+  if (c.steps_per_print > 0 && calls % c.steps_per_print == 0)
+    ZOE_LOG_INFO("step={}, skipped={}, lr={}, betas=({}, {}), loss_scale={}, grad_norm={}", calls, skipped, I.lr,
+                 c.optimizer.betas[0], c.optimizer.betas[1], r.loss_scale, r.grad_norm);
+  if (c.wall_clock_breakdown)
+    ZOE_LOG_INFO("step={} time (ms) | forward+backward: {:.3f} | step: {:.3f}", calls, since_last_ms, step_ms);
+  if (c.memory_breakdown) {
+    const auto& L = I.ledger;
+    using core::MemKind;
+    using core::Tier;
+    ZOE_LOG_INFO("step={} memory (bytes) | device: model states {}, buffers {}, peak {} | host: model states {}, "
+                 "buffers {} | nvme: model states {}",
+                 calls, L.get(Tier::device, MemKind::model_state), L.get(Tier::device, MemKind::buffer),
+                 I.device.memory_stats().peak_bytes, L.get(Tier::host, MemKind::model_state),
+                 L.get(Tier::host, MemKind::buffer), L.get(Tier::nvme, MemKind::model_state));
+  }
+}
+
 StepResult Engine::step() {
-  impl_->finalize();
-  return impl_->step();
+  Impl& I = *impl_;
+  I.finalize();
+  const auto begin = std::chrono::steady_clock::now();
+  const StepResult r = I.step();
+  const auto end = std::chrono::steady_clock::now();
+  ++I.step_calls;
+  I.skipped_calls += r.skipped ? 1 : 0;
+  using ms = std::chrono::duration<double, std::milli>;
+  log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
+  I.last_step_end = end;
+  return r;
 }
 
 void Engine::synchronize() {

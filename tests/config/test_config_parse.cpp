@@ -20,6 +20,7 @@ constexpr const char* kEveryKey = R"({
   "train_micro_batch_size_per_gpu": 4,
   "gradient_accumulation_steps": 3,
   "gradient_clipping": 1.5,
+  "steps_per_print": 25, "wall_clock_breakdown": true, "dump_state": true, "memory_breakdown": true,
   "fp16": {"enabled": true, "loss_scale": 128, "initial_scale_power": 12, "loss_scale_window": 500,
            "hysteresis": 3, "min_loss_scale": 0.5},
   "bf16": {"enabled": false},
@@ -47,6 +48,10 @@ TEST(ConfigParse, EveryKeyReachesItsField) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.gradient_accumulation_steps, 3);
   EXPECT_EQ(c.gradient_clipping, 1.5);
+  EXPECT_EQ(c.steps_per_print, 25);
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  EXPECT_TRUE(c.dump_state);
+  EXPECT_TRUE(c.memory_breakdown);
   EXPECT_TRUE(c.fp16.enabled);
   EXPECT_EQ(c.fp16.loss_scale, 128.0);
   EXPECT_EQ(c.fp16.initial_scale_power, 12);
@@ -104,6 +109,10 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.steps_per_print, 0);  // DeepSpeed's None: no progress lines
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_FALSE(c.dump_state);
+  EXPECT_FALSE(c.memory_breakdown);
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_EQ(c.fp16.loss_scale, 0.0);
   EXPECT_EQ(c.fp16.initial_scale_power, 16);
@@ -203,6 +212,10 @@ Config non_default_config() {
   c.train_micro_batch_size_per_gpu = 2;
   c.gradient_accumulation_steps = 4;
   c.gradient_clipping = 0.7;
+  c.steps_per_print = 3;
+  c.wall_clock_breakdown = true;
+  c.dump_state = true;
+  c.memory_breakdown = true;
   c.bf16.enabled = true;
   c.fp16.loss_scale = 0.1;  // not exactly representable: the JSON must keep all digits
   c.fp16.initial_scale_power = 20;
@@ -284,6 +297,62 @@ TEST(ConfigParse, BatchSizeMustMatchMicroTimesStepsTimesWorld) {
   } catch (const zoe::ConfigError& e) {
     EXPECT_EQ(e.key(), "train_batch_size");
     EXPECT_NE(std::string(e.what()).find("= 32"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 20: DeepSpeed's logging and timing keys, as real configs write them, are accepted and
+// drive zoe's log (tests/core/test_engine_config.cpp); the keys with a value zoe cannot honour
+// are refused with the reason.
+TEST(ConfigParse, LoggingAndNoOpKeysOfRealConfigsAreAccepted) {
+  const Config c = Config::from_json(R"({
+    "steps_per_print": 2000, "wall_clock_breakdown": false, "prescale_gradients": false,
+    "gradient_predivide_factor": 1.0, "zero_allow_untested_optimizer": true, "dump_state": false,
+    "memory_breakdown": false,
+    "tensorboard": {"enabled": false, "output_path": "logs/", "job_name": "x"},
+    "wandb": {"enabled": false}, "csv_monitor": {"enabled": false}, "comet": {"enabled": false},
+    "flops_profiler": {"enabled": false, "profile_step": 1}, "comms_logger": {"enabled": false},
+    "autotuning": {"enabled": false, "arg_mappings": {}}, "elasticity": {"enabled": false},
+    "curriculum_learning": {"enabled": false}, "data_efficiency": {"enabled": false}
+  })");
+  Config want;
+  want.steps_per_print = 2000;
+  EXPECT_EQ(c, want);
+  EXPECT_EQ(Config::from_json(R"({"zero_allow_untested_optimizer": false, "gradient_predivide_factor": 1})"),
+            Config{});
+}
+
+TEST(ConfigParse, LoggingKeysZoeCannotHonourAreRefusedWithTheReason) {
+  struct Case {
+    const char* json;
+    const char* key;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {R"({"prescale_gradients": true})", "prescale_gradients",
+       "zoe supports only false here, got true: zoe reduces the gradient sum and divides it by the world size "
+       "after the reduction (DeepSpeed's false); dividing before it is not implemented"},
+      {R"({"gradient_predivide_factor": 8})", "gradient_predivide_factor", "zoe supports only 1.0 here, got 8: "},
+      {R"({"steps_per_print": -1})", "steps_per_print", "must be >= 0, got -1"},
+      {R"({"steps_per_print": "often"})", "steps_per_print", "expected an integer, got a string \"often\""},
+      {R"({"wall_clock_breakdown": 1})", "wall_clock_breakdown", "expected true or false, got an integer 1"},
+      {R"({"zero_allow_untested_optimizer": "yes"})", "zero_allow_untested_optimizer", "expected true or false"},
+      {R"({"tensorboard": {"enabled": true, "output_path": "logs/"}})", "tensorboard",
+       "DeepSpeed key not supported by zoe (value {\"enabled\":true,\"output_path\":\"logs/\"}): zoe logs through "
+       "spdlog (ZOE_LOG_LEVEL); remove the key; accepted only with \"enabled\": false"},
+      {R"({"flops_profiler": {"profile_step": 1}})", "flops_profiler", "accepted only with \"enabled\": false"},
+      {R"({"autotuning": true})", "autotuning", "use zoe-estimate; accepted only with \"enabled\": false"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.json);
+    try {
+      Config::from_json(k.json);
+      ADD_FAILURE() << "no exception";
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(e.problems().size(), 1u) << e.what();
+      EXPECT_EQ(e.key(), k.key);
+      EXPECT_EQ(e.reason().rfind(k.reason, 0) == 0 || e.reason().find(k.reason) != std::string::npos, true)
+          << e.reason();
+    }
   }
 }
 }  // namespace
