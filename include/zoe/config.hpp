@@ -58,8 +58,48 @@ struct OptimizerConfig {
   double eps = 1e-8;
   /// Decoupled (AdamW) or L2 (Adam) weight decay (>= 0).
   double weight_decay = 0.0;
+  /// false: Adam without the moment bias correction (DeepSpeed's bias_correction of FusedAdam /
+  /// DeepSpeedCPUAdam): the step is lr * m / (sqrt(v) + eps) instead of
+  /// lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps). Same on the CPU and the
+  /// device optimizer (one coefficient computation, kernels::adam_coeffs).
+  bool bias_correction = true;
 
   bool operator==(const OptimizerConfig&) const = default;
+};
+
+enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+/// How the warmup rises: log = log(i + 1) / log(warmup_num_steps), linear = i / warmup_num_steps.
+enum class WarmupType { log, linear };
+
+/// scheduler{type, params{...}}: DeepSpeed's learning-rate schedules WarmupLR, WarmupDecayLR and
+/// WarmupCosineLR with DeepSpeed's parameter names, defaults and formulas
+/// (deepspeed/runtime/lr_schedules.py), stepped by Engine::step() as DeepSpeed's engine steps
+/// them: after each applied optimizer step, not after a skipped fp16 step.
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::none;
+  /// WarmupLR, WarmupDecayLR: the lr the warmup starts from (>= 0).
+  double warmup_min_lr = 0.0;
+  /// WarmupLR, WarmupDecayLR: the lr the warmup reaches (>= 0). Not given: WarmupLR uses
+  /// optimizer.params.lr, WarmupDecayLR 0.001 (DeepSpeed's defaults).
+  std::optional<double> warmup_max_lr;
+  /// Steps of the warmup (>= 1; DeepSpeed then uses max(2, this)).
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::log;
+  /// WarmupDecayLR, WarmupCosineLR: the step where the decay ends (required, >= 1; 0 = not given).
+  std::int64_t total_num_steps = 0;
+  /// WarmupCosineLR: the warmup starts at this fraction of optimizer.params.lr, in [0, 1].
+  double warmup_min_ratio = 0.0;
+  /// WarmupCosineLR: the cosine ends at this fraction of optimizer.params.lr, in [0, 1].
+  double cos_min_ratio = 0.0001;
+
+  /// The lr of the optimizer step that follows `applied_steps` applied (not skipped) steps,
+  /// given optimizer.params.lr `optimizer_lr`: DeepSpeed's get_lr() at last_batch_iteration =
+  /// applied_steps - 1 (its scheduler starts at -1 and steps after each applied step), so the
+  /// first step uses warmup_min_lr (WarmupLR, WarmupDecayLR) or 0 (WarmupCosineLR). With type
+  /// none: optimizer_lr. Pure, thread-safe, computed in double as DeepSpeed's Python does.
+  double lr_at(double optimizer_lr, std::int64_t applied_steps) const;
+
+  bool operator==(const SchedulerConfig&) const = default;
 };
 
 /// zero_optimization.offload_optimizer: where master weights, exp_avg, exp_avg_sq and the
@@ -180,6 +220,7 @@ struct Config {
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   ZeroConfig zero_optimization;
   AioConfig aio;
   ZoeConfig zoe;

@@ -1,6 +1,8 @@
 // Config <-> DeepSpeed-style JSON. The reading order below is the schema: every key zoe
 // knows is named here exactly once, with the type it must have and whether "auto" is allowed.
 #include <cerrno>
+#include <cmath>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -17,8 +19,6 @@ using config_detail::Json;
 using config_detail::JsonReader;
 using Section = JsonReader::Section;
 
-constexpr std::string_view kNoScheduler =
-    "zoe has no learning-rate scheduler; the trainer sets optimizer.params.lr itself";
 constexpr std::string_view kNoMonitor = "zoe logs through spdlog (ZOE_LOG_LEVEL); remove the key";
 
 void read_fp16(Section s, Fp16Config& c) {
@@ -45,11 +45,54 @@ void read_optimizer(Section s, OptimizerConfig& c) {
   p.number("weight_decay", c.weight_decay, Auto::yes);
   bool adam_w_mode = true;
   p.boolean("adam_w_mode", adam_w_mode);
-  p.fixed("bias_correction", true, "zoe's Adam always corrects the moment bias");
+  p.boolean("bias_correction", c.bias_correction);
   p.fixed("amsgrad", false, "AMSGrad is not supported by zoe");
   p.unsupported("torch_adam", "zoe always uses its own CPU/GPU Adam");
   if (typed || p.has("adam_w_mode"))
     c.type = (name == Name::adamw || adam_w_mode) ? OptimizerType::adamw : OptimizerType::adam;
+}
+
+void read_scheduler(Section s, SchedulerConfig& c) {
+  if (!s.has("type")) {
+    if (s.has("params")) s.problem("type", "missing: give \"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"");
+    s.skip("params");
+    return;
+  }
+  enum class Name { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test } name = Name::none;
+  s.choice("type", name, {{"WarmupLR", Name::warmup_lr}, {"WarmupDecayLR", Name::warmup_decay_lr},
+                          {"WarmupCosineLR", Name::warmup_cosine_lr}, {"OneCycle", Name::one_cycle},
+                          {"LRRangeTest", Name::lr_range_test}});
+  if (name == Name::one_cycle || name == Name::lr_range_test) {
+    s.problem("type", std::string("DeepSpeed's ") + (name == Name::one_cycle ? "OneCycle" : "LRRangeTest") +
+                          " is not implemented by zoe (WarmupLR, WarmupDecayLR and WarmupCosineLR are); set the lr "
+                          "with Engine::set_lr instead");
+  }
+  c.type = name == Name::warmup_lr         ? SchedulerType::warmup_lr
+           : name == Name::warmup_decay_lr  ? SchedulerType::warmup_decay_lr
+           : name == Name::warmup_cosine_lr ? SchedulerType::warmup_cosine_lr
+                                            : SchedulerType::none;
+  if (c.type == SchedulerType::none) {
+    s.skip("params");  // the type's problem is enough
+    return;
+  }
+  // Each type takes its own DeepSpeed parameters only (another is an unknown key, as DeepSpeed's
+  // constructor refuses an unexpected argument).
+  Section p = s.section("params");
+  const bool cosine = c.type == SchedulerType::warmup_cosine_lr;
+  if (!cosine) {
+    p.number("warmup_min_lr", c.warmup_min_lr, Auto::yes);
+    double max_lr = std::numeric_limits<double>::quiet_NaN();  // stays NaN when absent or "auto"
+    p.number("warmup_max_lr", max_lr, Auto::yes);
+    if (!std::isnan(max_lr)) c.warmup_max_lr = max_lr;
+  } else {
+    p.number("warmup_min_ratio", c.warmup_min_ratio);
+    p.number("cos_min_ratio", c.cos_min_ratio);
+  }
+  p.integer("warmup_num_steps", c.warmup_num_steps, Auto::yes);
+  p.choice("warmup_type", c.warmup_type, {{"log", WarmupType::log}, {"linear", WarmupType::linear}});
+  if (c.type != SchedulerType::warmup_lr) p.integer("total_num_steps", c.total_num_steps, Auto::yes);
+  p.fixed("last_batch_iteration", -1,
+          "zoe's schedule position is the engine's step count (restored by load_checkpoint)");
 }
 
 void read_offload(Section s, OffloadDevice& device, std::string& nvme_path, bool& pin_memory, int& buffer_count) {
@@ -140,12 +183,12 @@ void read_root(Section s, Config& c) {
   read_fp16(s.section("fp16"), c.fp16);
   s.section("bf16").boolean("enabled", c.bf16.enabled, Auto::yes);
   read_optimizer(s.section("optimizer"), c.optimizer);
+  read_scheduler(s.section("scheduler"), c.scheduler);
   read_zero(s.section("zero_optimization"), c.zero_optimization);
   read_aio(s.section("aio"), c.aio);
   read_zoe(s.section("zoe"), c.zoe);
 
   s.unsupported("bfloat16", "renamed bf16 in DeepSpeed; use \"bf16\": {\"enabled\": true}");
-  s.unsupported("scheduler", kNoScheduler);
   s.unsupported("amp", "use fp16 or bf16");
   // Logging and timing: zoe's own log lines (Engine::step, Engine's constructor).
   s.integer("steps_per_print", c.steps_per_print);
@@ -259,9 +302,29 @@ std::string Config::to_json() const {
   OJson params = {{"lr", optimizer.lr},
                   {"betas", {optimizer.betas[0], optimizer.betas[1]}},
                   {"eps", optimizer.eps},
-                  {"weight_decay", optimizer.weight_decay}};
+                  {"weight_decay", optimizer.weight_decay},
+                  {"bias_correction", optimizer.bias_correction}};
   if (optimizer.type == OptimizerType::adam) params["adam_w_mode"] = false;
   j["optimizer"] = {{"type", optimizer.type == OptimizerType::adam ? "Adam" : "AdamW"}, {"params", params}};
+  if (scheduler.type != SchedulerType::none) {
+    const auto& sc = scheduler;
+    OJson sp;
+    const bool cosine = sc.type == SchedulerType::warmup_cosine_lr;
+    if (!cosine) {
+      sp["warmup_min_lr"] = sc.warmup_min_lr;
+      if (sc.warmup_max_lr) sp["warmup_max_lr"] = *sc.warmup_max_lr;
+    } else {
+      sp["warmup_min_ratio"] = sc.warmup_min_ratio;
+      sp["cos_min_ratio"] = sc.cos_min_ratio;
+    }
+    sp["warmup_num_steps"] = sc.warmup_num_steps;
+    sp["warmup_type"] = sc.warmup_type == WarmupType::log ? "log" : "linear";
+    if (sc.type != SchedulerType::warmup_lr) sp["total_num_steps"] = sc.total_num_steps;
+    j["scheduler"] = {{"type", sc.type == SchedulerType::warmup_lr        ? "WarmupLR"
+                               : sc.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR"
+                                                                           : "WarmupCosineLR"},
+                      {"params", sp}};
+  }
   j["zero_optimization"] = {
       {"stage", z.stage},
       {"overlap_comm", z.overlap_comm},

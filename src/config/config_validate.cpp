@@ -3,6 +3,8 @@
 // the value found there.
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "src/common/check.hpp"
 #include "src/config/config_check.hpp"
@@ -57,6 +59,28 @@ void check_optimizer(Checker& k, const OptimizerConfig& o) {
     }
   k.finite_at_least("optimizer.params.eps", o.eps, 0.0, false);
   k.finite_at_least("optimizer.params.weight_decay", o.weight_decay, 0.0, false);
+}
+
+void check_scheduler(Checker& k, const SchedulerConfig& s) {
+  if (s.type == SchedulerType::none) return;
+  const char* name = s.type == SchedulerType::warmup_lr        ? "WarmupLR"
+                     : s.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR"
+                                                                : "WarmupCosineLR";
+  // DeepSpeed raises ValueError for warmup_num_steps <= 0.
+  if (s.warmup_num_steps < 1)
+    k.fail("scheduler.params.warmup_num_steps", {}, "must be a positive integer (as DeepSpeed's ", name,
+           " requires), got ", s.warmup_num_steps);
+  if (s.type == SchedulerType::warmup_cosine_lr) {
+    for (auto [key, v] : {std::pair{"scheduler.params.warmup_min_ratio", s.warmup_min_ratio},
+                          std::pair{"scheduler.params.cos_min_ratio", s.cos_min_ratio}})
+      if (!(v >= 0.0 && v <= 1.0)) k.fail(key, {}, "must be in [0, 1] (a fraction of optimizer.params.lr), got ", v);
+  } else {
+    k.finite_at_least("scheduler.params.warmup_min_lr", s.warmup_min_lr, 0.0, false);
+    if (s.warmup_max_lr) k.finite_at_least("scheduler.params.warmup_max_lr", *s.warmup_max_lr, 0.0, false);
+  }
+  if (s.type != SchedulerType::warmup_lr && s.total_num_steps < 1)
+    k.fail("scheduler.params.total_num_steps", {}, name, " needs total_num_steps >= 1 (a required argument of ",
+           "DeepSpeed's ", name, "), got ", s.total_num_steps == 0 ? std::string("none") : std::to_string(s.total_num_steps));
 }
 
 void check_zero(Checker& k, const ZeroConfig& z) {
@@ -128,6 +152,7 @@ std::vector<CheckProblem> check(const Config& c) {
   if (c.fp16.enabled && c.bf16.enabled)
     k.fail("bf16.enabled", {"fp16.enabled"}, "true conflicts with fp16.enabled true: enable at most one");
   check_optimizer(k, c.optimizer);
+  check_scheduler(k, c.scheduler);
   check_zero(k, c.zero_optimization);
   check_aio(k, c.aio);
   check_zoe(k, c);

@@ -62,6 +62,8 @@ class JsonReader {
     /// (its other members unread: DeepSpeed ignores them too) when "enabled" is false; refused
     /// with `why` otherwise (enabled, "enabled" absent, or not an object).
     void disabled_only(std::string_view key, std::string_view why);
+    /// Marks `key` known without reading it or its members (whose problems another one covers).
+    void skip(std::string_view key) { find(key); }
     /// Records a problem at this section's `key` (for checks the typed reads do not cover).
     void problem(std::string_view key, std::string reason);
     /// A DeepSpeed key accepted only with the value that is zoe's fixed behaviour.

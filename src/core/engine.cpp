@@ -408,6 +408,8 @@ static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t
 StepResult Engine::step() {
   Impl& I = *impl_;
   I.finalize();
+  // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
+  if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);
   const auto begin = std::chrono::steady_clock::now();
   const StepResult r = I.step();
   const auto end = std::chrono::steady_clock::now();
@@ -428,10 +430,17 @@ void Engine::synchronize() {
 }
 
 void Engine::set_lr(double lr) {
+  ZOE_CHECK_USAGE(impl_->config.scheduler.type == SchedulerType::none, "set_lr(", lr,
+                  ") with the config's scheduler set: the scheduler drives the learning rate; remove \"scheduler\" "
+                  "from the config to set it yourself, or leave it to the scheduler");
   if (!(lr >= 0.0) || !std::isfinite(lr)) ZOE_THROW_CONFIG("optimizer.params.lr", "must be finite and >= 0, got ", lr);
   impl_->lr = lr;
 }
-double Engine::lr() const { return impl_->lr; }
+double Engine::lr() const {
+  const auto& I = *impl_;
+  return I.config.scheduler.type != SchedulerType::none ? I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count)
+                                                        : I.lr;
+}
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 std::int64_t Engine::global_step() const { return impl_->step_count; }
 

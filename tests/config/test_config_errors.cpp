@@ -161,7 +161,6 @@ TEST(ConfigErrors, UnknownKeysSuggestTheNearestKnownOne) {
 
 TEST(ConfigErrors, DeepSpeedKeysZoeLacksAreRefusedAsUnsupported) {
   const std::vector<Case> cases = {
-      {R"({"scheduler": {"type": "WarmupLR"}})", "scheduler", {"not supported", "WarmupLR", "learning-rate scheduler"}},
       {R"({"activation_checkpointing": {"partition_activations": true}})", "activation_checkpointing",
        {"not supported", "partition_activations", "activations belong to the trainer"}},
       {R"({"bfloat16": {"enabled": true}})", "bfloat16", {"not supported", "bf16"}},

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "zoe/config.hpp"
 #include "zoe/error.hpp"
@@ -25,7 +26,7 @@ constexpr const char* kEveryKey = R"({
            "hysteresis": 3, "min_loss_scale": 0.5},
   "bf16": {"enabled": false},
   "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
-                "weight_decay": 0.1, "adam_w_mode": false}},
+                "weight_decay": 0.1, "adam_w_mode": false, "bias_correction": false}},
   "zero_optimization": {
     "stage": 3, "overlap_comm": false, "contiguous_gradients": false,
     "reduce_bucket_size": 2e8, "allgather_bucket_size": 3e8, "sub_group_size": 4e8,
@@ -65,6 +66,7 @@ TEST(ConfigParse, EveryKeyReachesItsField) {
   EXPECT_EQ(c.optimizer.betas[1], 0.95);
   EXPECT_EQ(c.optimizer.eps, 1e-6);
   EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_FALSE(c.optimizer.bias_correction);
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 3);
   EXPECT_FALSE(z.overlap_comm);
@@ -126,6 +128,7 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.optimizer.betas[1], 0.999);
   EXPECT_EQ(c.optimizer.eps, 1e-8);
   EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_TRUE(c.optimizer.bias_correction);
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 0);
   EXPECT_TRUE(z.overlap_comm);
@@ -227,6 +230,7 @@ Config non_default_config() {
   c.optimizer.betas = {0.85, 0.98765};
   c.optimizer.eps = 1e-12;
   c.optimizer.weight_decay = 0.05;
+  c.optimizer.bias_correction = false;
   auto& z = c.zero_optimization;
   z.stage = 3;
   z.overlap_comm = false;
@@ -354,5 +358,120 @@ TEST(ConfigParse, LoggingKeysZoeCannotHonourAreRefusedWithTheReason) {
           << e.reason();
     }
   }
+}
+
+// Issue 20: DeepSpeed's schedulers with DeepSpeed's names, defaults and formulas.
+TEST(ConfigParse, SchedulersReadWithDeepSpeedsParameterNames) {
+  const Config a = Config::from_json(R"({"scheduler": {"type": "WarmupLR", "params":
+      {"warmup_min_lr": 1e-5, "warmup_max_lr": 3e-4, "warmup_num_steps": 500, "warmup_type": "linear",
+       "last_batch_iteration": -1}}})");
+  EXPECT_EQ(a.scheduler.type, zoe::SchedulerType::warmup_lr);
+  EXPECT_EQ(a.scheduler.warmup_min_lr, 1e-5);
+  EXPECT_EQ(a.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(a.scheduler.warmup_num_steps, 500);
+  EXPECT_EQ(a.scheduler.warmup_type, zoe::WarmupType::linear);
+  const Config d = Config::from_json(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 9000}}})");
+  EXPECT_EQ(d.scheduler.type, zoe::SchedulerType::warmup_decay_lr);
+  EXPECT_EQ(d.scheduler.total_num_steps, 9000);
+  EXPECT_EQ(d.scheduler.warmup_num_steps, 1000);  // DeepSpeed's defaults
+  EXPECT_EQ(d.scheduler.warmup_type, zoe::WarmupType::log);
+  EXPECT_EQ(d.scheduler.warmup_min_lr, 0.0);
+  EXPECT_FALSE(d.scheduler.warmup_max_lr.has_value());
+  const Config c = Config::from_json(R"({"scheduler": {"type": "WarmupCosineLR", "params":
+      {"total_num_steps": 100, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05, "warmup_num_steps": 10}}})");
+  EXPECT_EQ(c.scheduler.type, zoe::SchedulerType::warmup_cosine_lr);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_EQ(c.scheduler.warmup_min_ratio, 0.1);
+  EXPECT_EQ(c.scheduler.cos_min_ratio, 0.05);
+  EXPECT_EQ(Config::from_json(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1}}})")
+                .scheduler.cos_min_ratio,
+            0.0001);
+  for (const Config& k : {a, d, c}) EXPECT_EQ(Config::from_json(k.to_json()), k) << k.to_json();
+  EXPECT_EQ(Config{}.scheduler.type, zoe::SchedulerType::none);
+}
+
+TEST(ConfigParse, SchedulerProblemsNameTheKeyAndWhy) {
+  struct Case {
+    const char* json;
+    const char* key;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
+       "scheduler.params.total_num_steps", "WarmupDecayLR needs total_num_steps >= 1 (a required argument of DeepSpeed's WarmupDecayLR), got none"},
+      {R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0}}})", "scheduler.type",
+       "DeepSpeed's OneCycle is not implemented by zoe"},
+      {R"({"scheduler": {"type": "Cosine"}})", "scheduler.type", "\"Cosine\" is not one of"},
+      {R"({"scheduler": {"params": {"warmup_num_steps": 10}}})", "scheduler.type", "missing"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})", "scheduler.params.cos_min_ratio",
+       "unknown key"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})", "scheduler.params.warmup_num_steps",
+       "must be a positive integer (as DeepSpeed's WarmupLR requires), got 0"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})", "scheduler.params.warmup_type",
+       "\"exp\" is not one of log|linear"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": [1e-3]}}})", "scheduler.params.warmup_max_lr",
+       "expected a number"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 7}}})",
+       "scheduler.params.last_batch_iteration", "engine's step count"},
+      {R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5, "cos_min_ratio": 2}}})",
+       "scheduler.params.cos_min_ratio", "must be in [0, 1]"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.json);
+    try {
+      Config::from_json(k.json);
+      ADD_FAILURE() << "no exception";
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(e.problems().size(), 1u) << e.what();
+      EXPECT_EQ(e.key(), k.key) << e.what();
+      EXPECT_NE(e.reason().find(k.reason), std::string::npos) << e.reason();
+    }
+  }
+}
+
+// lr_at against DeepSpeed: the numbers below are DeepSpeed's lr_schedules.py math run in
+// Python 3 (float64, its libm log and cos), driven as its engine drives the scheduler: built at
+// last_batch_iteration -1, stepped after each applied optimizer step. Element k is the lr of
+// applied step k + 1, i.e. lr_at(optimizer_lr, k).
+TEST(ConfigParse, ScheduleValuesEqualDeepSpeeds) {
+  auto check = [](const zoe::SchedulerConfig& s, double optimizer_lr, const std::vector<double>& want) {
+    for (std::size_t k = 0; k < want.size(); ++k)
+      EXPECT_EQ(s.lr_at(optimizer_lr, static_cast<std::int64_t>(k)), want[k]) << "applied steps " << k;
+  };
+  zoe::SchedulerConfig s;
+  s.type = zoe::SchedulerType::warmup_lr;
+  s.warmup_min_lr = 1e-5;
+  s.warmup_max_lr = 3e-4;
+  s.warmup_num_steps = 5;
+  check(s, 1.0, {1e-05, 1e-05, 0.00013489620184128397, 0.00020795579640093571, 0.00025979240368256796, 0.0003,
+                 0.0003, 0.0003});
+  // warmup_max_lr not given: WarmupLR warms up to the optimizer's lr.
+  s.warmup_min_lr = 0.0;
+  s.warmup_max_lr.reset();
+  s.warmup_num_steps = 4;
+  s.warmup_type = zoe::WarmupType::linear;
+  check(s, 2e-3, {0.0, 0.0, 0.0005, 0.001, 0.0015, 0.002, 0.002});
+  // warmup_num_steps 1 is DeepSpeed's max(2, 1) = 2.
+  s.warmup_num_steps = 1;
+  s.warmup_type = zoe::WarmupType::log;
+  check(s, 1e-3, {0.0, 0.0, 0.001, 0.001});
+  // WarmupDecayLR without warmup_max_lr: DeepSpeed's 0.001, whatever the optimizer's lr.
+  zoe::SchedulerConfig d;
+  d.type = zoe::SchedulerType::warmup_decay_lr;
+  d.warmup_num_steps = 3;
+  d.warmup_type = zoe::WarmupType::linear;
+  d.total_num_steps = 8;
+  check(d, 0.5, {0.0, 0.0, 0.0003333333333333333, 0.0006666666666666666, 0.001, 0.0008, 0.0006, 0.0004, 0.0002,
+                 0.0, 0.0});
+  zoe::SchedulerConfig c;
+  c.type = zoe::SchedulerType::warmup_cosine_lr;
+  c.total_num_steps = 10;
+  c.warmup_num_steps = 3;
+  c.warmup_min_ratio = 0.1;
+  c.cos_min_ratio = 0.01;
+  check(c, 1e-3, {0.0, 0.0001, 0.0006678367782143116, 0.001, 0.0009509795896116974, 0.0008136274519200731,
+                  0.0006151478623083756, 0.00039485213769162444, 0.00019637254807992693, 5.902041038830258e-05,
+                  1e-05, 1e-05, 1e-05});
+  EXPECT_EQ(zoe::SchedulerConfig{}.lr_at(0.25, 7), 0.25);  // none: the optimizer's lr
 }
 }  // namespace
