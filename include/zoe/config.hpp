@@ -241,14 +241,49 @@ struct Config {
   /// train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size, as DeepSpeed.
   void check_batch_size(int world_size) const;
 
+  /// The trainer's values for the keys a file gives as "auto", with Hugging Face's meaning
+  /// (transformers' HfTrainerDeepSpeedConfig: the value comes from the trainer's arguments, not
+  /// from a default). Each value left empty makes an "auto" key it fills an error naming the key
+  /// and this field. Units and ranges are those of the keys filled.
+  struct AutoValues {
+    /// train_micro_batch_size_per_gpu (HF: per_device_train_batch_size).
+    std::optional<int> micro_batch_size_per_gpu;
+    /// gradient_accumulation_steps (HF: gradient_accumulation_steps).
+    std::optional<int> gradient_accumulation_steps;
+    /// With the two above: train_batch_size = world_size * micro batch * accumulation steps.
+    std::optional<int> world_size;
+    /// gradient_clipping (HF: max_grad_norm).
+    std::optional<double> max_grad_norm;
+    /// optimizer.params.lr and scheduler.params.warmup_max_lr (HF: learning_rate).
+    std::optional<double> lr;
+    /// optimizer.params.betas (HF: [adam_beta1, adam_beta2]).
+    std::optional<std::array<double, 2>> betas;
+    /// optimizer.params.eps (HF: adam_epsilon).
+    std::optional<double> eps;
+    /// optimizer.params.weight_decay (HF: weight_decay).
+    std::optional<double> weight_decay;
+    /// fp16.enabled, bf16.enabled (HF: fp16, bf16).
+    std::optional<bool> fp16, bf16;
+    /// scheduler.params.warmup_num_steps (HF: get_warmup_steps(num_training_steps)).
+    std::optional<std::int64_t> warmup_steps;
+    /// scheduler.params.total_num_steps (HF: num_training_steps).
+    std::optional<std::int64_t> total_steps;
+    /// The model's hidden size: zero_optimization.reduce_bucket_size = h * h,
+    /// stage3_prefetch_bucket_size = int(0.9 * h * h), stage3_param_persistence_threshold = 10 * h.
+    std::optional<std::int64_t> hidden_size;
+  };
+
   /// Parse DeepSpeed-style JSON text, then validate(). Unknown keys, DeepSpeed keys zoe does
   /// not implement, wrong types and bad values throw ConfigError with the JSON path, the value
-  /// and a "did you mean" for near misses. Absent keys keep their defaults; "auto" (where
-  /// DeepSpeed allows it) also means the default. Thread-safe (no shared state).
-  static Config from_json(const std::string& json_text);
+  /// and a "did you mean" for near misses; one ConfigError lists every problem of the text.
+  /// Absent keys keep their defaults. "auto" (where Hugging Face fills it) takes the trainer's
+  /// value from `auto_values`, read and checked as if the file held it (scheduler's
+  /// warmup_min_lr: 0, as Hugging Face writes); an "auto" whose value is not given is a
+  /// problem naming the key and the AutoValues field. Thread-safe (no shared state).
+  static Config from_json(const std::string& json_text, const AutoValues& auto_values = {});
   /// Read and parse a JSON file. Throws SystemError if it cannot be read, else as from_json
   /// (the message then also names the file).
-  static Config from_json_file(const std::string& path);
+  static Config from_json_file(const std::string& path, const AutoValues& auto_values = {});
   /// Serialise to DeepSpeed-style JSON (round-trips through from_json).
   std::string to_json() const;
 };

@@ -239,10 +239,45 @@ bool under(const std::string& key, const std::string& parent) {
 }
 }  // namespace
 
-Config Config::from_json(const std::string& json_text) {
+// The trainer's values for "auto", at the paths Hugging Face fills (transformers'
+// HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize).
+static void set_autos(JsonReader& r, const Config::AutoValues& a) {
+  auto opt = [](const auto& o) { return o ? std::optional<Json>(Json(*o)) : std::nullopt; };
+  std::optional<Json> batch;
+  if (a.world_size && a.micro_batch_size_per_gpu && a.gradient_accumulation_steps)
+    batch = Json(std::int64_t{*a.world_size} * *a.micro_batch_size_per_gpu * *a.gradient_accumulation_steps);
+  r.set_auto("train_batch_size", "world_size, micro_batch_size_per_gpu and gradient_accumulation_steps", batch);
+  r.set_auto("train_micro_batch_size_per_gpu", "micro_batch_size_per_gpu", opt(a.micro_batch_size_per_gpu));
+  r.set_auto("gradient_accumulation_steps", "gradient_accumulation_steps", opt(a.gradient_accumulation_steps));
+  r.set_auto("gradient_clipping", "max_grad_norm", opt(a.max_grad_norm));
+  r.set_auto("fp16.enabled", "fp16", opt(a.fp16));
+  r.set_auto("bf16.enabled", "bf16", opt(a.bf16));
+  r.set_auto("optimizer.params.lr", "lr", opt(a.lr));
+  r.set_auto("optimizer.params.betas", "betas",
+             a.betas ? std::optional<Json>(Json::array({(*a.betas)[0], (*a.betas)[1]})) : std::nullopt);
+  r.set_auto("optimizer.params.eps", "eps", opt(a.eps));
+  r.set_auto("optimizer.params.weight_decay", "weight_decay", opt(a.weight_decay));
+  r.set_auto("scheduler.params.warmup_min_lr", "(none: always 0)", Json(0));
+  r.set_auto("scheduler.params.warmup_max_lr", "lr", opt(a.lr));
+  r.set_auto("scheduler.params.warmup_num_steps", "warmup_steps", opt(a.warmup_steps));
+  r.set_auto("scheduler.params.total_num_steps", "total_steps", opt(a.total_steps));
+  std::optional<Json> h2, h09, h10;
+  if (a.hidden_size) {
+    const std::int64_t h = *a.hidden_size;
+    h2 = Json(h * h);
+    h09 = Json(static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h)));
+    h10 = Json(10 * h);
+  }
+  r.set_auto("zero_optimization.reduce_bucket_size", "hidden_size", h2);
+  r.set_auto("zero_optimization.stage3_prefetch_bucket_size", "hidden_size", h09);
+  r.set_auto("zero_optimization.stage3_param_persistence_threshold", "hidden_size", h10);
+}
+
+Config Config::from_json(const std::string& json_text, const AutoValues& auto_values) {
   const Json doc = config_detail::parse_strict(json_text);  // first error only: the text can't be read past it
   Config c;
   JsonReader reader(doc);
+  set_autos(reader, auto_values);
   read_root(reader.root(), c);
   reader.reject_unknown_keys();
   std::vector<ConfigError::Problem> problems = reader.problems();
@@ -263,14 +298,14 @@ Config Config::from_json(const std::string& json_text) {
   return c;
 }
 
-Config Config::from_json_file(const std::string& path) {
+Config Config::from_json_file(const std::string& path, const AutoValues& auto_values) {
   std::ifstream in(path, std::ios::binary);
   if (!in) ZOE_THROW_ERRNO(errno, "cannot open config file '", path, "'");
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) ZOE_THROW_ERRNO(errno, "cannot read config file '", path, "'");
   try {
-    return from_json(text.str());
+    return from_json(text.str(), auto_values);
   } catch (const ConfigError& e) {
     // The file is named once, after the first problem.
     std::vector<ConfigError::Problem> problems = e.problems();

@@ -83,16 +83,25 @@ bool JsonReader::Section::has(std::string_view key) const {
   return rec.object && rec.object->contains(std::string(key));
 }
 
-bool JsonReader::Section::is_auto(std::string_view key, const Json& v, Auto a) const {
-  if (!v.is_string() || v.get_ref<const std::string&>() != "auto") return false;
+const Json* JsonReader::Section::value(std::string_view key, Auto a) {
+  const Json* v = find(key);
+  if (!v || !v->is_string() || v->get_ref<const std::string&>() != "auto") return v;
   if (a == Auto::no) ZOE_THROW_CONFIG(path(key), "\"auto\" is not accepted for this key (give a value)");
-  return true;
+  const std::string p = path(key);
+  for (const auto& f : reader_->autos_) {
+    if (f.path != p) continue;
+    if (!f.value)
+      ZOE_THROW_CONFIG(p, "\"auto\" takes the trainer's value (Hugging Face's meaning) and none was given: set ",
+                       "Config::AutoValues::", f.field, " for from_json, or write a value");
+    return &*f.value;
+  }
+  ZOE_THROW_CONFIG(p, "\"auto\" has no trainer value for this key (give a value)");
 }
 
 void JsonReader::Section::boolean(std::string_view key, bool& out, Auto a) {
   guarded([&] {
-    const Json* v = find(key);
-    if (!v || is_auto(key, *v, a)) return;
+    const Json* v = value(key, a);
+    if (!v) return;
     if (!v->is_boolean()) ZOE_THROW_CONFIG(path(key), "expected true or false, got ", type_name(*v), " ", shown(*v));
     out = v->get<bool>();
   });
@@ -100,16 +109,16 @@ void JsonReader::Section::boolean(std::string_view key, bool& out, Auto a) {
 
 void JsonReader::Section::integer(std::string_view key, int& out, Auto a) {
   guarded([&] {
-    const Json* v = find(key);
-    if (!v || is_auto(key, *v, a)) return;
+    const Json* v = value(key, a);
+    if (!v) return;
     out = static_cast<int>(read_integer(path(key), *v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
   });
 }
 
 void JsonReader::Section::integer(std::string_view key, std::int64_t& out, Auto a) {
   guarded([&] {
-    const Json* v = find(key);
-    if (!v || is_auto(key, *v, a)) return;
+    const Json* v = value(key, a);
+    if (!v) return;
     out = read_integer(path(key), *v, std::numeric_limits<std::int64_t>::min(),
                        std::numeric_limits<std::int64_t>::max());
   });
@@ -117,8 +126,8 @@ void JsonReader::Section::integer(std::string_view key, std::int64_t& out, Auto 
 
 void JsonReader::Section::number(std::string_view key, double& out, Auto a) {
   guarded([&] {
-    const Json* v = find(key);
-    if (!v || is_auto(key, *v, a)) return;
+    const Json* v = value(key, a);
+    if (!v) return;
     if (!v->is_number()) ZOE_THROW_CONFIG(path(key), "expected a number, got ", type_name(*v), " ", shown(*v));
     out = v->get<double>();
   });
@@ -126,8 +135,8 @@ void JsonReader::Section::number(std::string_view key, double& out, Auto a) {
 
 void JsonReader::Section::number_pair(std::string_view key, std::array<double, 2>& out, Auto a) {
   guarded([&] {
-    const Json* v = find(key);
-    if (!v || is_auto(key, *v, a)) return;
+    const Json* v = value(key, a);
+    if (!v) return;
     if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
       ZOE_THROW_CONFIG(path(key), "expected an array of two numbers, got ", shown(*v));
     out = {(*v)[0].get<double>(), (*v)[1].get<double>()};

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -26,8 +27,8 @@ namespace zoe::config_detail {
 
 using Json = nlohmann::json;
 
-/// Whether a key accepts DeepSpeed's "auto"; "auto" leaves the field at the value it already
-/// holds (Config's default, see docs/config.md).
+/// Whether a key accepts Hugging Face's "auto": the key's value then comes from the trainer
+/// (JsonReader::set_auto), or, when the trainer gave none, "auto" is a problem.
 enum class Auto { no, yes };
 
 /// "a.b" for parent "a" and key "b"; "b" for the root.
@@ -75,7 +76,9 @@ class JsonReader {
     friend class JsonReader;
     Section(JsonReader* reader, std::size_t index) : reader_(reader), index_(index) {}
     const Json* find(std::string_view key);  // marks key known; nullptr when absent
-    bool is_auto(std::string_view key, const Json& v, Auto a) const;
+    // The value to read for `key`: the file's, or for "auto" the trainer's; nullptr when absent.
+    // Throws ConfigError for "auto" where not accepted or not given by the trainer.
+    const Json* value(std::string_view key, Auto a);
     // Runs `read`, recording a ConfigError it throws as a problem instead.
     template <class F>
     void guarded(F&& read);
@@ -86,6 +89,11 @@ class JsonReader {
   };
 
   Section root();
+  /// The trainer's value for "auto" at `path`, and the name to give when it is missing (an
+  /// AutoValues field). `value` null: no value given.
+  void set_auto(std::string path, std::string field, std::optional<Json> value) {
+    autos_.push_back({std::move(path), std::move(field), std::move(value)});
+  }
   /// Records a problem for every key, in document order (sections in reading order), that no
   /// Section call named; suggests a near key of the same section or the same key elsewhere.
   void reject_unknown_keys();
@@ -101,6 +109,11 @@ class JsonReader {
   };
   std::deque<Record> records_;
   std::vector<ConfigError::Problem> problems_;
+  struct AutoFill {
+    std::string path, field;
+    std::optional<Json> value;
+  };
+  std::vector<AutoFill> autos_;
 };
 
 template <class F>

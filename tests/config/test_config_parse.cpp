@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <array>
 #include <fstream>
 #include <vector>
 
@@ -164,17 +165,81 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_NO_THROW(Config{}.validate());
 }
 
-TEST(ConfigParse, AutoMeansTheDefault) {
-  const Config c = Config::from_json(R"({
+// Hugging Face's "auto": every key transformers fills, as its ds_config_zero3.json writes them.
+constexpr const char* kHfAuto = R"({
     "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
     "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                  "warmup_num_steps": "auto", "total_num_steps": "auto"}},
     "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                          "stage3_param_persistence_threshold": "auto"}})");
-  Config expected;
-  expected.zero_optimization.stage = 3;
-  EXPECT_EQ(c, expected);
+                          "stage3_param_persistence_threshold": "auto"}})";
+
+TEST(ConfigParse, AutoTakesTheTrainersValue) {
+  Config::AutoValues a;
+  a.micro_batch_size_per_gpu = 4;
+  a.gradient_accumulation_steps = 3;
+  a.world_size = 2;
+  a.max_grad_norm = 0.5;
+  a.fp16 = false;
+  a.bf16 = true;
+  a.lr = 3e-4;
+  a.betas = std::array<double, 2>{0.8, 0.95};
+  a.eps = 1e-6;
+  a.weight_decay = 0.1;
+  a.warmup_steps = 100;
+  a.total_steps = 2000;
+  a.hidden_size = 1024;
+  const Config c = Config::from_json(kHfAuto, a);
+  EXPECT_EQ(c.train_batch_size, 24);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 3);
+  EXPECT_EQ(c.gradient_clipping, 0.5);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.betas[0], 0.8);
+  EXPECT_EQ(c.optimizer.betas[1], 0.95);
+  EXPECT_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 100);
+  EXPECT_EQ(c.scheduler.total_num_steps, 2000);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 1024 * 1024);
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 943718);  // int(0.9 * 1024 * 1024)
+  EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 10240);
+  EXPECT_NO_THROW(c.check_batch_size(2));
+}
+
+TEST(ConfigParse, AutoWithoutTheTrainersValueIsAProblemNamingTheKey) {
+  try {
+    Config::from_json(kHfAuto);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    // Every auto key but scheduler.params.warmup_min_lr (Hugging Face writes 0 there).
+    ASSERT_EQ(e.problems().size(), 16u) << e.what();
+    EXPECT_EQ(e.key(), "train_batch_size");
+    EXPECT_NE(e.reason().find("Config::AutoValues::world_size, micro_batch_size_per_gpu and "
+                              "gradient_accumulation_steps"), std::string::npos) << e.reason();
+    EXPECT_EQ(e.problems()[6].key, "optimizer.params.lr");
+    EXPECT_EQ(e.problems()[6].reason,
+              "\"auto\" takes the trainer's value (Hugging Face's meaning) and none was given: set "
+              "Config::AutoValues::lr for from_json, or write a value");
+  }
+  // The trainer's value is read and checked as if the file held it.
+  Config::AutoValues bad;
+  bad.lr = -1.0;
+  try {
+    Config::from_json(R"({"optimizer": {"params": {"lr": "auto"}}})", bad);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.message(), "config 'optimizer.params.lr': must be a finite number >= 0, got -1");
+  }
+  Config::AutoValues lr;
+  lr.lr = 0.25;
+  EXPECT_EQ(Config::from_json(R"({"optimizer": {"params": {"lr": "auto"}}})", lr).optimizer.lr, 0.25);
 }
 
 TEST(ConfigParse, IntegralDoublesAreIntegers) {
