@@ -232,9 +232,10 @@ struct Config {
 
   bool operator==(const Config&) const = default;
 
-  /// Throws ConfigError naming the first invalid key and its value (e.g. stage 5,
-  /// both fp16 and bf16 enabled, betas outside [0,1), negative sizes, offload_param
-  /// without stage 3, offload_optimizer.ratio outside (0, 1]).
+  /// Throws one ConfigError listing every failed check (ConfigError::problems(): each key and
+  /// its value, e.g. stage 5, both fp16 and bf16 enabled, betas outside [0,1), negative
+  /// sizes, offload_param without stage 3, offload_optimizer.ratio outside (0, 1], a
+  /// scheduler without total_num_steps); key() is the first's.
   void validate() const;
 
   /// Throws ConfigError("train_batch_size") if it is given (> 0) and differs from
