@@ -41,11 +41,16 @@ struct AdamCoeffs {
 
 /// Coefficients for step t >= 1 (1-based, as torch's state["step"] after its increment).
 /// Host only. Arguments are the double hyper-parameters torch's Python code sees.
+/// bias_correction false: Adam without the moment bias correction (DeepSpeed's
+/// bias_correction=False of FusedAdam / DeepSpeedCPUAdam: bias_correction1 = 1 and
+/// bias_correction2 = 1, so p = p - lr * m / (sqrt(v) + eps); Kingma & Ba 2015, Alg. 1 without
+/// its lines m^ = m / (1 - beta1^t), v^ = v / (1 - beta2^t)). The coefficients are then exactly
+/// 1.0f and -lr, so the one update above (on every path: scalar, SIMD, GPU) needs no change.
 inline AdamCoeffs adam_coeffs(double lr, double beta1, double beta2, double eps, double weight_decay,
-                              bool decoupled, std::int64_t step, float grad_scale) {
+                              bool decoupled, std::int64_t step, float grad_scale, bool bias_correction = true) {
   const double t = static_cast<double>(step);
-  const double bias_correction1 = 1.0 - std::pow(beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(beta2, t);
+  const double bias_correction1 = bias_correction ? 1.0 - std::pow(beta1, t) : 1.0;
+  const double bias_correction2 = bias_correction ? 1.0 - std::pow(beta2, t) : 1.0;
   AdamCoeffs c{};
   c.grad_scale = grad_scale;
   c.l2 = decoupled ? 0.0f : static_cast<float>(weight_decay);

@@ -1,7 +1,10 @@
 #include "examples/gpt/options.hpp"
 
 #include <CLI/CLI.hpp>
+#include <array>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "examples/gpt/error.hpp"
 
@@ -24,7 +27,8 @@ std::string default_data_dir() {
 TrainOptions parse_options(int argc, char** argv) {
   TrainOptions o;
   CLI::App app{"Train a GPT-2 model on 18 public-domain books with zoe (ZeRO, offload)."};
-  // Engine-side values, applied to zoe::Config below when given (or when there is no --config).
+  // Engine-side values, applied to zoe::Config below when given or when the --config file does
+  // not set the key (zoe-gpt's defaults, not zoe::Config's).
   int batch = 8, micro_batches = 1, stage = 3;
   double weight_decay = 0.1, grad_clip = 1.0;
   std::string offload_opt = "nvme", offload_param = "none";
@@ -54,7 +58,7 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--world-size", o.world_size, "ranks (threads of this process)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_flag("--launcher", o.from_environment, "one rank per process from torchrun/mpirun/srun variables (on a GPU with a CUDA build: one GPU per process)");
   app.add_option("--threads-per-rank", o.threads_per_rank, "compute threads per rank (0 = cores / world size)")->capture_default_str();
-  app.add_option("--config", config_path, "DeepSpeed-style JSON config; flags given override it")->check(CLI::ExistingFile);
+  app.add_option("--config", config_path, "DeepSpeed-style JSON config; flags given override it, keys it leaves out keep zoe-gpt's defaults, \"auto\" takes the flags' values")->check(CLI::ExistingFile);
   app.add_option("--data-dir", o.data_dir, "data from scripts/fetch-data.sh (default $ZOE_GPT_DATA or data/gpt)");
   app.add_option("--cache-dir", o.cache_dir, "token cache (default <data-dir>/tokens)");
   app.add_option("--val-fraction", o.val_fraction, "last fraction of each book held out")->capture_default_str();
@@ -98,25 +102,49 @@ TrainOptions parse_options(int argc, char** argv) {
 
   const bool from_file = !config_path.empty();
   zoe::Config& c = o.engine;
-  if (from_file) c = zoe::Config::from_json_file(config_path);
-  auto given = [&](CLI::Option* opt) { return !from_file || opt->count() > 0; };
-  if (given(o_batch)) c.train_micro_batch_size_per_gpu = batch;
-  if (given(o_micro)) c.gradient_accumulation_steps = micro_batches;
-  if (given(o_lr)) c.optimizer.lr = o.lr;
+  if (from_file) {
+    // "auto" keys take zoe-gpt's values (Hugging Face's meaning: the trainer's arguments).
+    zoe::Config::AutoValues a;
+    a.micro_batch_size_per_gpu = batch;
+    a.gradient_accumulation_steps = micro_batches;
+    if (!o.from_environment) a.world_size = o.world_size;
+    a.max_grad_norm = grad_clip;
+    a.lr = o.lr;
+    a.betas = std::array<double, 2>{0.9, 0.95};
+    a.eps = zoe::OptimizerConfig{}.eps;
+    a.weight_decay = weight_decay;
+    a.fp16 = false;  // the trainer computes in fp32
+    a.bf16 = false;
+    a.warmup_steps = o.warmup;
+    a.total_steps = o.steps;
+    a.hidden_size = o.model.n_embd;
+    c = zoe::Config::from_json_file(config_path, a);
+  }
+  // Which keys the file writes (it parsed above, so it is valid JSON): a key it leaves out keeps
+  // zoe-gpt's own default, not zoe::Config's; a flag given overrides the file.
+  nlohmann::json file;
+  if (from_file) {
+    std::ifstream in(config_path);
+    file = nlohmann::json::parse(in);
+  }
+  auto in_file = [&](const char* pointer) { return from_file && file.contains(nlohmann::json::json_pointer(pointer)); };
+  auto use_flag = [&](CLI::Option* opt, const char* pointer) { return opt->count() > 0 || !in_file(pointer); };
+  if (use_flag(o_batch, "/train_micro_batch_size_per_gpu")) c.train_micro_batch_size_per_gpu = batch;
+  if (use_flag(o_micro, "/gradient_accumulation_steps")) c.gradient_accumulation_steps = micro_batches;
+  if (use_flag(o_lr, "/optimizer/params/lr")) c.optimizer.lr = o.lr;
   else o.lr = c.optimizer.lr;
-  if (given(o_wd)) c.optimizer.weight_decay = weight_decay;
-  if (given(o_clip)) c.gradient_clipping = grad_clip;
-  if (given(o_stage)) c.zero_optimization.stage = stage;
-  if (given(o_offopt)) c.zero_optimization.offload_optimizer.device = offload_device(offload_opt);
-  if (given(o_offpar)) c.zero_optimization.offload_param.device = offload_device(offload_param);
-  if (given(o_nvme)) {
+  if (use_flag(o_wd, "/optimizer/params/weight_decay")) c.optimizer.weight_decay = weight_decay;
+  if (use_flag(o_clip, "/gradient_clipping")) c.gradient_clipping = grad_clip;
+  if (use_flag(o_stage, "/zero_optimization/stage")) c.zero_optimization.stage = stage;
+  if (use_flag(o_offopt, "/zero_optimization/offload_optimizer/device"))
+    c.zero_optimization.offload_optimizer.device = offload_device(offload_opt);
+  if (use_flag(o_offpar, "/zero_optimization/offload_param/device"))
+    c.zero_optimization.offload_param.device = offload_device(offload_param);
+  if (use_flag(o_nvme, "/zero_optimization/offload_optimizer/nvme_path"))
     c.zero_optimization.offload_optimizer.nvme_path = nvme_path;
-    c.zero_optimization.offload_param.nvme_path = nvme_path;
-  }
-  if (!from_file) {
-    c.optimizer.type = zoe::OptimizerType::adamw;
-    c.optimizer.betas = {0.9, 0.95};  // GPT-3's betas
-  }
+  if (use_flag(o_nvme, "/zero_optimization/offload_param/nvme_path")) c.zero_optimization.offload_param.nvme_path = nvme_path;
+  if (!in_file("/optimizer/type") && !in_file("/optimizer/params/adam_w_mode")) c.optimizer.type = zoe::OptimizerType::adamw;
+  if (!in_file("/optimizer/params/betas")) c.optimizer.betas = {0.9, 0.95};  // GPT-3's betas
   c.validate();
   return o;
 }

@@ -169,9 +169,11 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   const double tokens_per_step = static_cast<double>(world) * GA * B * T;
   double tokens = 0;  // this process's run
   for (int step = start; step < stop; ++step) {
+    // A config's scheduler drives the lr (Engine::set_lr would be refused); else zoe-gpt's own.
+    const bool scheduled = engine.config().scheduler.type != zoe::SchedulerType::none;
     const double lr =
-        learning_rate(step, opt.steps, opt.warmup, opt.lr, opt.lr * opt.min_lr_ratio);
-    engine.set_lr(lr);
+        scheduled ? engine.lr() : learning_rate(step, opt.steps, opt.warmup, opt.lr, opt.lr * opt.min_lr_ratio);
+    if (!scheduled) engine.set_lr(lr);
     std::mt19937_64 rng(stream(opt.seed, rank, step));
     double loss = 0;
     for (int mb = 0; mb < GA; ++mb) {

@@ -58,8 +58,48 @@ struct OptimizerConfig {
   double eps = 1e-8;
   /// Decoupled (AdamW) or L2 (Adam) weight decay (>= 0).
   double weight_decay = 0.0;
+  /// false: Adam without the moment bias correction (DeepSpeed's bias_correction of FusedAdam /
+  /// DeepSpeedCPUAdam): the step is lr * m / (sqrt(v) + eps) instead of
+  /// lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps). Same on the CPU and the
+  /// device optimizer (one coefficient computation, kernels::adam_coeffs).
+  bool bias_correction = true;
 
   bool operator==(const OptimizerConfig&) const = default;
+};
+
+enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+/// How the warmup rises: log = log(i + 1) / log(warmup_num_steps), linear = i / warmup_num_steps.
+enum class WarmupType { log, linear };
+
+/// scheduler{type, params{...}}: DeepSpeed's learning-rate schedules WarmupLR, WarmupDecayLR and
+/// WarmupCosineLR with DeepSpeed's parameter names, defaults and formulas
+/// (deepspeed/runtime/lr_schedules.py), stepped by Engine::step() as DeepSpeed's engine steps
+/// them: after each applied optimizer step, not after a skipped fp16 step.
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::none;
+  /// WarmupLR, WarmupDecayLR: the lr the warmup starts from (>= 0).
+  double warmup_min_lr = 0.0;
+  /// WarmupLR, WarmupDecayLR: the lr the warmup reaches (>= 0). Not given: WarmupLR uses
+  /// optimizer.params.lr, WarmupDecayLR 0.001 (DeepSpeed's defaults).
+  std::optional<double> warmup_max_lr;
+  /// Steps of the warmup (>= 1; DeepSpeed then uses max(2, this)).
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::log;
+  /// WarmupDecayLR, WarmupCosineLR: the step where the decay ends (required, >= 1; 0 = not given).
+  std::int64_t total_num_steps = 0;
+  /// WarmupCosineLR: the warmup starts at this fraction of optimizer.params.lr, in [0, 1].
+  double warmup_min_ratio = 0.0;
+  /// WarmupCosineLR: the cosine ends at this fraction of optimizer.params.lr, in [0, 1].
+  double cos_min_ratio = 0.0001;
+
+  /// The lr of the optimizer step that follows `applied_steps` applied (not skipped) steps,
+  /// given optimizer.params.lr `optimizer_lr`: DeepSpeed's get_lr() at last_batch_iteration =
+  /// applied_steps - 1 (its scheduler starts at -1 and steps after each applied step), so the
+  /// first step uses warmup_min_lr (WarmupLR, WarmupDecayLR) or 0 (WarmupCosineLR). With type
+  /// none: optimizer_lr. Pure, thread-safe, computed in double as DeepSpeed's Python does.
+  double lr_at(double optimizer_lr, std::int64_t applied_steps) const;
+
+  bool operator==(const SchedulerConfig&) const = default;
 };
 
 /// zero_optimization.offload_optimizer: where master weights, exp_avg, exp_avg_sq and the
@@ -169,9 +209,24 @@ struct Config {
   int gradient_accumulation_steps = 1;
   /// Max global L2 norm of the gradients; 0 = no clipping.
   double gradient_clipping = 0.0;
+  /// steps_per_print (DeepSpeed's progress report): every this many Engine::step() calls
+  /// (skipped fp16 steps included, as DeepSpeed's global_steps), rank 0 logs the step count,
+  /// skipped steps, lr, betas, loss scale and gradient norm at info level; 0 = never
+  /// (DeepSpeed's default, None). >= 0.
+  int steps_per_print = 0;
+  /// wall_clock_breakdown: after every step() rank 0 logs at info level the milliseconds since
+  /// the previous step() returned (the trainer's forward and backward with the engine's calls;
+  /// for the first step, since the Engine was built) and those of the step() call itself.
+  bool wall_clock_breakdown = false;
+  /// dump_state: rank 0 logs the whole configuration (to_json) at info level when an Engine is
+  /// built, as DeepSpeed prints its configuration.
+  bool dump_state = false;
+  /// memory_breakdown: after every step() rank 0 logs Engine::memory_report() at info level.
+  bool memory_breakdown = false;
   Fp16Config fp16;
   Bf16Config bf16;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
   ZeroConfig zero_optimization;
   AioConfig aio;
   ZoeConfig zoe;
@@ -183,23 +238,59 @@ struct Config {
 
   bool operator==(const Config&) const = default;
 
-  /// Throws ConfigError naming the first invalid key and its value (e.g. stage 5,
-  /// both fp16 and bf16 enabled, betas outside [0,1), negative sizes, offload_param
-  /// without stage 3, offload_optimizer.ratio outside (0, 1]).
+  /// Throws one ConfigError listing every failed check (ConfigError::problems(): each key and
+  /// its value, e.g. stage 5, both fp16 and bf16 enabled, betas outside [0,1), negative
+  /// sizes, offload_param without stage 3, offload_optimizer.ratio outside (0, 1], a
+  /// scheduler without total_num_steps); key() is the first's.
   void validate() const;
 
   /// Throws ConfigError("train_batch_size") if it is given (> 0) and differs from
   /// train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size, as DeepSpeed.
   void check_batch_size(int world_size) const;
 
+  /// The trainer's values for the keys a file gives as "auto", with Hugging Face's meaning
+  /// (transformers' HfTrainerDeepSpeedConfig: the value comes from the trainer's arguments, not
+  /// from a default). Each value left empty makes an "auto" key it fills an error naming the key
+  /// and this field. Units and ranges are those of the keys filled.
+  struct AutoValues {
+    /// train_micro_batch_size_per_gpu (HF: per_device_train_batch_size).
+    std::optional<int> micro_batch_size_per_gpu;
+    /// gradient_accumulation_steps (HF: gradient_accumulation_steps).
+    std::optional<int> gradient_accumulation_steps;
+    /// With the two above: train_batch_size = world_size * micro batch * accumulation steps.
+    std::optional<int> world_size;
+    /// gradient_clipping (HF: max_grad_norm).
+    std::optional<double> max_grad_norm;
+    /// optimizer.params.lr and scheduler.params.warmup_max_lr (HF: learning_rate).
+    std::optional<double> lr;
+    /// optimizer.params.betas (HF: [adam_beta1, adam_beta2]).
+    std::optional<std::array<double, 2>> betas;
+    /// optimizer.params.eps (HF: adam_epsilon).
+    std::optional<double> eps;
+    /// optimizer.params.weight_decay (HF: weight_decay).
+    std::optional<double> weight_decay;
+    /// fp16.enabled, bf16.enabled (HF: fp16, bf16).
+    std::optional<bool> fp16, bf16;
+    /// scheduler.params.warmup_num_steps (HF: get_warmup_steps(num_training_steps)).
+    std::optional<std::int64_t> warmup_steps;
+    /// scheduler.params.total_num_steps (HF: num_training_steps).
+    std::optional<std::int64_t> total_steps;
+    /// The model's hidden size: zero_optimization.reduce_bucket_size = h * h,
+    /// stage3_prefetch_bucket_size = int(0.9 * h * h), stage3_param_persistence_threshold = 10 * h.
+    std::optional<std::int64_t> hidden_size;
+  };
+
   /// Parse DeepSpeed-style JSON text, then validate(). Unknown keys, DeepSpeed keys zoe does
   /// not implement, wrong types and bad values throw ConfigError with the JSON path, the value
-  /// and a "did you mean" for near misses. Absent keys keep their defaults; "auto" (where
-  /// DeepSpeed allows it) also means the default. Thread-safe (no shared state).
-  static Config from_json(const std::string& json_text);
+  /// and a "did you mean" for near misses; one ConfigError lists every problem of the text.
+  /// Absent keys keep their defaults. "auto" (where Hugging Face fills it) takes the trainer's
+  /// value from `auto_values`, read and checked as if the file held it (scheduler's
+  /// warmup_min_lr: 0, as Hugging Face writes); an "auto" whose value is not given is a
+  /// problem naming the key and the AutoValues field. Thread-safe (no shared state).
+  static Config from_json(const std::string& json_text, const AutoValues& auto_values = {});
   /// Read and parse a JSON file. Throws SystemError if it cannot be read, else as from_json
   /// (the message then also names the file).
-  static Config from_json_file(const std::string& path);
+  static Config from_json_file(const std::string& path, const AutoValues& auto_values = {});
   /// Serialise to DeepSpeed-style JSON (round-trips through from_json).
   std::string to_json() const;
 };

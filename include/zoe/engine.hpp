@@ -252,8 +252,11 @@ class Engine {
   void synchronize();
 
   /// Learning rate used by the following step() calls (e.g. a warmup/cosine schedule).
-  /// Throws ConfigError if lr is negative or not finite.
+  /// Throws ConfigError if lr is negative or not finite, UsageError if the config has a
+  /// scheduler (it drives the lr then: DeepSpeed's scheduler would overwrite it at its next step).
   void set_lr(double lr);
+  /// The lr the next step() uses: the last set_lr's (optimizer.params.lr before any), or with
+  /// a configured scheduler config().scheduler.lr_at(optimizer.params.lr, global_step()).
   double lr() const;
   /// The fp16 loss scale the trainer multiplies its loss by before backward (1 unless
   /// fp16 is enabled). Gradients handed to end_backward carry this factor.

@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace zoe {
 
@@ -29,15 +30,28 @@ class Error : public std::runtime_error {
 /// `key()` is the JSON path (e.g. "zero_optimization.stage"); message() reads
 /// "config '<key>': <reason>", and `reason()` is the part after the key (to re-throw with
 /// more context without repeating the prefix).
+/// (This header stays C++17: nvcc compiles it in CUDA sources.)
+/// One error may carry several problems (Config::from_json reports every problem of a file at
+/// once): `problems()` lists them in the order found (at least one); key() and reason() are the
+/// first's, and message() is one line "config '<key>': <reason>" per problem followed, when
+/// there are two or more, by a line "(N problems)". With one problem message() is exactly that
+/// problem's line.
 class ConfigError : public Error {
  public:
+  /// One refused key: its JSON path ("" for the document itself) and why.
+  struct Problem {
+    std::string key;
+    std::string reason;
+  };
   ConfigError(const std::string& key, const std::string& reason, const char* file, int line);
-  const std::string& key() const noexcept { return key_; }
-  const std::string& reason() const noexcept { return reason_; }
+  /// `problems` must not be empty (an empty list is read as one problem with key "" saying so).
+  ConfigError(std::vector<Problem> problems, const char* file, int line);
+  const std::string& key() const noexcept { return problems_.front().key; }
+  const std::string& reason() const noexcept { return problems_.front().reason; }
+  const std::vector<Problem>& problems() const noexcept { return problems_; }
 
  private:
-  std::string key_;
-  std::string reason_;
+  std::vector<Problem> problems_;
 };
 
 /// An OS call failed. `error_code()` is the errno value (e.g. EIO = 5).

@@ -12,8 +12,28 @@ std::string with_location(const std::string& message, const char* file, int line
 Error::Error(const std::string& message, const char* file, int line)
     : std::runtime_error(with_location(message, file, line)), message_(message), file_(file), line_(line) {}
 
+namespace {
+std::vector<ConfigError::Problem> non_empty(std::vector<ConfigError::Problem> problems) {
+  if (problems.empty()) problems.push_back({"", "ConfigError raised with no problem (a bug in zoe)"});
+  return problems;
+}
+
+std::string config_message(const std::vector<ConfigError::Problem>& problems) {
+  std::string m;
+  for (const auto& p : problems) {
+    if (!m.empty()) m += '\n';
+    m += "config '" + p.key + "': " + p.reason;
+  }
+  if (problems.size() > 1) m += "\n(" + std::to_string(problems.size()) + " problems)";
+  return m;
+}
+}  // namespace
+
 ConfigError::ConfigError(const std::string& key, const std::string& reason, const char* file, int line)
-    : Error("config '" + key + "': " + reason, file, line), key_(key), reason_(reason) {}
+    : ConfigError(std::vector<Problem>{{key, reason}}, file, line) {}
+
+ConfigError::ConfigError(std::vector<Problem> problems, const char* file, int line)
+    : Error(config_message(non_empty(problems)), file, line), problems_(non_empty(std::move(problems))) {}
 
 SystemError::SystemError(const std::string& message, int error_code, const char* file, int line)
     : Error(message + ": " + std::strerror(error_code) + " (errno " + std::to_string(error_code) + ")",

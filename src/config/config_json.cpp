@@ -1,10 +1,13 @@
 // Config <-> DeepSpeed-style JSON. The reading order below is the schema: every key zoe
 // knows is named here exactly once, with the type it must have and whether "auto" is allowed.
 #include <cerrno>
+#include <cmath>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
 #include "src/common/check.hpp"
+#include "src/config/config_check.hpp"
 #include "src/config/json_reader.hpp"
 #include "src/config/strict_parse.hpp"
 #include "zoe/config.hpp"
@@ -16,8 +19,6 @@ using config_detail::Json;
 using config_detail::JsonReader;
 using Section = JsonReader::Section;
 
-constexpr std::string_view kNoScheduler =
-    "zoe has no learning-rate scheduler; the trainer sets optimizer.params.lr itself";
 constexpr std::string_view kNoMonitor = "zoe logs through spdlog (ZOE_LOG_LEVEL); remove the key";
 
 void read_fp16(Section s, Fp16Config& c) {
@@ -44,11 +45,54 @@ void read_optimizer(Section s, OptimizerConfig& c) {
   p.number("weight_decay", c.weight_decay, Auto::yes);
   bool adam_w_mode = true;
   p.boolean("adam_w_mode", adam_w_mode);
-  p.fixed("bias_correction", true, "zoe's Adam always corrects the moment bias");
+  p.boolean("bias_correction", c.bias_correction);
   p.fixed("amsgrad", false, "AMSGrad is not supported by zoe");
   p.unsupported("torch_adam", "zoe always uses its own CPU/GPU Adam");
   if (typed || p.has("adam_w_mode"))
     c.type = (name == Name::adamw || adam_w_mode) ? OptimizerType::adamw : OptimizerType::adam;
+}
+
+void read_scheduler(Section s, SchedulerConfig& c) {
+  if (!s.has("type")) {
+    if (s.has("params")) s.problem("type", "missing: give \"WarmupLR\", \"WarmupDecayLR\" or \"WarmupCosineLR\"");
+    s.skip("params");
+    return;
+  }
+  enum class Name { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr, one_cycle, lr_range_test } name = Name::none;
+  s.choice("type", name, {{"WarmupLR", Name::warmup_lr}, {"WarmupDecayLR", Name::warmup_decay_lr},
+                          {"WarmupCosineLR", Name::warmup_cosine_lr}, {"OneCycle", Name::one_cycle},
+                          {"LRRangeTest", Name::lr_range_test}});
+  if (name == Name::one_cycle || name == Name::lr_range_test) {
+    s.problem("type", std::string("DeepSpeed's ") + (name == Name::one_cycle ? "OneCycle" : "LRRangeTest") +
+                          " is not implemented by zoe (WarmupLR, WarmupDecayLR and WarmupCosineLR are); set the lr "
+                          "with Engine::set_lr instead");
+  }
+  c.type = name == Name::warmup_lr         ? SchedulerType::warmup_lr
+           : name == Name::warmup_decay_lr  ? SchedulerType::warmup_decay_lr
+           : name == Name::warmup_cosine_lr ? SchedulerType::warmup_cosine_lr
+                                            : SchedulerType::none;
+  if (c.type == SchedulerType::none) {
+    s.skip("params");  // the type's problem is enough
+    return;
+  }
+  // Each type takes its own DeepSpeed parameters only (another is an unknown key, as DeepSpeed's
+  // constructor refuses an unexpected argument).
+  Section p = s.section("params");
+  const bool cosine = c.type == SchedulerType::warmup_cosine_lr;
+  if (!cosine) {
+    p.number("warmup_min_lr", c.warmup_min_lr, Auto::yes);
+    double max_lr = std::numeric_limits<double>::quiet_NaN();  // stays NaN when absent or "auto"
+    p.number("warmup_max_lr", max_lr, Auto::yes);
+    if (!std::isnan(max_lr)) c.warmup_max_lr = max_lr;
+  } else {
+    p.number("warmup_min_ratio", c.warmup_min_ratio);
+    p.number("cos_min_ratio", c.cos_min_ratio);
+  }
+  p.integer("warmup_num_steps", c.warmup_num_steps, Auto::yes);
+  p.choice("warmup_type", c.warmup_type, {{"log", WarmupType::log}, {"linear", WarmupType::linear}});
+  if (c.type != SchedulerType::warmup_lr) p.integer("total_num_steps", c.total_num_steps, Auto::yes);
+  p.fixed("last_batch_iteration", -1,
+          "zoe's schedule position is the engine's step count (restored by load_checkpoint)");
 }
 
 void read_offload(Section s, OffloadDevice& device, std::string& nvme_path, bool& pin_memory, int& buffer_count) {
@@ -95,16 +139,21 @@ void read_zero(Section s, ZeroConfig& c) {
   s.unsupported("gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
   s.unsupported("load_from_fp32_weights", "zoe checkpoints always restore the fp32 master weights");
   s.unsupported("elastic_checkpoint", "checkpoints load at the world size that saved them");
-  s.unsupported("round_robin_gradients", "not supported by zoe");
+  s.unsupported("round_robin_gradients",
+                "zoe copies each rank's own gradient shard to the host after its reduce-scatter; there is no "
+                "round-robin partitioning to choose");
   s.unsupported("ignore_unused_parameters", "every registered parameter takes part in every step");
-  s.unsupported("legacy_stage1", "not supported by zoe");
+  s.unsupported("legacy_stage1", "DeepSpeed's old stage-1 implementation; zoe has one stage 1");
   s.unsupported("zero_hpz_partition_size", "ZeRO++ hierarchical partitioning is not supported by zoe");
   s.unsupported("zero_quantized_weights", "ZeRO++ quantization is not supported by zoe");
   s.unsupported("zero_quantized_gradients", "ZeRO++ quantization is not supported by zoe");
   s.unsupported("mics_shard_size", "MiCS is not supported by zoe");
   s.unsupported("mics_hierarchical_params_gather", "MiCS is not supported by zoe");
   s.unsupported("memory_efficient_linear", "zoe does not wrap the trainer's layers");
-  s.unsupported("stage3_model_persistence_threshold", "not supported by zoe");
+  s.unsupported("stage3_model_persistence_threshold",
+                "zoe sets no cap on the total of persistent parameters: every stage-3 module smaller than "
+                "stage3_param_persistence_threshold stays gathered, as with DeepSpeed's default (unlimited); "
+                "remove the key, or lower stage3_param_persistence_threshold to keep fewer modules gathered");
 }
 
 void read_aio(Section s, AioConfig& c) {
@@ -135,63 +184,134 @@ void read_root(Section s, Config& c) {
   read_fp16(s.section("fp16"), c.fp16);
   s.section("bf16").boolean("enabled", c.bf16.enabled, Auto::yes);
   read_optimizer(s.section("optimizer"), c.optimizer);
+  read_scheduler(s.section("scheduler"), c.scheduler);
   read_zero(s.section("zero_optimization"), c.zero_optimization);
   read_aio(s.section("aio"), c.aio);
   read_zoe(s.section("zoe"), c.zoe);
 
   s.unsupported("bfloat16", "renamed bf16 in DeepSpeed; use \"bf16\": {\"enabled\": true}");
-  s.unsupported("scheduler", kNoScheduler);
   s.unsupported("amp", "use fp16 or bf16");
-  s.unsupported("steps_per_print", kNoMonitor);
-  s.unsupported("wall_clock_breakdown", kNoMonitor);
-  s.unsupported("dump_state", kNoMonitor);
-  s.unsupported("memory_breakdown", "use Engine::memory_report()");
-  s.unsupported("tensorboard", kNoMonitor);
-  s.unsupported("wandb", kNoMonitor);
-  s.unsupported("csv_monitor", kNoMonitor);
-  s.unsupported("comms_logger", "use Engine::last_step_traffic()");
-  s.unsupported("flops_profiler", "not supported by zoe");
+  // Logging and timing: zoe's own log lines (Engine::step, Engine's constructor).
+  s.integer("steps_per_print", c.steps_per_print);
+  s.boolean("wall_clock_breakdown", c.wall_clock_breakdown);
+  s.boolean("dump_state", c.dump_state);
+  s.boolean("memory_breakdown", c.memory_breakdown);
+  // DeepSpeed refuses ZeRO with an optimizer it has not tested unless this is true; zoe's only
+  // optimizers are its Adam and AdamW, so either value means the same.
+  bool allow_untested_optimizer = false;
+  s.boolean("zero_allow_untested_optimizer", allow_untested_optimizer);
+  // Features that do nothing when disabled are accepted so; enabled, they are refused.
+  s.disabled_only("tensorboard", kNoMonitor);
+  s.disabled_only("wandb", kNoMonitor);
+  s.disabled_only("csv_monitor", kNoMonitor);
+  s.disabled_only("comet", kNoMonitor);
+  s.disabled_only("comms_logger", "use Engine::last_step_traffic()");
+  s.disabled_only("flops_profiler", "zoe does not run the trainer's layers, so it cannot count their FLOPs");
   s.unsupported("activation_checkpointing", "activations belong to the trainer");
-  s.unsupported("sparse_attention", "not supported by zoe");
-  s.unsupported("sparse_gradients", "not supported by zoe");
+  s.unsupported("sparse_attention", "attention is the trainer's; zoe manages parameters, gradients and optimizer states");
+  s.unsupported("sparse_gradients", "zoe reduces dense gradient buffers only");
   s.unsupported("pipeline", "pipeline parallelism is not supported by zoe");
-  s.unsupported("data_efficiency", "data loading belongs to the trainer");
-  s.unsupported("curriculum_learning", "data loading belongs to the trainer");
-  s.unsupported("compression_training", "not supported by zoe");
-  s.unsupported("elasticity", "not supported by zoe");
-  s.unsupported("autotuning", "use zoe-estimate");
+  s.disabled_only("data_efficiency", "data loading belongs to the trainer");
+  s.disabled_only("curriculum_learning", "data loading belongs to the trainer");
+  s.unsupported("compression_training",
+                "zoe does not quantize or prune the trainer's layers (DeepSpeed Compression wraps torch modules)");
+  s.disabled_only("elasticity", "a run's world size is fixed: checkpoints load only at the world size that saved them");
+  s.disabled_only("autotuning", "use zoe-estimate");
   s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
-  s.unsupported("prescale_gradients", "zoe averages gradients in the reduction");
-  s.unsupported("gradient_predivide_factor", "zoe averages gradients in the reduction");
+  s.fixed("prescale_gradients", false,
+          "zoe reduces the gradient sum and divides it by the world size after the reduction (DeepSpeed's "
+          "false); dividing before it is not implemented");
+  s.fixed("gradient_predivide_factor", 1.0,
+          "zoe divides the reduced gradient sum by the world size after the reduction (DeepSpeed's 1.0); "
+          "a partial division before it is not implemented");
   s.unsupported("communication_data_type", "gradients are reduced in the compute dtype");
   s.unsupported("data_types", "gradients are reduced in the compute dtype");
-  s.unsupported("zero_allow_untested_optimizer", "only Adam and AdamW exist");
   s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
-  s.unsupported("disable_allgather", "not supported by zoe");
-  s.unsupported("optimizer_legacy_fusion", "not supported by zoe");
+  s.unsupported("disable_allgather", "zoe always all-gathers the updated partitions at stages 1-2");
+  s.unsupported("optimizer_legacy_fusion", "DeepSpeed's switch for its old fused fp16 optimizer; zoe's optimizer has one path");
 }
 }  // namespace
 
-Config Config::from_json(const std::string& json_text) {
-  const Json doc = config_detail::parse_strict(json_text);
+namespace {
+// `key` is `parent` or lies under it ("a.b" under "a"; "a[0]" under "a").
+bool under(const std::string& key, const std::string& parent) {
+  if (key.size() < parent.size() || key.compare(0, parent.size(), parent) != 0) return false;
+  return key.size() == parent.size() || parent.empty() || key[parent.size()] == '.' || key[parent.size()] == '[';
+}
+}  // namespace
+
+// The trainer's values for "auto", at the paths Hugging Face fills (transformers'
+// HfTrainerDeepSpeedConfig.trainer_config_process / trainer_config_finalize).
+static void set_autos(JsonReader& r, const Config::AutoValues& a) {
+  auto opt = [](const auto& o) { return o ? std::optional<Json>(Json(*o)) : std::nullopt; };
+  std::optional<Json> batch;
+  if (a.world_size && a.micro_batch_size_per_gpu && a.gradient_accumulation_steps)
+    batch = Json(std::int64_t{*a.world_size} * *a.micro_batch_size_per_gpu * *a.gradient_accumulation_steps);
+  r.set_auto("train_batch_size", "world_size, micro_batch_size_per_gpu and gradient_accumulation_steps", batch);
+  r.set_auto("train_micro_batch_size_per_gpu", "micro_batch_size_per_gpu", opt(a.micro_batch_size_per_gpu));
+  r.set_auto("gradient_accumulation_steps", "gradient_accumulation_steps", opt(a.gradient_accumulation_steps));
+  r.set_auto("gradient_clipping", "max_grad_norm", opt(a.max_grad_norm));
+  r.set_auto("fp16.enabled", "fp16", opt(a.fp16));
+  r.set_auto("bf16.enabled", "bf16", opt(a.bf16));
+  r.set_auto("optimizer.params.lr", "lr", opt(a.lr));
+  r.set_auto("optimizer.params.betas", "betas",
+             a.betas ? std::optional<Json>(Json::array({(*a.betas)[0], (*a.betas)[1]})) : std::nullopt);
+  r.set_auto("optimizer.params.eps", "eps", opt(a.eps));
+  r.set_auto("optimizer.params.weight_decay", "weight_decay", opt(a.weight_decay));
+  r.set_auto("scheduler.params.warmup_min_lr", "(none: always 0)", Json(0));
+  r.set_auto("scheduler.params.warmup_max_lr", "lr", opt(a.lr));
+  r.set_auto("scheduler.params.warmup_num_steps", "warmup_steps", opt(a.warmup_steps));
+  r.set_auto("scheduler.params.total_num_steps", "total_steps", opt(a.total_steps));
+  std::optional<Json> h2, h09, h10;
+  if (a.hidden_size) {
+    const std::int64_t h = *a.hidden_size;
+    h2 = Json(h * h);
+    h09 = Json(static_cast<std::int64_t>(0.9 * static_cast<double>(h) * static_cast<double>(h)));
+    h10 = Json(10 * h);
+  }
+  r.set_auto("zero_optimization.reduce_bucket_size", "hidden_size", h2);
+  r.set_auto("zero_optimization.stage3_prefetch_bucket_size", "hidden_size", h09);
+  r.set_auto("zero_optimization.stage3_param_persistence_threshold", "hidden_size", h10);
+}
+
+Config Config::from_json(const std::string& json_text, const AutoValues& auto_values) {
+  const Json doc = config_detail::parse_strict(json_text);  // first error only: the text can't be read past it
   Config c;
   JsonReader reader(doc);
+  set_autos(reader, auto_values);
   read_root(reader.root(), c);
   reader.reject_unknown_keys();
-  c.validate();
+  std::vector<ConfigError::Problem> problems = reader.problems();
+  const std::size_t read_problems = problems.size();
+  // A check that read a key which failed to read saw zoe's default, not the file's value:
+  // reporting it would blame the file for a value it does not hold.
+  auto failed_to_read = [&](const std::string& key) {
+    for (std::size_t i = 0; i < read_problems; ++i)
+      if (under(key, problems[i].key) || under(problems[i].key, key)) return true;
+    return false;
+  };
+  for (auto& p : config_detail::check(c)) {
+    bool skip = failed_to_read(p.key);
+    for (const auto& r : p.reads) skip = skip || failed_to_read(r);
+    if (!skip) problems.push_back({std::move(p.key), std::move(p.reason)});
+  }
+  if (!problems.empty()) throw ConfigError(std::move(problems), __FILE__, __LINE__);
   return c;
 }
 
-Config Config::from_json_file(const std::string& path) {
+Config Config::from_json_file(const std::string& path, const AutoValues& auto_values) {
   std::ifstream in(path, std::ios::binary);
   if (!in) ZOE_THROW_ERRNO(errno, "cannot open config file '", path, "'");
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) ZOE_THROW_ERRNO(errno, "cannot read config file '", path, "'");
   try {
-    return from_json(text.str());
+    return from_json(text.str(), auto_values);
   } catch (const ConfigError& e) {
-    throw ConfigError(e.key(), e.reason() + " (in '" + path + "')", e.file(), e.line());
+    // The file is named once, after the first problem.
+    std::vector<ConfigError::Problem> problems = e.problems();
+    problems.front().reason += " (in '" + path + "')";
+    throw ConfigError(std::move(problems), e.file(), e.line());
   }
 }
 
@@ -204,6 +324,10 @@ std::string Config::to_json() const {
   j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = gradient_accumulation_steps;
   j["gradient_clipping"] = gradient_clipping;
+  j["steps_per_print"] = steps_per_print;
+  j["wall_clock_breakdown"] = wall_clock_breakdown;
+  j["dump_state"] = dump_state;
+  j["memory_breakdown"] = memory_breakdown;
   j["fp16"] = {{"enabled", fp16.enabled},
                {"loss_scale", fp16.loss_scale},
                {"initial_scale_power", fp16.initial_scale_power},
@@ -214,9 +338,29 @@ std::string Config::to_json() const {
   OJson params = {{"lr", optimizer.lr},
                   {"betas", {optimizer.betas[0], optimizer.betas[1]}},
                   {"eps", optimizer.eps},
-                  {"weight_decay", optimizer.weight_decay}};
+                  {"weight_decay", optimizer.weight_decay},
+                  {"bias_correction", optimizer.bias_correction}};
   if (optimizer.type == OptimizerType::adam) params["adam_w_mode"] = false;
   j["optimizer"] = {{"type", optimizer.type == OptimizerType::adam ? "Adam" : "AdamW"}, {"params", params}};
+  if (scheduler.type != SchedulerType::none) {
+    const auto& sc = scheduler;
+    OJson sp;
+    const bool cosine = sc.type == SchedulerType::warmup_cosine_lr;
+    if (!cosine) {
+      sp["warmup_min_lr"] = sc.warmup_min_lr;
+      if (sc.warmup_max_lr) sp["warmup_max_lr"] = *sc.warmup_max_lr;
+    } else {
+      sp["warmup_min_ratio"] = sc.warmup_min_ratio;
+      sp["cos_min_ratio"] = sc.cos_min_ratio;
+    }
+    sp["warmup_num_steps"] = sc.warmup_num_steps;
+    sp["warmup_type"] = sc.warmup_type == WarmupType::log ? "log" : "linear";
+    if (sc.type != SchedulerType::warmup_lr) sp["total_num_steps"] = sc.total_num_steps;
+    j["scheduler"] = {{"type", sc.type == SchedulerType::warmup_lr        ? "WarmupLR"
+                               : sc.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR"
+                                                                           : "WarmupCosineLR"},
+                      {"params", sp}};
+  }
   j["zero_optimization"] = {
       {"stage", z.stage},
       {"overlap_comm", z.overlap_comm},

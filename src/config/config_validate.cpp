@@ -1,120 +1,169 @@
-// Config::validate: ranges of single fields, then checks across fields. Each error names
-// the JSON path of the field it blames and the value found there.
+// Config::validate: ranges of single fields, then checks across fields, all of them: one
+// ConfigError lists every failed check. Each names the JSON path of the field it blames and
+// the value found there.
 #include <cmath>
 #include <limits>
+#include <string>
+#include <utility>
 
 #include "src/common/check.hpp"
+#include "src/config/config_check.hpp"
 #include "zoe/config.hpp"
 
 namespace zoe {
+namespace config_detail {
 namespace {
 constexpr double kMaxCommTimeoutS = 30.0 * 86400.0;
 
-void at_least(const char* path, std::int64_t value, std::int64_t min) {
-  if (value < min) ZOE_THROW_CONFIG(path, "must be >= ", min, ", got ", value);
-}
-
-void in_range(const char* path, std::int64_t value, std::int64_t lo, std::int64_t hi) {
-  if (value < lo || value > hi) ZOE_THROW_CONFIG(path, "must be in [", lo, ", ", hi, "], got ", value);
-}
-
-void finite_at_least(const char* path, double value, double min, bool strict) {
-  const bool ok = std::isfinite(value) && (strict ? value > min : value >= min);
-  if (!ok) ZOE_THROW_CONFIG(path, "must be a finite number ", strict ? "> " : ">= ", min, ", got ", value);
-}
+// Collects the failed checks; each names its key (and, for a cross-field check, the other
+// keys it read).
+class Checker {
+ public:
+  template <class... Args>
+  void fail(const char* path, std::vector<std::string> reads, const Args&... reason) {
+    out.push_back({path, ::zoe::detail::concat(reason...), std::move(reads)});
+  }
+  void at_least(const char* path, std::int64_t value, std::int64_t min) {
+    if (value < min) fail(path, {}, "must be >= ", min, ", got ", value);
+  }
+  void in_range(const char* path, std::int64_t value, std::int64_t lo, std::int64_t hi) {
+    if (value < lo || value > hi) fail(path, {}, "must be in [", lo, ", ", hi, "], got ", value);
+  }
+  void finite_at_least(const char* path, double value, double min, bool strict) {
+    const bool ok = std::isfinite(value) && (strict ? value > min : value >= min);
+    if (!ok) fail(path, {}, "must be a finite number ", strict ? "> " : ">= ", min, ", got ", value);
+  }
+  std::vector<CheckProblem> out;
+};
 
 const char* device_name(OffloadDevice d) {
   return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
 }
 
-void validate_fp16(const Fp16Config& f) {
-  finite_at_least("fp16.loss_scale", f.loss_scale, 0.0, false);
+void check_fp16(Checker& k, const Fp16Config& f) {
+  k.finite_at_least("fp16.loss_scale", f.loss_scale, 0.0, false);
   // 2^64 and beyond overflow fp32 gradients of any realistic magnitude at once.
-  in_range("fp16.initial_scale_power", f.initial_scale_power, 0, 64);
-  at_least("fp16.loss_scale_window", f.loss_scale_window, 1);
-  at_least("fp16.hysteresis", f.hysteresis, 1);
-  finite_at_least("fp16.min_loss_scale", f.min_loss_scale, 0.0, true);
+  k.in_range("fp16.initial_scale_power", f.initial_scale_power, 0, 64);
+  k.at_least("fp16.loss_scale_window", f.loss_scale_window, 1);
+  k.at_least("fp16.hysteresis", f.hysteresis, 1);
+  k.finite_at_least("fp16.min_loss_scale", f.min_loss_scale, 0.0, true);
 }
 
-void validate_optimizer(const OptimizerConfig& o) {
+void check_optimizer(Checker& k, const OptimizerConfig& o) {
   // The bounds torch.optim.AdamW checks.
-  finite_at_least("optimizer.params.lr", o.lr, 0.0, false);
+  k.finite_at_least("optimizer.params.lr", o.lr, 0.0, false);
   for (double b : o.betas)
-    if (!(b >= 0.0 && b < 1.0))
-      ZOE_THROW_CONFIG("optimizer.params.betas", "each beta must be in [0, 1), got [", o.betas[0], ", ",
-                       o.betas[1], "]");
-  finite_at_least("optimizer.params.eps", o.eps, 0.0, false);
-  finite_at_least("optimizer.params.weight_decay", o.weight_decay, 0.0, false);
+    if (!(b >= 0.0 && b < 1.0)) {
+      k.fail("optimizer.params.betas", {}, "each beta must be in [0, 1), got [", o.betas[0], ", ", o.betas[1], "]");
+      break;
+    }
+  k.finite_at_least("optimizer.params.eps", o.eps, 0.0, false);
+  k.finite_at_least("optimizer.params.weight_decay", o.weight_decay, 0.0, false);
 }
 
-void validate_zero(const ZeroConfig& z) {
-  in_range("zero_optimization.stage", z.stage, 0, 3);
-  at_least("zero_optimization.reduce_bucket_size", z.reduce_bucket_size, 1);
-  at_least("zero_optimization.allgather_bucket_size", z.allgather_bucket_size, 1);
-  at_least("zero_optimization.sub_group_size", z.sub_group_size, 1);
-  at_least("zero_optimization.stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
-  at_least("zero_optimization.stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
-  at_least("zero_optimization.stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
-  at_least("zero_optimization.stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
+void check_scheduler(Checker& k, const SchedulerConfig& s) {
+  if (s.type == SchedulerType::none) return;
+  const char* name = s.type == SchedulerType::warmup_lr        ? "WarmupLR"
+                     : s.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR"
+                                                                : "WarmupCosineLR";
+  // DeepSpeed raises ValueError for warmup_num_steps <= 0.
+  if (s.warmup_num_steps < 1)
+    k.fail("scheduler.params.warmup_num_steps", {}, "must be a positive integer (as DeepSpeed's ", name,
+           " requires), got ", s.warmup_num_steps);
+  if (s.type == SchedulerType::warmup_cosine_lr) {
+    for (auto [key, v] : {std::pair{"scheduler.params.warmup_min_ratio", s.warmup_min_ratio},
+                          std::pair{"scheduler.params.cos_min_ratio", s.cos_min_ratio}})
+      if (!(v >= 0.0 && v <= 1.0)) k.fail(key, {}, "must be in [0, 1] (a fraction of optimizer.params.lr), got ", v);
+  } else {
+    k.finite_at_least("scheduler.params.warmup_min_lr", s.warmup_min_lr, 0.0, false);
+    if (s.warmup_max_lr) k.finite_at_least("scheduler.params.warmup_max_lr", *s.warmup_max_lr, 0.0, false);
+  }
+  if (s.type != SchedulerType::warmup_lr && s.total_num_steps < 1)
+    k.fail("scheduler.params.total_num_steps", {}, name, " needs total_num_steps >= 1 (a required argument of ",
+           "DeepSpeed's ", name, "), got ", s.total_num_steps == 0 ? std::string("none") : std::to_string(s.total_num_steps));
+}
+
+void check_zero(Checker& k, const ZeroConfig& z) {
+  k.in_range("zero_optimization.stage", z.stage, 0, 3);
+  k.at_least("zero_optimization.reduce_bucket_size", z.reduce_bucket_size, 1);
+  k.at_least("zero_optimization.allgather_bucket_size", z.allgather_bucket_size, 1);
+  k.at_least("zero_optimization.sub_group_size", z.sub_group_size, 1);
+  k.at_least("zero_optimization.stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
+  k.at_least("zero_optimization.stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
+  k.at_least("zero_optimization.stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
+  k.at_least("zero_optimization.stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
 
   const auto& oo = z.offload_optimizer;
-  at_least("zero_optimization.offload_optimizer.buffer_count", oo.buffer_count, 1);
+  k.at_least("zero_optimization.offload_optimizer.buffer_count", oo.buffer_count, 1);
   if (!(oo.ratio > 0.0 && oo.ratio <= 1.0))
-    ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.ratio", "must be in (0, 1], got ", oo.ratio);
+    k.fail("zero_optimization.offload_optimizer.ratio", {}, "must be in (0, 1], got ", oo.ratio);
   if (oo.device == OffloadDevice::nvme && oo.nvme_path.empty())
-    ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.nvme_path", "must name a directory when device is \"nvme\", got \"\"");
+    k.fail("zero_optimization.offload_optimizer.nvme_path", {"zero_optimization.offload_optimizer.device"},
+           "must name a directory when device is \"nvme\", got \"\"");
   if (oo.device != OffloadDevice::none && z.stage == 0)
-    ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.device", "\"", device_name(oo.device),
-                     "\" needs zero_optimization.stage >= 1 (the offloaded states are a rank's shard), got stage 0");
+    k.fail("zero_optimization.offload_optimizer.device", {"zero_optimization.stage"}, "\"", device_name(oo.device),
+           "\" needs zero_optimization.stage >= 1 (the offloaded states are a rank's shard), got stage 0");
 
   const auto& op = z.offload_param;
-  at_least("zero_optimization.offload_param.buffer_count", op.buffer_count, 1);
-  at_least("zero_optimization.offload_param.buffer_size", op.buffer_size, 1);
-  at_least("zero_optimization.offload_param.max_in_cpu", op.max_in_cpu, 0);
+  k.at_least("zero_optimization.offload_param.buffer_count", op.buffer_count, 1);
+  k.at_least("zero_optimization.offload_param.buffer_size", op.buffer_size, 1);
+  k.at_least("zero_optimization.offload_param.max_in_cpu", op.max_in_cpu, 0);
   if (op.device == OffloadDevice::nvme && op.nvme_path.empty())
-    ZOE_THROW_CONFIG("zero_optimization.offload_param.nvme_path", "must name a directory when device is \"nvme\", got \"\"");
+    k.fail("zero_optimization.offload_param.nvme_path", {"zero_optimization.offload_param.device"},
+           "must name a directory when device is \"nvme\", got \"\"");
   if (op.device != OffloadDevice::none && z.stage != 3)
-    ZOE_THROW_CONFIG("zero_optimization.offload_param.device", "\"", device_name(op.device),
-                     "\" needs zero_optimization.stage 3 (only stage 3 shards parameters), got stage ", z.stage);
+    k.fail("zero_optimization.offload_param.device", {"zero_optimization.stage"}, "\"", device_name(op.device),
+           "\" needs zero_optimization.stage 3 (only stage 3 shards parameters), got stage ", z.stage);
 }
 
-void validate_aio(const AioConfig& a) {
+void check_aio(Checker& k, const AioConfig& a) {
   // O_DIRECT needs 4 KiB-aligned lengths.
   if (a.block_size < 4096 || a.block_size % 4096 != 0)
-    ZOE_THROW_CONFIG("aio.block_size", "must be a positive multiple of 4096 bytes, got ", a.block_size);
-  in_range("aio.queue_depth", a.queue_depth, 1, 32768);  // io_uring's largest ring
-  in_range("aio.intra_op_parallelism", a.intra_op_parallelism, 1, 64);  // the io engine's thread limit
+    k.fail("aio.block_size", {}, "must be a positive multiple of 4096 bytes, got ", a.block_size);
+  k.in_range("aio.queue_depth", a.queue_depth, 1, 32768);  // io_uring's largest ring
+  k.in_range("aio.intra_op_parallelism", a.intra_op_parallelism, 1, 64);  // the io engine's thread limit
 }
 
-void validate_zoe(const Config& c) {
+void check_zoe(Checker& k, const Config& c) {
   const ZoeConfig& z = c.zoe;
-  finite_at_least("zoe.comm_timeout_s", z.comm_timeout_s, 0.0, true);
+  k.finite_at_least("zoe.comm_timeout_s", z.comm_timeout_s, 0.0, true);
   // A deadline is now + timeout on steady_clock (nanoseconds in int64, about 292 years from
   // boot): 1e10 s would overflow it into the past and every collective would time out at once.
   if (z.comm_timeout_s > kMaxCommTimeoutS)
-    ZOE_THROW_CONFIG("zoe.comm_timeout_s", "must be at most ", kMaxCommTimeoutS, " seconds (30 days), got ",
-                     z.comm_timeout_s);
-  at_least("zoe.optimizer_threads", z.optimizer_threads, 0);
-  at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
+    k.fail("zoe.comm_timeout_s", {}, "must be at most ", kMaxCommTimeoutS, " seconds (30 days), got ",
+           z.comm_timeout_s);
+  k.at_least("zoe.optimizer_threads", z.optimizer_threads, 0);
+  k.at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
   if (z.delayed_update && c.zero_optimization.offload_optimizer.device == OffloadDevice::none)
-    ZOE_THROW_CONFIG("zoe.delayed_update",
-                     "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it delays the "
-                     "host step), got \"none\"");
+    k.fail("zoe.delayed_update", {"zero_optimization.offload_optimizer.device"},
+           "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it delays the "
+           "host step), got \"none\"");
 }
 }  // namespace
 
+std::vector<CheckProblem> check(const Config& c) {
+  Checker k;
+  k.at_least("train_batch_size", c.train_batch_size, 0);
+  k.at_least("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, 1);
+  k.at_least("gradient_accumulation_steps", c.gradient_accumulation_steps, 1);
+  k.finite_at_least("gradient_clipping", c.gradient_clipping, 0.0, false);
+  k.at_least("steps_per_print", c.steps_per_print, 0);
+  check_fp16(k, c.fp16);
+  if (c.fp16.enabled && c.bf16.enabled)
+    k.fail("bf16.enabled", {"fp16.enabled"}, "true conflicts with fp16.enabled true: enable at most one");
+  check_optimizer(k, c.optimizer);
+  check_scheduler(k, c.scheduler);
+  check_zero(k, c.zero_optimization);
+  check_aio(k, c.aio);
+  check_zoe(k, c);
+  return std::move(k.out);
+}
+}  // namespace config_detail
+
 void Config::validate() const {
-  at_least("train_batch_size", train_batch_size, 0);
-  at_least("train_micro_batch_size_per_gpu", train_micro_batch_size_per_gpu, 1);
-  at_least("gradient_accumulation_steps", gradient_accumulation_steps, 1);
-  finite_at_least("gradient_clipping", gradient_clipping, 0.0, false);
-  validate_fp16(fp16);
-  if (fp16.enabled && bf16.enabled)
-    ZOE_THROW_CONFIG("bf16.enabled", "true conflicts with fp16.enabled true: enable at most one");
-  validate_optimizer(optimizer);
-  validate_zero(zero_optimization);
-  validate_aio(aio);
-  validate_zoe(*this);
+  std::vector<ConfigError::Problem> problems;
+  for (auto& p : config_detail::check(*this)) problems.push_back({std::move(p.key), std::move(p.reason)});
+  if (!problems.empty()) throw ConfigError(std::move(problems), __FILE__, __LINE__);
 }
 
 void Config::check_batch_size(int world_size) const {

@@ -51,10 +51,6 @@ std::int64_t read_integer(const std::string& path, const Json& v, std::int64_t l
 }
 }  // namespace
 
-void throw_config_choice(const std::string& path, const std::string& message) {
-  ZOE_THROW_CONFIG(path, message);
-}
-
 std::string join_path(std::string_view parent, std::string_view key) {
   if (parent.empty()) return std::string(key);
   std::string p(parent);
@@ -87,56 +83,77 @@ bool JsonReader::Section::has(std::string_view key) const {
   return rec.object && rec.object->contains(std::string(key));
 }
 
-bool JsonReader::Section::is_auto(std::string_view key, const Json& v, Auto a) const {
-  if (!v.is_string() || v.get_ref<const std::string&>() != "auto") return false;
+const Json* JsonReader::Section::value(std::string_view key, Auto a) {
+  const Json* v = find(key);
+  if (!v || !v->is_string() || v->get_ref<const std::string&>() != "auto") return v;
   if (a == Auto::no) ZOE_THROW_CONFIG(path(key), "\"auto\" is not accepted for this key (give a value)");
-  return true;
+  const std::string p = path(key);
+  for (const auto& f : reader_->autos_) {
+    if (f.path != p) continue;
+    if (!f.value)
+      ZOE_THROW_CONFIG(p, "\"auto\" takes the trainer's value (Hugging Face's meaning) and none was given: set ",
+                       "Config::AutoValues::", f.field, " for from_json, or write a value");
+    return &*f.value;
+  }
+  ZOE_THROW_CONFIG(p, "\"auto\" has no trainer value for this key (give a value)");
 }
 
 void JsonReader::Section::boolean(std::string_view key, bool& out, Auto a) {
-  const Json* v = find(key);
-  if (!v || is_auto(key, *v, a)) return;
-  if (!v->is_boolean()) ZOE_THROW_CONFIG(path(key), "expected true or false, got ", type_name(*v), " ", shown(*v));
-  out = v->get<bool>();
+  guarded([&] {
+    const Json* v = value(key, a);
+    if (!v) return;
+    if (!v->is_boolean()) ZOE_THROW_CONFIG(path(key), "expected true or false, got ", type_name(*v), " ", shown(*v));
+    out = v->get<bool>();
+  });
 }
 
 void JsonReader::Section::integer(std::string_view key, int& out, Auto a) {
-  const Json* v = find(key);
-  if (!v || is_auto(key, *v, a)) return;
-  out = static_cast<int>(read_integer(path(key), *v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+  guarded([&] {
+    const Json* v = value(key, a);
+    if (!v) return;
+    out = static_cast<int>(read_integer(path(key), *v, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+  });
 }
 
 void JsonReader::Section::integer(std::string_view key, std::int64_t& out, Auto a) {
-  const Json* v = find(key);
-  if (!v || is_auto(key, *v, a)) return;
-  out = read_integer(path(key), *v, std::numeric_limits<std::int64_t>::min(),
-                     std::numeric_limits<std::int64_t>::max());
+  guarded([&] {
+    const Json* v = value(key, a);
+    if (!v) return;
+    out = read_integer(path(key), *v, std::numeric_limits<std::int64_t>::min(),
+                       std::numeric_limits<std::int64_t>::max());
+  });
 }
 
 void JsonReader::Section::number(std::string_view key, double& out, Auto a) {
-  const Json* v = find(key);
-  if (!v || is_auto(key, *v, a)) return;
-  if (!v->is_number()) ZOE_THROW_CONFIG(path(key), "expected a number, got ", type_name(*v), " ", shown(*v));
-  out = v->get<double>();
+  guarded([&] {
+    const Json* v = value(key, a);
+    if (!v) return;
+    if (!v->is_number()) ZOE_THROW_CONFIG(path(key), "expected a number, got ", type_name(*v), " ", shown(*v));
+    out = v->get<double>();
+  });
 }
 
 void JsonReader::Section::number_pair(std::string_view key, std::array<double, 2>& out, Auto a) {
-  const Json* v = find(key);
-  if (!v || is_auto(key, *v, a)) return;
-  if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
-    ZOE_THROW_CONFIG(path(key), "expected an array of two numbers, got ", shown(*v));
-  out = {(*v)[0].get<double>(), (*v)[1].get<double>()};
+  guarded([&] {
+    const Json* v = value(key, a);
+    if (!v) return;
+    if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
+      ZOE_THROW_CONFIG(path(key), "expected an array of two numbers, got ", shown(*v));
+    out = {(*v)[0].get<double>(), (*v)[1].get<double>()};
+  });
 }
 
 void JsonReader::Section::string(std::string_view key, std::string& out) {
-  const Json* v = find(key);
-  if (!v) return;
-  if (!v->is_string()) ZOE_THROW_CONFIG(path(key), "expected a string, got ", type_name(*v), " ", shown(*v));
-  const auto& s = v->get_ref<const std::string&>();
-  // A path or name with \u0000 would be cut short by every OS call that takes it.
-  if (const auto nul = s.find('\0'); nul != std::string::npos)
-    ZOE_THROW_CONFIG(path(key), "contains a NUL character (\\u0000) at offset ", nul, ": ", shown(*v));
-  out = s;
+  guarded([&] {
+    const Json* v = find(key);
+    if (!v) return;
+    if (!v->is_string()) ZOE_THROW_CONFIG(path(key), "expected a string, got ", type_name(*v), " ", shown(*v));
+    const auto& s = v->get_ref<const std::string&>();
+    // A path or name with \u0000 would be cut short by every OS call that takes it.
+    if (const auto nul = s.find('\0'); nul != std::string::npos)
+      ZOE_THROW_CONFIG(path(key), "contains a NUL character (\\u0000) at offset ", nul, ": ", shown(*v));
+    out = s;
+  });
 }
 
 std::string JsonReader::Section::choice_error(std::string_view key, const Json& v,
@@ -153,7 +170,7 @@ JsonReader::Section JsonReader::Section::section(std::string_view key) {
   const Json* v = find(key);
   const std::string p = path(key);
   if (v && !v->is_null() && !v->is_object())
-    ZOE_THROW_CONFIG(p, "expected an object, got ", type_name(*v), " ", shown(*v));
+    reader_->add_problem(p, "expected an object, got " + std::string(type_name(*v)) + " " + shown(*v));
   reader_->records_.push_back({p, (v && v->is_object()) ? v : nullptr, {}});
   Section s(reader_, reader_->records_.size() - 1);
   s.path_ = p;
@@ -161,17 +178,38 @@ JsonReader::Section JsonReader::Section::section(std::string_view key) {
 }
 
 void JsonReader::Section::unsupported(std::string_view key, std::string_view why) {
-  const Json* v = find(key);
-  if (v) ZOE_THROW_CONFIG(path(key), "DeepSpeed key not supported by zoe (value ", shown(*v), "): ", why);
+  guarded([&] {
+    const Json* v = find(key);
+    if (v) ZOE_THROW_CONFIG(path(key), "DeepSpeed key not supported by zoe (value ", shown(*v), "): ", why);
+  });
+}
+
+void JsonReader::Section::disabled_only(std::string_view key, std::string_view why) {
+  guarded([&] {
+    const Json* v = find(key);
+    if (!v) return;
+    if (v->is_object()) {
+      const auto enabled = v->find("enabled");
+      if (enabled != v->end() && *enabled == false) return;
+    }
+    ZOE_THROW_CONFIG(path(key), "DeepSpeed key not supported by zoe (value ", shown(*v), "): ", why,
+                     "; accepted only with \"enabled\": false");
+  });
+}
+
+void JsonReader::Section::problem(std::string_view key, std::string reason) {
+  reader_->add_problem(path(key), std::move(reason));
 }
 
 void JsonReader::Section::fixed(std::string_view key, const Json& only_value, std::string_view why) {
-  const Json* v = find(key);
-  if (v && *v != only_value)
-    ZOE_THROW_CONFIG(path(key), "zoe supports only ", shown(only_value), " here, got ", shown(*v), ": ", why);
+  guarded([&] {
+    const Json* v = find(key);
+    if (v && *v != only_value)
+      ZOE_THROW_CONFIG(path(key), "zoe supports only ", shown(only_value), " here, got ", shown(*v), ": ", why);
+  });
 }
 
-void JsonReader::reject_unknown_keys() const {
+void JsonReader::reject_unknown_keys() {
   for (const auto& rec : records_) {
     if (!rec.object) continue;
     for (const auto& [key, value] : rec.object->items()) {
@@ -188,7 +226,7 @@ void JsonReader::reject_unknown_keys() const {
           if (!hint.empty()) break;
         }
       }
-      ZOE_THROW_CONFIG(join_path(rec.path, excerpt_text(key, 48)), "unknown key (value ", shown(value), ")", hint);
+      add_problem(join_path(rec.path, excerpt_text(key, 48)), "unknown key (value " + shown(value) + ")" + hint);
     }
   }
 }

@@ -1,8 +1,10 @@
 // Strict, path-aware reading of a nlohmann::json document into typed fields: the building
 // block of Config::from_json. Every read records the key as known in its section; after all
 // reads, reject_unknown_keys() reports any key nobody read, with a "did you mean".
-// Errors are zoe::ConfigError whose key() is the JSON path ("zero_optimization.stage") and
-// whose message holds the offending value as JSON. Not thread-safe (one parse, one thread).
+// Problems are collected, not thrown: every read that fails records a ConfigError::Problem
+// (its key is the JSON path, "zero_optimization.stage", and its reason holds the offending
+// value as JSON) and leaves the field as it was, so one pass finds every problem of a file;
+// problems() returns them in reading order. Not thread-safe (one parse, one thread).
 #pragma once
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,16 +21,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zoe/error.hpp"
+
 namespace zoe::config_detail {
 
 using Json = nlohmann::json;
 
-/// Whether a key accepts DeepSpeed's "auto"; "auto" leaves the field at the value it already
-/// holds (Config's default, see docs/config.md).
+/// Whether a key accepts Hugging Face's "auto": the key's value then comes from the trainer
+/// (JsonReader::set_auto), or, when the trainer gave none, "auto" is a problem.
 enum class Auto { no, yes };
-
-/// Throws ConfigError(path, message); out of line so Section::choice stays small.
-[[noreturn]] void throw_config_choice(const std::string& path, const std::string& message);
 
 /// "a.b" for parent "a" and key "b"; "b" for the root.
 std::string join_path(std::string_view parent, std::string_view key);
@@ -57,6 +59,14 @@ class JsonReader {
     Section section(std::string_view key);
     /// A DeepSpeed key zoe does not implement: its presence is an error saying so and why.
     void unsupported(std::string_view key, std::string_view why);
+    /// A DeepSpeed feature zoe does not implement, given as an object with "enabled": accepted
+    /// (its other members unread: DeepSpeed ignores them too) when "enabled" is false; refused
+    /// with `why` otherwise (enabled, "enabled" absent, or not an object).
+    void disabled_only(std::string_view key, std::string_view why);
+    /// Marks `key` known without reading it or its members (whose problems another one covers).
+    void skip(std::string_view key) { find(key); }
+    /// Records a problem at this section's `key` (for checks the typed reads do not cover).
+    void problem(std::string_view key, std::string reason);
     /// A DeepSpeed key accepted only with the value that is zoe's fixed behaviour.
     void fixed(std::string_view key, const Json& only_value, std::string_view why);
     bool has(std::string_view key) const;
@@ -66,7 +76,12 @@ class JsonReader {
     friend class JsonReader;
     Section(JsonReader* reader, std::size_t index) : reader_(reader), index_(index) {}
     const Json* find(std::string_view key);  // marks key known; nullptr when absent
-    bool is_auto(std::string_view key, const Json& v, Auto a) const;
+    // The value to read for `key`: the file's, or for "auto" the trainer's; nullptr when absent.
+    // Throws ConfigError for "auto" where not accepted or not given by the trainer.
+    const Json* value(std::string_view key, Auto a);
+    // Runs `read`, recording a ConfigError it throws as a problem instead.
+    template <class F>
+    void guarded(F&& read);
     std::string choice_error(std::string_view key, const Json& v, const std::vector<std::string>& names) const;
     JsonReader* reader_;
     std::size_t index_;
@@ -74,9 +89,17 @@ class JsonReader {
   };
 
   Section root();
-  /// Throws ConfigError for the first key, in document order (sections in reading order), that
-  /// no Section call named; suggests a near key of the same section or the same key elsewhere.
-  void reject_unknown_keys() const;
+  /// The trainer's value for "auto" at `path`, and the name to give when it is missing (an
+  /// AutoValues field). `value` null: no value given.
+  void set_auto(std::string path, std::string field, std::optional<Json> value) {
+    autos_.push_back({std::move(path), std::move(field), std::move(value)});
+  }
+  /// Records a problem for every key, in document order (sections in reading order), that no
+  /// Section call named; suggests a near key of the same section or the same key elsewhere.
+  void reject_unknown_keys();
+  /// The problems recorded so far, in the order found.
+  const std::vector<ConfigError::Problem>& problems() const { return problems_; }
+  void add_problem(std::string key, std::string reason) { problems_.push_back({std::move(key), std::move(reason)}); }
 
  private:
   struct Record {
@@ -85,7 +108,22 @@ class JsonReader {
     std::vector<std::string> known;
   };
   std::deque<Record> records_;
+  std::vector<ConfigError::Problem> problems_;
+  struct AutoFill {
+    std::string path, field;
+    std::optional<Json> value;
+  };
+  std::vector<AutoFill> autos_;
 };
+
+template <class F>
+void JsonReader::Section::guarded(F&& read) {
+  try {
+    read();
+  } catch (const ConfigError& e) {
+    for (const auto& p : e.problems()) reader_->add_problem(p.key, p.reason);
+  }
+}
 
 template <class E>
 void JsonReader::Section::choice(std::string_view key, E& out,
@@ -106,7 +144,7 @@ void JsonReader::Section::choice(std::string_view key, E& out,
       }
     }
   }
-  throw_config_choice(path(key), choice_error(key, *v, all));
+  reader_->add_problem(path(key), choice_error(key, *v, all));
 }
 
 }  // namespace zoe::config_detail

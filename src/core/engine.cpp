@@ -1,5 +1,6 @@
 // Engine: registration, partitioning into groups, the public API and counted collectives.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -310,6 +311,7 @@ Engine::Engine(const Config& config, RankContext rank) {
                      config.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu" : "nvme",
                      " (the update writes the offloaded shards the next forward reads); set one of them off");
   impl_ = std::make_unique<Impl>(config, std::move(rank));
+  if (config.dump_state && impl_->rank == 0) ZOE_LOG_INFO("configuration (dump_state):\n{}", config.to_json());
 }
 
 Engine::~Engine() = default;
@@ -416,11 +418,46 @@ void Engine::end_backward(ModuleId id) {
   if (impl_->poison) impl_->show_poison();
 }
 
+// The config's logging keys (DeepSpeed's steps_per_print, wall_clock_breakdown,
+// memory_breakdown): rank 0's info lines after step() call number `calls` (skipped ones
+// included; `skipped` of them skipped), which took `step_ms` after `since_last_ms` since the
+// previous one returned.
+static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t skipped, const StepResult& r,
+                     double since_last_ms, double step_ms) {
+  if (I.rank != 0) return;
+  const Config& c = I.config;
+  if (c.steps_per_print > 0 && calls % c.steps_per_print == 0)
+    ZOE_LOG_INFO("step={}, skipped={}, lr={}, betas=({}, {}), loss_scale={}, grad_norm={}", calls, skipped, I.lr,
+                 c.optimizer.betas[0], c.optimizer.betas[1], r.loss_scale, r.grad_norm);
+  if (c.wall_clock_breakdown)
+    ZOE_LOG_INFO("step={} time (ms) | forward+backward: {:.3f} | step: {:.3f}", calls, since_last_ms, step_ms);
+  if (c.memory_breakdown) {
+    const auto& L = I.ledger;
+    using core::MemKind;
+    using core::Tier;
+    ZOE_LOG_INFO("step={} memory (bytes) | device: model states {}, buffers {}, peak {} | host: model states {}, "
+                 "buffers {} | nvme: model states {}",
+                 calls, L.get(Tier::device, MemKind::model_state), L.get(Tier::device, MemKind::buffer),
+                 I.device.memory_stats().peak_bytes, L.get(Tier::host, MemKind::model_state),
+                 L.get(Tier::host, MemKind::buffer), L.get(Tier::nvme, MemKind::model_state));
+  }
+}
+
 StepResult Engine::step() {
-  impl_->finalize();
-  core::agree_on_step(*impl_);  // every rank made the same calls this step
-  StepResult r = impl_->step();
-  impl_->rules.step_done();
+  Impl& I = *impl_;
+  I.finalize();
+  core::agree_on_step(I);  // every rank made the same calls this step
+  // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
+  if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);
+  const auto begin = std::chrono::steady_clock::now();
+  const StepResult r = I.step();
+  const auto end = std::chrono::steady_clock::now();
+  I.rules.step_done();
+  ++I.step_calls;
+  I.skipped_calls += r.skipped ? 1 : 0;
+  using ms = std::chrono::duration<double, std::milli>;
+  log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
+  I.last_step_end = end;
   return r;
 }
 
@@ -433,10 +470,17 @@ void Engine::synchronize() {
 }
 
 void Engine::set_lr(double lr) {
+  ZOE_CHECK_USAGE(impl_->config.scheduler.type == SchedulerType::none, "set_lr(", lr,
+                  ") with the config's scheduler set: the scheduler drives the learning rate; remove \"scheduler\" "
+                  "from the config to set it yourself, or leave it to the scheduler");
   if (!(lr >= 0.0) || !std::isfinite(lr)) ZOE_THROW_CONFIG("optimizer.params.lr", "must be finite and >= 0, got ", lr);
   impl_->lr = lr;
 }
-double Engine::lr() const { return impl_->lr; }
+double Engine::lr() const {
+  const auto& I = *impl_;
+  return I.config.scheduler.type != SchedulerType::none ? I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count)
+                                                        : I.lr;
+}
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 std::int64_t Engine::global_step() const { return impl_->step_count; }
 

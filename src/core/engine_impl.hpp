@@ -5,6 +5,7 @@
 // Not thread-safe: one thread drives an Engine.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -324,5 +325,10 @@ struct EngineImpl {
 namespace zoe {
 struct Engine::Impl : core::EngineImpl {
   using EngineImpl::EngineImpl;
+  // The public step()'s bookkeeping for the config's logging keys (engine.cpp): step() calls
+  // made, skipped ones included (DeepSpeed's global_steps), those skipped, and when the last
+  // one returned (the Engine's construction before the first).
+  std::int64_t step_calls = 0, skipped_calls = 0;
+  std::chrono::steady_clock::time_point last_step_end = std::chrono::steady_clock::now();
 };
 }  // namespace zoe

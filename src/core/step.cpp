@@ -141,7 +141,7 @@ StepResult EngineImpl::step() {
   } else {
     const auto& oc = config.optimizer;
     UpdatePlan plan{optim::AdamHyper{lr, oc.betas[0], oc.betas[1], oc.eps, oc.weight_decay,
-                                     oc.type == OptimizerType::adamw},
+                                     oc.type == OptimizerType::adamw, oc.bias_correction},
                     step_count + 1, static_cast<float>(inv * result.clip_coef)};
     ++step_count;
     start_update(plan);
@@ -185,7 +185,7 @@ void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* 
                                   Stream& s) {
   const auto& h = plan.hyper;
   const kernels::AdamCoeffs c = kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled,
-                                                     plan.step, plan.grad_scale);
+                                                     plan.step, plan.grad_scale, h.bias_correction);
   const std::size_t esz = dtype_size(dtype);
   for (const SubGroup& sg : g.subgroups) {
     if (sg.offloaded()) continue;

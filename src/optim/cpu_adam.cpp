@@ -247,7 +247,7 @@ void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, 
                   "CpuAdam::step: null array (master, exp_avg, exp_avg_sq or grad) for n = ", n);
   detail::AdamArgs a{};
   a.c = kernels::adam_coeffs(hyper.lr, hyper.beta1, hyper.beta2, hyper.eps, hyper.weight_decay, hyper.decoupled,
-                             step, grad_scale);
+                             step, grad_scale, hyper.bias_correction);
   a.p = master;
   a.m = exp_avg;
   a.v = exp_avg_sq;

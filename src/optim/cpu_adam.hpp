@@ -106,6 +106,7 @@ struct AdamHyper {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool decoupled = true;  // true: AdamW, false: Adam (L2 added to the gradient)
+  bool bias_correction = true;  // false: no moment bias correction (kernels::adam_coeffs)
 };
 
 class CpuAdam {

@@ -2,6 +2,8 @@
 // "did you mean"; DeepSpeed keys zoe lacks are refused as unsupported; cross-field checks.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -159,8 +161,8 @@ TEST(ConfigErrors, UnknownKeysSuggestTheNearestKnownOne) {
 
 TEST(ConfigErrors, DeepSpeedKeysZoeLacksAreRefusedAsUnsupported) {
   const std::vector<Case> cases = {
-      {R"({"scheduler": {"type": "WarmupLR"}})", "scheduler", {"not supported", "WarmupLR", "learning-rate scheduler"}},
-      {R"({"steps_per_print": 10})", "steps_per_print", {"not supported", "10"}},
+      {R"({"activation_checkpointing": {"partition_activations": true}})", "activation_checkpointing",
+       {"not supported", "partition_activations", "activations belong to the trainer"}},
       {R"({"bfloat16": {"enabled": true}})", "bfloat16", {"not supported", "bf16"}},
       {R"({"zero_optimization": {"cpu_offload": true}})", "zero_optimization.cpu_offload",
        {"not supported", "offload_optimizer.device"}},
@@ -174,5 +176,120 @@ TEST(ConfigErrors, DeepSpeedKeysZoeLacksAreRefusedAsUnsupported) {
       {R"({"optimizer": {"params": {"amsgrad": true}}})", "optimizer.params.amsgrad", {"supports only false"}},
   };
   for (const auto& c : cases) expect_error(c);
+}
+
+// Issue 20: a file's problems come in one error, each with its path and reason, in reading
+// order (then unknown keys, then the checks across fields).
+TEST(ConfigErrors, EveryProblemOfAFileIsReportedAtOnce) {
+  try {
+    Config::from_json(R"({"zero_optimization": {"stgae": 3, "stage": 5, "reduce_bucket_size": "big"},
+                          "optimizer": {"params": {"lr": -1, "betas": [0.9]}}, "amp": {}})");
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    const std::vector<std::string> keys = {"optimizer.params.betas", "zero_optimization.reduce_bucket_size", "amp",
+                                           "zero_optimization.stgae", "optimizer.params.lr",
+                                           "zero_optimization.stage"};
+    ASSERT_EQ(e.problems().size(), keys.size()) << e.what();
+    for (std::size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(e.problems()[i].key, keys[i]) << e.what();
+    EXPECT_EQ(e.key(), "optimizer.params.betas");
+    EXPECT_EQ(e.reason(), "expected an array of two numbers, got [0.9]");
+    EXPECT_EQ(e.problems()[3].reason, "unknown key (value 3); did you mean 'stage'?");
+    EXPECT_EQ(e.problems()[4].reason, "must be a finite number >= 0, got -1");
+    EXPECT_EQ(e.problems()[5].reason, "must be in [0, 3], got 5");
+    EXPECT_EQ(e.message(),
+              "config 'optimizer.params.betas': expected an array of two numbers, got [0.9]\n"
+              "config 'zero_optimization.reduce_bucket_size': expected an integer, got a string \"big\"\n"
+              "config 'amp': DeepSpeed key not supported by zoe (value {}): use fp16 or bf16\n"
+              "config 'zero_optimization.stgae': unknown key (value 3); did you mean 'stage'?\n"
+              "config 'optimizer.params.lr': must be a finite number >= 0, got -1\n"
+              "config 'zero_optimization.stage': must be in [0, 3], got 5\n"
+              "(6 problems)");
+  }
+}
+
+TEST(ConfigErrors, OneProblemReadsExactlyAsBefore) {
+  try {
+    Config::from_json(R"({"zero_optimization": {"stgae": 3}})");
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.problems().size(), 1u);
+    EXPECT_EQ(e.message(), "config 'zero_optimization.stgae': unknown key (value 3); did you mean 'stage'?");
+  }
+}
+
+TEST(ConfigErrors, ChecksAcrossFieldsAreAllReported) {
+  try {
+    Config::from_json(R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}},
+                          "fp16": {"enabled": true, "hysteresis": 0}, "bf16": {"enabled": true}})");
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    ASSERT_EQ(e.problems().size(), 3u) << e.what();
+    EXPECT_EQ(e.problems()[0].key, "fp16.hysteresis");
+    EXPECT_EQ(e.problems()[1].key, "bf16.enabled");
+    EXPECT_EQ(e.problems()[2].key, "zero_optimization.offload_param.device");
+    EXPECT_NE(e.problems()[2].reason.find("got stage 2"), std::string::npos) << e.what();
+  }
+  Config c;
+  c.zero_optimization.stage = -1;
+  c.optimizer.lr = -1;
+  try {
+    c.validate();
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    ASSERT_EQ(e.problems().size(), 2u) << e.what();
+    EXPECT_EQ(e.problems()[0].key, "optimizer.params.lr");
+    EXPECT_EQ(e.problems()[1].key, "zero_optimization.stage");
+  }
+}
+
+// A check that would read a key which failed to read is not reported: it would blame the
+// file for zoe's default ("got stage 0" when the file says "3").
+TEST(ConfigErrors, NoCheckBlamesAValueThatFailedToRead) {
+  const std::vector<Case> cases = {
+      {R"({"zero_optimization": {"stage": "3", "offload_param": {"device": "cpu"}}})", "zero_optimization.stage",
+       {"expected an integer"}},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": 7}}})",
+       "zero_optimization.offload_param.nvme_path", {"expected a string"}},
+      {R"({"zero_optimization": [], "zoe": {"delayed_update": true}})", "zero_optimization", {"expected an object"}},
+  };
+  for (const auto& c : cases) {
+    expect_error(c);
+    try {
+      Config::from_json(c.json);
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(e.problems().size(), 1u) << e.what();
+    }
+  }
+}
+
+TEST(ConfigErrors, EveryRefusalSaysWhy) {
+  expect_error({R"({"zero_optimization": {"stage": 3, "stage3_model_persistence_threshold": 1000}})",
+                "zero_optimization.stage3_model_persistence_threshold",
+                {"not supported", "no cap on the total of persistent parameters", "stage3_param_persistence_threshold"}});
+  for (const char* key : {"round_robin_gradients", "legacy_stage1"}) {
+    const std::string json = std::string(R"({"zero_optimization": {")") + key + "\": true}}";
+    try {
+      Config::from_json(json);
+      ADD_FAILURE() << json;
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_FALSE(e.reason().ends_with("not supported by zoe")) << e.what();
+    }
+  }
+}
+
+TEST(ConfigErrors, AFileWithSeveralProblemsIsNamedOnce) {
+  const std::string path = ::testing::TempDir() + "zoe_several_problems.json";
+  {
+    std::ofstream out(path);
+    out << R"({"zero_optimization": {"stage": 7}, "gradient_clipping": -1})";
+  }
+  try {
+    Config::from_json_file(path);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.message(), "config 'gradient_clipping': must be a finite number >= 0, got -1 (in '" + path +
+                               "')\nconfig 'zero_optimization.stage': must be in [0, 3], got 7\n(2 problems)");
+  }
+  std::remove(path.c_str());
 }
 }  // namespace

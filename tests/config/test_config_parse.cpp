@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <array>
 #include <fstream>
+#include <vector>
 
 #include "zoe/config.hpp"
 #include "zoe/error.hpp"
@@ -20,11 +22,12 @@ constexpr const char* kEveryKey = R"({
   "train_micro_batch_size_per_gpu": 4,
   "gradient_accumulation_steps": 3,
   "gradient_clipping": 1.5,
+  "steps_per_print": 25, "wall_clock_breakdown": true, "dump_state": true, "memory_breakdown": true,
   "fp16": {"enabled": true, "loss_scale": 128, "initial_scale_power": 12, "loss_scale_window": 500,
            "hysteresis": 3, "min_loss_scale": 0.5},
   "bf16": {"enabled": false},
   "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-6,
-                "weight_decay": 0.1, "adam_w_mode": false}},
+                "weight_decay": 0.1, "adam_w_mode": false, "bias_correction": false}},
   "zero_optimization": {
     "stage": 3, "overlap_comm": false, "contiguous_gradients": false,
     "reduce_bucket_size": 2e8, "allgather_bucket_size": 3e8, "sub_group_size": 4e8,
@@ -48,6 +51,10 @@ TEST(ConfigParse, EveryKeyReachesItsField) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
   EXPECT_EQ(c.gradient_accumulation_steps, 3);
   EXPECT_EQ(c.gradient_clipping, 1.5);
+  EXPECT_EQ(c.steps_per_print, 25);
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  EXPECT_TRUE(c.dump_state);
+  EXPECT_TRUE(c.memory_breakdown);
   EXPECT_TRUE(c.fp16.enabled);
   EXPECT_EQ(c.fp16.loss_scale, 128.0);
   EXPECT_EQ(c.fp16.initial_scale_power, 12);
@@ -61,6 +68,7 @@ TEST(ConfigParse, EveryKeyReachesItsField) {
   EXPECT_EQ(c.optimizer.betas[1], 0.95);
   EXPECT_EQ(c.optimizer.eps, 1e-6);
   EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_FALSE(c.optimizer.bias_correction);
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 3);
   EXPECT_FALSE(z.overlap_comm);
@@ -106,6 +114,10 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
   EXPECT_EQ(c.gradient_accumulation_steps, 1);
   EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.steps_per_print, 0);  // DeepSpeed's None: no progress lines
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_FALSE(c.dump_state);
+  EXPECT_FALSE(c.memory_breakdown);
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_EQ(c.fp16.loss_scale, 0.0);
   EXPECT_EQ(c.fp16.initial_scale_power, 16);
@@ -119,6 +131,7 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_EQ(c.optimizer.betas[1], 0.999);
   EXPECT_EQ(c.optimizer.eps, 1e-8);
   EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_TRUE(c.optimizer.bias_correction);
   const auto& z = c.zero_optimization;
   EXPECT_EQ(z.stage, 0);
   EXPECT_TRUE(z.overlap_comm);
@@ -155,17 +168,81 @@ TEST(ConfigParse, EmptyObjectGivesTheDocumentedDefaults) {
   EXPECT_NO_THROW(Config{}.validate());
 }
 
-TEST(ConfigParse, AutoMeansTheDefault) {
-  const Config c = Config::from_json(R"({
+// Hugging Face's "auto": every key transformers fills, as its ds_config_zero3.json writes them.
+constexpr const char* kHfAuto = R"({
     "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
     "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                  "warmup_num_steps": "auto", "total_num_steps": "auto"}},
     "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                          "stage3_param_persistence_threshold": "auto"}})");
-  Config expected;
-  expected.zero_optimization.stage = 3;
-  EXPECT_EQ(c, expected);
+                          "stage3_param_persistence_threshold": "auto"}})";
+
+TEST(ConfigParse, AutoTakesTheTrainersValue) {
+  Config::AutoValues a;
+  a.micro_batch_size_per_gpu = 4;
+  a.gradient_accumulation_steps = 3;
+  a.world_size = 2;
+  a.max_grad_norm = 0.5;
+  a.fp16 = false;
+  a.bf16 = true;
+  a.lr = 3e-4;
+  a.betas = std::array<double, 2>{0.8, 0.95};
+  a.eps = 1e-6;
+  a.weight_decay = 0.1;
+  a.warmup_steps = 100;
+  a.total_steps = 2000;
+  a.hidden_size = 1024;
+  const Config c = Config::from_json(kHfAuto, a);
+  EXPECT_EQ(c.train_batch_size, 24);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 3);
+  EXPECT_EQ(c.gradient_clipping, 0.5);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.betas[0], 0.8);
+  EXPECT_EQ(c.optimizer.betas[1], 0.95);
+  EXPECT_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 100);
+  EXPECT_EQ(c.scheduler.total_num_steps, 2000);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 1024 * 1024);
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size, 943718);  // int(0.9 * 1024 * 1024)
+  EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 10240);
+  EXPECT_NO_THROW(c.check_batch_size(2));
+}
+
+TEST(ConfigParse, AutoWithoutTheTrainersValueIsAProblemNamingTheKey) {
+  try {
+    Config::from_json(kHfAuto);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    // Every auto key but scheduler.params.warmup_min_lr (Hugging Face writes 0 there).
+    ASSERT_EQ(e.problems().size(), 16u) << e.what();
+    EXPECT_EQ(e.key(), "train_batch_size");
+    EXPECT_NE(e.reason().find("Config::AutoValues::world_size, micro_batch_size_per_gpu and "
+                              "gradient_accumulation_steps"), std::string::npos) << e.reason();
+    EXPECT_EQ(e.problems()[6].key, "optimizer.params.lr");
+    EXPECT_EQ(e.problems()[6].reason,
+              "\"auto\" takes the trainer's value (Hugging Face's meaning) and none was given: set "
+              "Config::AutoValues::lr for from_json, or write a value");
+  }
+  // The trainer's value is read and checked as if the file held it.
+  Config::AutoValues bad;
+  bad.lr = -1.0;
+  try {
+    Config::from_json(R"({"optimizer": {"params": {"lr": "auto"}}})", bad);
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.message(), "config 'optimizer.params.lr': must be a finite number >= 0, got -1");
+  }
+  Config::AutoValues lr;
+  lr.lr = 0.25;
+  EXPECT_EQ(Config::from_json(R"({"optimizer": {"params": {"lr": "auto"}}})", lr).optimizer.lr, 0.25);
 }
 
 TEST(ConfigParse, IntegralDoublesAreIntegers) {
@@ -206,6 +283,10 @@ Config non_default_config() {
   c.train_micro_batch_size_per_gpu = 2;
   c.gradient_accumulation_steps = 4;
   c.gradient_clipping = 0.7;
+  c.steps_per_print = 3;
+  c.wall_clock_breakdown = true;
+  c.dump_state = true;
+  c.memory_breakdown = true;
   c.bf16.enabled = true;
   c.fp16.loss_scale = 0.1;  // not exactly representable: the JSON must keep all digits
   c.fp16.initial_scale_power = 20;
@@ -217,6 +298,7 @@ Config non_default_config() {
   c.optimizer.betas = {0.85, 0.98765};
   c.optimizer.eps = 1e-12;
   c.optimizer.weight_decay = 0.05;
+  c.optimizer.bias_correction = false;
   auto& z = c.zero_optimization;
   z.stage = 3;
   z.overlap_comm = false;
@@ -288,5 +370,176 @@ TEST(ConfigParse, BatchSizeMustMatchMicroTimesStepsTimesWorld) {
     EXPECT_EQ(e.key(), "train_batch_size");
     EXPECT_NE(std::string(e.what()).find("= 32"), std::string::npos) << e.what();
   }
+}
+
+// Issue 20: DeepSpeed's logging and timing keys, as real configs write them, are accepted and
+// drive zoe's log (tests/core/test_engine_config.cpp); the keys with a value zoe cannot honour
+// are refused with the reason.
+TEST(ConfigParse, LoggingAndNoOpKeysOfRealConfigsAreAccepted) {
+  const Config c = Config::from_json(R"({
+    "steps_per_print": 2000, "wall_clock_breakdown": false, "prescale_gradients": false,
+    "gradient_predivide_factor": 1.0, "zero_allow_untested_optimizer": true, "dump_state": false,
+    "memory_breakdown": false,
+    "tensorboard": {"enabled": false, "output_path": "logs/", "job_name": "x"},
+    "wandb": {"enabled": false}, "csv_monitor": {"enabled": false}, "comet": {"enabled": false},
+    "flops_profiler": {"enabled": false, "profile_step": 1}, "comms_logger": {"enabled": false},
+    "autotuning": {"enabled": false, "arg_mappings": {}}, "elasticity": {"enabled": false},
+    "curriculum_learning": {"enabled": false}, "data_efficiency": {"enabled": false}
+  })");
+  Config want;
+  want.steps_per_print = 2000;
+  EXPECT_EQ(c, want);
+  EXPECT_EQ(Config::from_json(R"({"zero_allow_untested_optimizer": false, "gradient_predivide_factor": 1})"),
+            Config{});
+}
+
+TEST(ConfigParse, LoggingKeysZoeCannotHonourAreRefusedWithTheReason) {
+  struct Case {
+    const char* json;
+    const char* key;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {R"({"prescale_gradients": true})", "prescale_gradients",
+       "zoe supports only false here, got true: zoe reduces the gradient sum and divides it by the world size "
+       "after the reduction (DeepSpeed's false); dividing before it is not implemented"},
+      {R"({"gradient_predivide_factor": 8})", "gradient_predivide_factor", "zoe supports only 1.0 here, got 8: "},
+      {R"({"steps_per_print": -1})", "steps_per_print", "must be >= 0, got -1"},
+      {R"({"steps_per_print": "often"})", "steps_per_print", "expected an integer, got a string \"often\""},
+      {R"({"wall_clock_breakdown": 1})", "wall_clock_breakdown", "expected true or false, got an integer 1"},
+      {R"({"zero_allow_untested_optimizer": "yes"})", "zero_allow_untested_optimizer", "expected true or false"},
+      {R"({"tensorboard": {"enabled": true, "output_path": "logs/"}})", "tensorboard",
+       "DeepSpeed key not supported by zoe (value {\"enabled\":true,\"output_path\":\"logs/\"}): zoe logs through "
+       "spdlog (ZOE_LOG_LEVEL); remove the key; accepted only with \"enabled\": false"},
+      {R"({"flops_profiler": {"profile_step": 1}})", "flops_profiler", "accepted only with \"enabled\": false"},
+      {R"({"autotuning": true})", "autotuning", "use zoe-estimate; accepted only with \"enabled\": false"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.json);
+    try {
+      Config::from_json(k.json);
+      ADD_FAILURE() << "no exception";
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(e.problems().size(), 1u) << e.what();
+      EXPECT_EQ(e.key(), k.key);
+      EXPECT_EQ(e.reason().rfind(k.reason, 0) == 0 || e.reason().find(k.reason) != std::string::npos, true)
+          << e.reason();
+    }
+  }
+}
+
+// Issue 20: DeepSpeed's schedulers with DeepSpeed's names, defaults and formulas.
+TEST(ConfigParse, SchedulersReadWithDeepSpeedsParameterNames) {
+  const Config a = Config::from_json(R"({"scheduler": {"type": "WarmupLR", "params":
+      {"warmup_min_lr": 1e-5, "warmup_max_lr": 3e-4, "warmup_num_steps": 500, "warmup_type": "linear",
+       "last_batch_iteration": -1}}})");
+  EXPECT_EQ(a.scheduler.type, zoe::SchedulerType::warmup_lr);
+  EXPECT_EQ(a.scheduler.warmup_min_lr, 1e-5);
+  EXPECT_EQ(a.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_EQ(a.scheduler.warmup_num_steps, 500);
+  EXPECT_EQ(a.scheduler.warmup_type, zoe::WarmupType::linear);
+  const Config d = Config::from_json(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 9000}}})");
+  EXPECT_EQ(d.scheduler.type, zoe::SchedulerType::warmup_decay_lr);
+  EXPECT_EQ(d.scheduler.total_num_steps, 9000);
+  EXPECT_EQ(d.scheduler.warmup_num_steps, 1000);  // DeepSpeed's defaults
+  EXPECT_EQ(d.scheduler.warmup_type, zoe::WarmupType::log);
+  EXPECT_EQ(d.scheduler.warmup_min_lr, 0.0);
+  EXPECT_FALSE(d.scheduler.warmup_max_lr.has_value());
+  const Config c = Config::from_json(R"({"scheduler": {"type": "WarmupCosineLR", "params":
+      {"total_num_steps": 100, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.05, "warmup_num_steps": 10}}})");
+  EXPECT_EQ(c.scheduler.type, zoe::SchedulerType::warmup_cosine_lr);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_EQ(c.scheduler.warmup_min_ratio, 0.1);
+  EXPECT_EQ(c.scheduler.cos_min_ratio, 0.05);
+  EXPECT_EQ(Config::from_json(R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1}}})")
+                .scheduler.cos_min_ratio,
+            0.0001);
+  for (const Config& k : {a, d, c}) EXPECT_EQ(Config::from_json(k.to_json()), k) << k.to_json();
+  EXPECT_EQ(Config{}.scheduler.type, zoe::SchedulerType::none);
+}
+
+TEST(ConfigParse, SchedulerProblemsNameTheKeyAndWhy) {
+  struct Case {
+    const char* json;
+    const char* key;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {R"({"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})",
+       "scheduler.params.total_num_steps", "WarmupDecayLR needs total_num_steps >= 1 (a required argument of DeepSpeed's WarmupDecayLR), got none"},
+      {R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0}}})", "scheduler.type",
+       "DeepSpeed's OneCycle is not implemented by zoe"},
+      {R"({"scheduler": {"type": "Cosine"}})", "scheduler.type", "\"Cosine\" is not one of"},
+      {R"({"scheduler": {"params": {"warmup_num_steps": 10}}})", "scheduler.type", "missing"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}})", "scheduler.params.cos_min_ratio",
+       "unknown key"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})", "scheduler.params.warmup_num_steps",
+       "must be a positive integer (as DeepSpeed's WarmupLR requires), got 0"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}}})", "scheduler.params.warmup_type",
+       "\"exp\" is not one of log|linear"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": [1e-3]}}})", "scheduler.params.warmup_max_lr",
+       "expected a number"},
+      {R"({"scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 7}}})",
+       "scheduler.params.last_batch_iteration", "engine's step count"},
+      {R"({"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 5, "cos_min_ratio": 2}}})",
+       "scheduler.params.cos_min_ratio", "must be in [0, 1]"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.json);
+    try {
+      Config::from_json(k.json);
+      ADD_FAILURE() << "no exception";
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(e.problems().size(), 1u) << e.what();
+      EXPECT_EQ(e.key(), k.key) << e.what();
+      EXPECT_NE(e.reason().find(k.reason), std::string::npos) << e.reason();
+    }
+  }
+}
+
+// lr_at against DeepSpeed: the numbers below are DeepSpeed's lr_schedules.py math run in
+// Python 3 (float64, its libm log and cos), driven as its engine drives the scheduler: built at
+// last_batch_iteration -1, stepped after each applied optimizer step. Element k is the lr of
+// applied step k + 1, i.e. lr_at(optimizer_lr, k).
+TEST(ConfigParse, ScheduleValuesEqualDeepSpeeds) {
+  auto check = [](const zoe::SchedulerConfig& s, double optimizer_lr, const std::vector<double>& want) {
+    for (std::size_t k = 0; k < want.size(); ++k)
+      EXPECT_EQ(s.lr_at(optimizer_lr, static_cast<std::int64_t>(k)), want[k]) << "applied steps " << k;
+  };
+  zoe::SchedulerConfig s;
+  s.type = zoe::SchedulerType::warmup_lr;
+  s.warmup_min_lr = 1e-5;
+  s.warmup_max_lr = 3e-4;
+  s.warmup_num_steps = 5;
+  check(s, 1.0, {1e-05, 1e-05, 0.00013489620184128397, 0.00020795579640093571, 0.00025979240368256796, 0.0003,
+                 0.0003, 0.0003});
+  // warmup_max_lr not given: WarmupLR warms up to the optimizer's lr.
+  s.warmup_min_lr = 0.0;
+  s.warmup_max_lr.reset();
+  s.warmup_num_steps = 4;
+  s.warmup_type = zoe::WarmupType::linear;
+  check(s, 2e-3, {0.0, 0.0, 0.0005, 0.001, 0.0015, 0.002, 0.002});
+  // warmup_num_steps 1 is DeepSpeed's max(2, 1) = 2.
+  s.warmup_num_steps = 1;
+  s.warmup_type = zoe::WarmupType::log;
+  check(s, 1e-3, {0.0, 0.0, 0.001, 0.001});
+  // WarmupDecayLR without warmup_max_lr: DeepSpeed's 0.001, whatever the optimizer's lr.
+  zoe::SchedulerConfig d;
+  d.type = zoe::SchedulerType::warmup_decay_lr;
+  d.warmup_num_steps = 3;
+  d.warmup_type = zoe::WarmupType::linear;
+  d.total_num_steps = 8;
+  check(d, 0.5, {0.0, 0.0, 0.0003333333333333333, 0.0006666666666666666, 0.001, 0.0008, 0.0006, 0.0004, 0.0002,
+                 0.0, 0.0});
+  zoe::SchedulerConfig c;
+  c.type = zoe::SchedulerType::warmup_cosine_lr;
+  c.total_num_steps = 10;
+  c.warmup_num_steps = 3;
+  c.warmup_min_ratio = 0.1;
+  c.cos_min_ratio = 0.01;
+  check(c, 1e-3, {0.0, 0.0001, 0.0006678367782143116, 0.001, 0.0009509795896116974, 0.0008136274519200731,
+                  0.0006151478623083756, 0.00039485213769162444, 0.00019637254807992693, 5.902041038830258e-05,
+                  1e-05, 1e-05, 1e-05});
+  EXPECT_EQ(zoe::SchedulerConfig{}.lr_at(0.25, 7), 0.25);  // none: the optimizer's lr
 }
 }  // namespace
