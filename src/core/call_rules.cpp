@@ -27,13 +27,25 @@ void CallRules::begin_forward(int i) {
   m.phase = ModulePhase::forward;
 }
 
-void CallRules::end_forward(int i) {
+// end_forward / end_backward: the module must be in `phase` (rule: each end_* closes its own
+// begin_*); it becomes idle.
+CallRules::Module& CallRules::close(int i, ModulePhase phase) {
   Module& m = module(i);
-  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "end_forward('", m.name, "') while '", m.name,
-                  "' is in backward: end_backward closes a backward (rule: each end_* closes its own begin_*)");
-  ZOE_CHECK_USAGE(m.phase == ModulePhase::forward, "end_forward('", m.name, "') without begin_forward('", m.name,
+  const bool fwd = phase == ModulePhase::forward;
+  const char* call = fwd ? "end_forward" : "end_backward";
+  const char* begin = fwd ? "begin_forward" : "begin_backward";
+  const ModulePhase other = fwd ? ModulePhase::backward : ModulePhase::forward;
+  ZOE_CHECK_USAGE(m.phase != other, call, "('", m.name, "') while '", m.name, "' is in ", fwd ? "backward" : "forward",
+                  ": ", fwd ? "end_backward closes a backward" : "end_forward closes a forward",
+                  " (rule: each end_* closes its own begin_*)");
+  ZOE_CHECK_USAGE(m.phase == phase, call, "('", m.name, "') without ", begin, "('", m.name,
                   "') (rule: each end_* closes its own begin_*)");
   m.phase = ModulePhase::idle;
+  return m;
+}
+
+void CallRules::end_forward(int i) {
+  Module& m = close(i, ModulePhase::forward);
   m.forwarded = true;
   ++forwards_;
 }
@@ -71,12 +83,7 @@ void CallRules::begin_backward(int i) {
 }
 
 void CallRules::end_backward(int i) {
-  Module& m = module(i);
-  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "end_backward('", m.name, "') while '", m.name,
-                  "' is in forward: end_forward closes a forward (rule: each end_* closes its own begin_*)");
-  ZOE_CHECK_USAGE(m.phase == ModulePhase::backward, "end_backward('", m.name, "') without begin_backward('", m.name,
-                  "') (rule: each end_* closes its own begin_*)");
-  m.phase = ModulePhase::idle;
+  close(i, ModulePhase::backward);
 }
 
 void CallRules::step_done() {

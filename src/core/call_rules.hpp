@@ -76,6 +76,7 @@ class CallRules {
     int backwards = 0;                // backward passes this step
   };
   Module& module(int m) { return modules_[static_cast<std::size_t>(m)]; }
+  Module& close(int m, ModulePhase phase);  // the shared checks of end_forward / end_backward
 
   int gas_;
   std::vector<Module> modules_;
