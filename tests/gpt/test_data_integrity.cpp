@@ -81,7 +81,7 @@ TEST(Sha256, KnownAnswersAndFiles) {
   EXPECT_THROW(sha256_file(file.string()), zoe::Error);
 }
 
-TEST(Sha256, PinnedTokenizerHashesMatchFetchData) {
+TEST(Sha256WithData, PinnedTokenizerHashesMatchFetchData) {
   const std::string script = read_all(fs::path(ZOE_GPT_SOURCE_DIR) / "scripts/fetch-data.sh");
   EXPECT_NE(script.find("encoder_json_sha=" + std::string(kEncoderJsonSha256) + "\n"), std::string::npos);
   EXPECT_NE(script.find("vocab_bpe_sha=" + std::string(kVocabBpeSha256) + "\n"), std::string::npos);
@@ -93,7 +93,7 @@ TEST(Sha256, PinnedTokenizerHashesMatchFetchData) {
   EXPECT_NO_THROW(Tokenizer::load_gpt2(*dir + "/encoder.json", *dir + "/vocab.bpe"));
 }
 
-TEST(DataIntegrity, ACacheOverwrittenWithZerosOfTheSameSizeIsRebuilt) {
+TEST(DataIntegrityWithData, ACacheOverwrittenWithZerosOfTheSameSizeIsRebuilt) {
   std::string why;
   const auto dir = test::data_dir(why);
   if (!dir) GTEST_SKIP() << why;
@@ -118,7 +118,7 @@ TEST(DataIntegrity, ACacheOverwrittenWithZerosOfTheSameSizeIsRebuilt) {
   EXPECT_TRUE(third.train == built.train);
 }
 
-TEST(DataIntegrity, ABookEditedAtTheSameSizeRebuildsTheCache) {
+TEST(DataIntegrityWithData, ABookEditedAtTheSameSizeRebuildsTheCache) {
   std::string why;
   const auto dir = test::data_dir(why);
   if (!dir) GTEST_SKIP() << why;
@@ -140,7 +140,7 @@ TEST(DataIntegrity, ABookEditedAtTheSameSizeRebuildsTheCache) {
   EXPECT_TRUE(after.val == fresh.val);
 }
 
-TEST(DataIntegrity, ATruncatedVocabIsRefusedNamingTheFileAndBothHashes) {
+TEST(DataIntegrityWithData, ATruncatedVocabIsRefusedNamingTheFileAndBothHashes) {
   std::string why;
   const auto dir = test::data_dir(why);
   if (!dir) GTEST_SKIP() << why;
