@@ -30,6 +30,7 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
   // reads a later buffer's values (the setting stays on the device).
   if (auto* host = dynamic_cast<HostDevice*>(&device); poison && host) host->set_poison_freed(kPoisonQuarantineBytes);
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
+  pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
   // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
   Device* dev = &device;
   auto register_fn = [dev](void* p, std::size_t bytes) { return dev->register_host_memory(p, bytes); };
@@ -42,7 +43,7 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     so.rank = rank;
     so.buffer_count = oo.buffer_count;
     so.pin_memory = oo.pin_memory;
-    so.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
+    so.pinned_budget = pinned_budget;
     so.aio = c.aio;
     so.require_direct_io = c.zoe.require_direct_io;
     so.register_fn = register_fn;
@@ -58,7 +59,7 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     po.buffer_count = op.buffer_count;
     po.buffer_bytes = static_cast<std::size_t>(op.buffer_size) * dtype_size(dtype);
     po.pin_memory = op.pin_memory;
-    po.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
+    po.pinned_budget = pinned_budget;
     po.aio = c.aio;
     po.require_direct_io = c.zoe.require_direct_io;
     po.register_fn = register_fn;
@@ -206,6 +207,7 @@ void EngineImpl::build_update_paths() {
   // With parameter offload the outputs go into the parameter tier (host memory): no staging.
   po.staging_bytes = param_store ? 0 : static_cast<std::size_t>(largest) * dtype_size(dtype);
   po.pin_memory = oo.pin_memory;
+  po.pinned_budget = pinned_budget;
   pipeline = std::make_unique<UpdatePipeline>(device, states.get(), *adam, po);
   ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(pipeline->staging_bytes()));
   if (states && largest > 0) {
@@ -213,6 +215,7 @@ void EngineImpl::build_update_paths() {
     go.dtype = dtype;
     go.largest_numel = largest;
     go.pin_memory = oo.pin_memory;
+    go.pinned_budget = pinned_budget;
     grad_sink = std::make_unique<GradientSink>(device, *states, go);
     ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(grad_sink->staging_bytes()));
   }

@@ -168,6 +168,9 @@ struct EngineImpl {
   MemoryLedger ledger;
   LossScaler scaler;
   std::unique_ptr<optim::CpuAdam> adam;
+  /// zoe.pinned_budget_bytes: every pinned consumer below reserves its bytes here (built first,
+  /// destroyed last).
+  std::shared_ptr<offload::PinnedBudget> pinned_budget;
   std::unique_ptr<offload::OptimizerStates> states;  // optimizer offload (cpu / nvme)
   std::unique_ptr<Stream> update_stream;             // the optimizer update, group by group
   std::unique_ptr<offload::ParamShards> param_store;  // parameter offload (stage 3: cpu / nvme)

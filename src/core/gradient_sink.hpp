@@ -32,7 +32,7 @@ struct GradientSinkOptions {
   std::int64_t largest_numel = 0;      // largest offloaded sub-group, elements
   int staging_count = 2;
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  std::shared_ptr<offload::PinnedBudget> pinned_budget;  // the rank's zoe.pinned_budget_bytes (null: unbudgeted)
 };
 
 class GradientSink {

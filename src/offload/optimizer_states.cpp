@@ -58,6 +58,7 @@ void OptimizerStates::finalize() {
   to.buffer_count = static_cast<std::size_t>(options_.buffer_count);
   to.buffer_bytes = largest;
   to.extra_buffer_bytes = largest_grad;  // the gradient buffer
+  to.holder = "optimizer NVMe staging";
   NvmeTier tier = open_nvme_tier(to);
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);

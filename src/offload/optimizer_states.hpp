@@ -50,7 +50,8 @@ struct OptimizerStatesOptions {
   int rank = 0;
   int buffer_count = 4;
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  /// The rank's zoe.pinned_budget_bytes, shared with its other pinned consumers (null: unbudgeted).
+  std::shared_ptr<PinnedBudget> pinned_budget;
   AioConfig aio;
   bool require_direct_io = false;
   /// Registers host memory with the device so copies from / to it are the pinned kind

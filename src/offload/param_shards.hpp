@@ -41,7 +41,8 @@ struct ParamShardsOptions {
   int buffer_count = 5;               // offload_param.buffer_count (>= 2 for nvme)
   std::size_t buffer_bytes = 1 << 20;  // offload_param.buffer_size × dtype size
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  /// The rank's zoe.pinned_budget_bytes, shared with its other pinned consumers (null: unbudgeted).
+  std::shared_ptr<PinnedBudget> pinned_budget;
   AioConfig aio;
   bool require_direct_io = false;
   /// As OptimizerStatesOptions; the cpu tier registers each shard's host memory too (the
@@ -114,6 +115,7 @@ class ParamShards {
   std::vector<std::size_t> bytes_;
   std::vector<AlignedBuffer> host_;  // cpu tier: the shards
   std::vector<char> registered_;     // cpu tier: host_[i] registered with register_fn
+  std::size_t registered_bytes_ = 0;  // cpu tier: what the registered homes hold of the pinned budget
   std::unique_ptr<PinnedPool> read_pool_, write_pool_;
   std::unique_ptr<NvmeStore> store_;
   std::optional<PinnedBuffer> writing_;

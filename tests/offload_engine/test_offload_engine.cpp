@@ -92,6 +92,29 @@ TEST(OptimizerOffload, StatesAreAccountedPerTier) {
   std::filesystem::remove_all(dir);
 }
 
+// zoe.pinned_budget_bytes bounds every pinned consumer of a rank together: the NVMe tier's
+// staging, the update pipeline's and the gradient sink's. Each pool alone fits a budget one byte
+// short of their sum, so only a shared budget refuses it.
+TEST(OptimizerOffload, PinnedBudgetBoundsAllPoolsTogether) {
+  std::string dir = temp_dir("budget");
+  Config c = config(3, OffloadDevice::nvme, dir);
+  RunResult free_run = train(c, kNet, 1, 3, 16);
+  const std::int64_t pinned = free_run.memory[0].host_pinned_peak;
+  EXPECT_EQ(pinned, 3 * 8192 + 4096 + 4 * 4096);  // as StatesAreAccountedPerTier counts them
+  c.zoe.pinned_budget_bytes = pinned;
+  EXPECT_TRUE(bitwise_equal(train(c, kNet, 1, 3, 16), free_run));
+  c.zoe.pinned_budget_bytes = pinned - 1;
+  try {
+    train(c, kNet, 1, 3, 16);
+    ADD_FAILURE() << "a budget of " << pinned - 1 << " bytes was accepted";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zoe.pinned_budget_bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("budget of " + std::to_string(pinned - 1) + " bytes"), std::string::npos) << what;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(OptimizerOffload, TwoEnginesOnOneNvmePathDoNotClobberEachOther) {
   std::string dir = temp_dir("two");
   Config c = config(2, OffloadDevice::nvme, dir);
