@@ -9,7 +9,6 @@
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/device/host_device.hpp"
 
 namespace zoe {
 
@@ -26,9 +25,9 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
   poison = c.zoe.debug_poison;
-  // The host device's freed blocks are poisoned and quarantined too, so a stale view never
-  // reads a later buffer's values (the setting stays on the device).
-  if (auto* host = dynamic_cast<HostDevice*>(&device); poison && host) host->set_poison_freed(kPoisonQuarantineBytes);
+  // Freed blocks are poisoned and quarantined too where the device can (the host device), so a
+  // stale view never reads a later buffer's values (the setting stays on the device).
+  if (poison) device.set_poison_freed(kPoisonQuarantineBytes);
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
   // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
