@@ -84,13 +84,8 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
       g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
     }
     // Buffers the device part reads are freed after it.
-    auto free_after_update = [&](DeviceBuffer buffer, std::shared_ptr<void> hold) {
-      PendingFree f{std::move(buffer), device.create_event(), 0, std::move(hold)};
-      device.record(*f.after, *update_stream);
-      pending_frees.push_back(std::move(f));
-    };
-    if (snapshots[gi]) free_after_update(DeviceBuffer(), snapshots[gi]);
-    if (policy.reduces_at_step) free_after_update(std::move(g.grad_shard), nullptr);
+    if (snapshots[gi]) frees.after_stream(*update_stream, DeviceBuffer(), snapshots[gi]);
+    if (policy.reduces_at_step) frees.after_stream(*update_stream, std::move(g.grad_shard));
   }
   if (!host_parts.empty()) pipeline->start(std::move(host_parts), plan);
   if (!config.zoe.overlap_step && !delayed) finish_update();
@@ -120,7 +115,7 @@ void EngineImpl::after_update(Group& g) {
     } else {  // stage 3, delayed update
       device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);
     }
-    free_after_side(std::move(g.updated));
+    frees.after_side(std::move(g.updated));
   }
   device.record(*g.param_ready, *side);
 }

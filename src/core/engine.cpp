@@ -24,10 +24,9 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
       world(comm.world_size()), stage(c.zero_optimization.stage), policy(stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
-  poison = c.zoe.debug_poison;
   // Freed blocks are poisoned and quarantined too where the device can (the host device), so a
   // stale view never reads a later buffer's values (the setting stays on the device).
-  if (poison) device.set_poison_freed(kPoisonQuarantineBytes);
+  if (frees.poison()) device.set_poison_freed(kPoisonQuarantineBytes);
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
   // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
@@ -80,7 +79,7 @@ EngineImpl::~EngineImpl() {
     device.synchronize(*side);
   } catch (...) {
   }
-  reap_frees(true);
+  frees.reap(true);
   if (readback_registered) device.unregister_host_memory(readback.data());
 }
 
@@ -240,41 +239,6 @@ void EngineImpl::side_waits_for_compute() {
   device.wait(*side, *e);
 }
 
-void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements, std::shared_ptr<void> hold) {
-  if (!buffer && !hold) return;
-  if (poison && buffer)
-    device.fill(buffer.data(), buffer.dtype(), static_cast<std::size_t>(buffer.numel()),
-                std::numeric_limits<float>::quiet_NaN(), *side);
-  releasing_elements += gathered_elements;
-  PendingFree f{std::move(buffer), device.create_event(), gathered_elements, std::move(hold)};
-  device.record(*f.after, *side);
-  pending_frees.push_back(std::move(f));
-}
-
-void EngineImpl::free_after(DeviceBuffer buffer, std::shared_ptr<Event> after) {
-  if (!buffer) return;
-  pending_frees.push_back(PendingFree{std::move(buffer), std::move(after), 0, nullptr});
-}
-
-void EngineImpl::show_poison() {
-  auto e = device.create_event();
-  device.record(*e, *side);
-  ready_for_compute(*e);
-}
-
-void EngineImpl::reap_frees(bool wait_all) {
-  while (!pending_frees.empty()) {
-    PendingFree& f = pending_frees.front();
-    if (wait_all) {
-      device.synchronize(*f.after);
-    } else if (!device.query(*f.after)) {
-      break;
-    }
-    releasing_elements -= f.gathered_elements;
-    pending_frees.pop_front();
-  }
-}
-
 void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
   rules.note_collective(tag);
   comm.tag_next(std::move(tag));
@@ -396,7 +360,7 @@ void Engine::end_forward(ModuleId id) {
   impl_->rules.end_forward(static_cast<int>(id.index));
   transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
   impl_->release(static_cast<int>(id.index));
-  if (impl_->poison) impl_->show_poison();
+  if (impl_->frees.poison()) impl_->frees.show_poison();
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
@@ -417,7 +381,7 @@ void Engine::end_backward(ModuleId id) {
                              "without begin_backward");
   impl_->finish_backward(m);
   impl_->release(static_cast<int>(id.index));
-  if (impl_->poison) impl_->show_poison();
+  if (impl_->frees.poison()) impl_->frees.show_poison();
 }
 
 // The config's logging keys (DeepSpeed's steps_per_print, wall_clock_breakdown,
@@ -468,7 +432,7 @@ void Engine::synchronize() {
   if (impl_->grad_sink) impl_->grad_sink->drain();
   impl_->device.synchronize(*impl_->side);
   impl_->device.synchronize(impl_->device.compute_stream());
-  impl_->reap_frees(true);
+  impl_->frees.reap(true);
 }
 
 void Engine::set_lr(double lr) {

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -22,6 +21,10 @@
 #include "src/comm/communicator.hpp"
 #include "src/common/aligned_buffer.hpp"
 #include "src/core/call_rules.hpp"
+#include "src/core/deferred_frees.hpp"
+#include "src/core/execution_trace.hpp"
+#include "src/core/group.hpp"
+#include "src/core/stage_policy.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/core/loss_scaler.hpp"
@@ -35,122 +38,6 @@
 #include "zoe/engine.hpp"
 
 namespace zoe::core {
-
-struct ParamInfo {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::int64_t numel = 0;
-  ParamInitializer init;       // the initial value's source; released after finalize
-  int group = -1;              // owning group
-  std::size_t slot = 0;        // index inside the owning group's layout
-};
-
-/// A sub-group: up to sub_group_size elements of a rank's optimizer range whose step runs as
-/// one unit, either on the device optimizer (Device::adam_step; fp32 states in
-/// `device_states`) or on the CPU optimizer (states in the offload tier, id `offload_id`).
-/// offload_optimizer.ratio chooses how many sub-groups are offloaded (the last ones).
-struct SubGroup {
-  std::int64_t begin = 0, numel = 0;  // elements, within the group's optimizer range
-  int offload_id = -1;                // OptimizerStates id; -1 = device optimizer
-  DeviceBuffer device_states;         // device: [master | exp_avg | exp_avg_sq], 3 * numel floats
-  bool offloaded() const { return offload_id >= 0; }
-  float* master() const { return static_cast<float*>(device_states.data()); }
-};
-
-/// The parameters one module owns (the first module that lists them), as one flat buffer.
-struct Group {
-  std::string name;
-  std::vector<std::uint32_t> params;
-  std::optional<FlatLayout> layout;
-  std::vector<int> users;  // modules whose params live here
-  bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
-
-  // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
-  // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
-  // offload the shard lives in EngineImpl::param_store (id param_id), not on the device.
-  DeviceBuffer param_full, param_shard;
-  // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
-  // param_ready completes). Stage 3 moves it with the only two transitions, gather() (sharded
-  // -> gathered) and reshard() (gathered -> sharded); stages 0-2 are gathered from build on.
-  enum class ParamState { sharded, gathered } param_state = ParamState::sharded;
-  int param_id = -1;
-  std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
-  int active = 0;                      // modules between begin_* and end_* using it
-
-  // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
-  // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
-  // reduced own shard accumulated over micro-batches (grad_dtype(); only when some sub-group
-  // is on the device optimizer: offloaded sub-groups keep fp32 gradients in the offload
-  // tier). Stage 1: grad_shard holds the reduce-scatter output between the last backward and
-  // the step.
-  DeviceBuffer grad_full, grad_shard;
-  int pending_users = 0;   // users still to finish backward in this micro-batch
-  int micro_batches = 0;   // micro-batches whose gradients were reduced into grad_shard/full
-
-  // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
-  // buffer, in sub-groups of sub_group_size elements (see SubGroup).
-  std::int64_t opt_begin = 0, opt_numel = 0;
-  std::vector<SubGroup> subgroups;
-
-  // The update lifecycle (see async_update.cpp). start_update: settled -> pending;
-  // after_update: pending -> settled (the side stream is ordered after the update and, stages
-  // 1-2 / delayed update, the new parameters waiting in `updated` are applied).
-  enum class UpdateState { settled, pending } update_state = UpdateState::settled;
-  // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
-  // param_full (lazily, before the group's next use, in module order on every rank).
-  // Delayed update, every stage: the new parameters wait there until the next step().
-  DeviceBuffer updated;
-  /// Recorded on the update stream after the device sub-groups' update (the device part).
-  std::unique_ptr<Event> update_done;
-  /// The host part (CPU optimizer) of the last update: set once its new parameters are on
-  /// the device (or in the parameter tier). Null when the group has no host part.
-  std::shared_ptr<GroupDone> host_done;
-};
-
-
-/// What the ZeRO stage decides, computed once from zero_optimization.stage: the engine tests
-/// these named decisions, never the stage number.
-struct StagePolicy {
-  explicit StagePolicy(int stage)
-      : shards_optimizer(stage >= 1), shards_grads(stage >= 2), shards_params(stage == 3),
-        gathers_updates(stage == 1 || stage == 2), reduces_at_step(stage == 1) {}
-  /// Stages 1-3: each rank's optimizer range is its shard (stage 0: the whole buffer; the norm
-  /// then forms every rank's partial itself and the gradient is all-reduced).
-  bool shards_optimizer;
-  /// Stages 2-3: a group's gradient is reduce-scattered as soon as its backward ends, each
-  /// micro-batch, into a persistent shard; grad_full lives one micro-batch. Otherwise grad_full
-  /// is persistent and the trainer accumulates into it.
-  bool shards_grads;
-  /// Stage 3: the compute-dtype parameters are sharded and gathered per module.
-  bool shards_params;
-  /// Stages 1-2: the updated shard waits aside and is all-gathered into the full copy.
-  bool gathers_updates;
-  /// Stage 1: the gradient is reduce-scattered after the last micro-batch into a shard that
-  /// lives until the step's update has read it.
-  bool reduces_at_step;
-};
-
-struct ModuleInfo {
-  std::string name;
-  std::vector<std::uint32_t> params;
-  std::vector<int> groups;  // distinct groups of its params, ascending
-  enum class Phase { idle, forward, backward } phase = Phase::idle;
-  int backward_count = 0;  // since the last step
-};
-
-/// One entry of the recorded execution order (stage-3 prefetch follows it).
-struct TraceEntry {
-  int module;
-  bool backward;
-  bool operator==(const TraceEntry&) const = default;
-};
-
-struct PendingFree {
-  DeviceBuffer buffer;
-  std::shared_ptr<Event> after;
-  std::int64_t gathered_elements = 0;  // a released stage-3 gather buffer's elements
-  std::shared_ptr<void> hold;          // released with the buffer (e.g. a pinned read buffer)
-};
 
 struct EngineImpl {
   EngineImpl(const Config& config, RankContext rank);
@@ -182,7 +69,7 @@ struct EngineImpl {
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
   CallRules rules{config.gradient_accumulation_steps};  // call order; collective identity (call_rules.hpp)
-  bool poison = false;  // zoe.debug_poison: freed buffers are filled with NaN (free_after_side)
+  DeferredFrees frees{device, *side, config.zoe.debug_poison};  // zoe.debug_poison: NaN-filled frees
 
   std::vector<ParamInfo> params;
   std::vector<ModuleInfo> modules;
@@ -191,12 +78,8 @@ struct EngineImpl {
   std::string finalize_error;  // why a finalize failed (the engine is unusable then)
 
   // Stage-3 gathering.
-  std::vector<TraceEntry> trace, last_trace;
-  std::size_t trace_pos = 0;    // position in last_trace of the current call
-  bool trace_valid = false;     // this step follows last_trace so far
-  std::int64_t live_elements = 0;       // gathered parameter elements in use or prefetched
-  std::int64_t releasing_elements = 0;  // released gather buffers not yet returned
-  std::deque<PendingFree> pending_frees;
+  ExecutionTrace trace;             // the order prefetch follows
+  std::int64_t live_elements = 0;   // gathered parameter elements in use or prefetched
 
   // Traffic of the current / last step.
   CommStats step_start_stats;
@@ -217,15 +100,6 @@ struct EngineImpl {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
-  /// Frees `buffer` once the side stream has reached this point (with zoe.debug_poison it is
-  /// first filled with NaN there).
-  void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
-  /// Frees `buffer` once `after` has completed.
-  void free_after(DeviceBuffer buffer, std::shared_ptr<Event> after);
-  /// zoe.debug_poison: makes the NaN of the buffers freed so far visible to the trainer's
-  /// compute (end_forward / end_backward), so a stale view reads NaN from then on.
-  void show_poison();
-  void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
   // counted collectives (elements as nccl-tests counts bus traffic), tagged with what they are
@@ -249,7 +123,9 @@ struct EngineImpl {
   /// Parameter offload: the group's shard on its way in (waits for a free read buffer by
   /// returning finished gathers' buffers).
   std::shared_ptr<offload::ShardRead> begin_shard_read(Group& g);
-  void prefetch_after(std::size_t pos);
+  /// Gathers the groups the recorded order uses next, up to stage3_prefetch_bucket_size
+  /// elements and within stage3_max_live_parameters (nothing unless the trace predicts).
+  void prefetch();
   bool in_prefetch_window(int group) const;
   void drop_all_gathered();
 

@@ -16,8 +16,8 @@ void EngineImpl::gather(Group& g) {
   const FlatLayout& L = *g.layout;
   // Released buffers still in flight count against stage3_max_live_parameters too: past
   // the cap they are returned first, so memory stays within it.
-  if (live_elements + releasing_elements + L.padded_numel() > config.zero_optimization.stage3_max_live_parameters)
-    reap_frees(true);
+  if (live_elements + frees.releasing_elements() + L.padded_numel() > config.zero_optimization.stage3_max_live_parameters)
+    frees.reap(true);
   if (!delayed) after_update(g);  // the all-gather reads the shard the last update wrote
   g.param_full = alloc(MemKind::buffer, dtype, L.padded_numel());
   g.param_state = Group::ParamState::gathered;
@@ -30,7 +30,7 @@ void EngineImpl::gather(Group& g) {
     device.copy(staging.data(), read->data(), staging.bytes(), *side);
     all_gather(staging.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
     device.record(*g.param_ready, *side);
-    free_after_side(std::move(staging), 0, std::move(read));
+    frees.after_side(std::move(staging), 0, std::move(read));
   } else {
     all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
     device.record(*g.param_ready, *side);
@@ -48,28 +48,27 @@ void EngineImpl::acquire(int module, bool backward) {
     }
     return;
   }
-  reap_frees(false);
-  TraceEntry entry{module, backward};
-  if (trace_valid && (trace_pos >= last_trace.size() || !(last_trace[trace_pos] == entry))) {
-    // The order changed: stop predicting and drop what was prefetched for the old order.
-    ZOE_LOG_DEBUG("rank {}: execution order changed at entry {}; prefetch off until the next step", rank, trace_pos);
-    trace_valid = false;
+  frees.reap(false);
+  if (trace.record(TraceEntry{module, backward})) {
+    // The order changed: prediction is off; drop what was prefetched for the old order.
+    ZOE_LOG_DEBUG("rank {}: execution order changed at entry {}; prefetch off until the next step", rank,
+                  trace.position());
     drop_all_gathered();
   }
-  trace.push_back(entry);
   for (int gi : m.groups) {
     gather(groups[gi]);
     ++groups[gi].active;
   }
-  if (trace_valid) prefetch_after(trace_pos++);
+  prefetch();
   for (int gi : m.groups) ready_for_compute(*groups[gi].param_ready);
 }
 
-void EngineImpl::prefetch_after(std::size_t pos) {
+void EngineImpl::prefetch() {
   const auto& zc = config.zero_optimization;
   std::int64_t issued = 0;
-  for (std::size_t i = pos + 1; i < last_trace.size() && issued < zc.stage3_prefetch_bucket_size; ++i) {
-    for (int gi : modules[last_trace[i].module].groups) {
+  for (const TraceEntry& next : trace.upcoming()) {
+    if (issued >= zc.stage3_prefetch_bucket_size) return;
+    for (int gi : modules[next.module].groups) {
       Group& g = groups[gi];
       if (g.param_state == Group::ParamState::gathered) continue;
       std::int64_t n = g.layout->padded_numel();
@@ -82,10 +81,9 @@ void EngineImpl::prefetch_after(std::size_t pos) {
 
 bool EngineImpl::in_prefetch_window(int group) const {
   // Reused within stage3_max_reuse_distance elements of execution along the recorded order?
-  if (!trace_valid) return false;
   std::int64_t distance = 0;
-  for (std::size_t i = trace_pos; i < last_trace.size(); ++i) {
-    const ModuleInfo& m = modules[last_trace[i].module];
+  for (const TraceEntry& next : trace.upcoming()) {
+    const ModuleInfo& m = modules[next.module];
     if (std::find(m.groups.begin(), m.groups.end(), group) != m.groups.end())
       return distance < config.zero_optimization.stage3_max_reuse_distance;
     for (int gi : m.groups) distance += groups[gi].layout->live_numel();
@@ -102,9 +100,9 @@ void EngineImpl::release(int module) {
   for (int gi : m.groups) {
     Group& g = groups[gi];
     // zoe.debug_poison frees every released gather, so a stale view of it reads NaN.
-    if (g.active > 0 || (g.persistent && !poison) || g.param_state != Group::ParamState::gathered) continue;
+    if (g.active > 0 || (g.persistent && !frees.poison()) || g.param_state != Group::ParamState::gathered) continue;
     bool over_cap = live_elements > config.zero_optimization.stage3_max_live_parameters;
-    if (!poison && !over_cap && in_prefetch_window(gi)) continue;
+    if (!frees.poison() && !over_cap && in_prefetch_window(gi)) continue;
     if (!any_freed) side_waits_for_compute();  // the trainer's reads of the buffer come first
     any_freed = true;
     reshard(g);
@@ -123,7 +121,7 @@ void EngineImpl::reshard(Group& g) {
   ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group '", g.name, "', which is not gathered");
   g.param_state = Group::ParamState::sharded;
   live_elements -= g.layout->padded_numel();
-  free_after_side(std::move(g.param_full), g.layout->padded_numel());
+  frees.after_side(std::move(g.param_full), g.layout->padded_numel());
 }
 
 }  // namespace zoe::core

@@ -73,12 +73,12 @@ void EngineImpl::reduce_group(Group& g) {
     if (g.grad_shard && !first) device.accumulate(part.data(), dtype, static_cast<float*>(g.grad_shard.data()), S, *side);
     if (offloaded) {
       std::shared_ptr<Event> read = offload_grads(g, part.data(), first, last);
-      free_after(std::move(part), std::move(read));
+      frees.after(std::move(part), std::move(read));
     } else {
-      free_after_side(std::move(part));
+      frees.after_side(std::move(part));
     }
   }
-  free_after_side(std::move(g.grad_full));
+  frees.after_side(std::move(g.grad_full));
 }
 
 std::shared_ptr<Event> EngineImpl::offload_grads(Group& g, const void* shard, bool first, bool last) {

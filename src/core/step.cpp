@@ -151,19 +151,16 @@ StepResult EngineImpl::step() {
   // ---- reset for the next step (the update, if running, owns the groups until it is done)
   for (Group& g : groups) {
     if (overflow && !policy.shards_grads) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
-    if (overflow && policy.reduces_at_step) free_after_side(std::move(g.grad_shard));
+    if (overflow && policy.reduces_at_step) frees.after_side(std::move(g.grad_shard));
     g.micro_batches = 0;
     g.pending_users = static_cast<int>(g.users.size());
   }
   for (ModuleInfo& m : modules) m.backward_count = 0;
   if (policy.shards_params) {
-    last_trace = std::move(trace);
-    trace.clear();
-    trace_pos = 0;
-    trace_valid = !last_trace.empty();
+    trace.end_step();
   }
   device.synchronize(s);
-  reap_frees(false);
+  frees.reap(false);
 
   CommStats now = comm.stats();
   last_traffic.all_gather_bytes = now.all_gather_bytes - step_start_stats.all_gather_bytes;
