@@ -84,14 +84,16 @@ TorchStoreClient::TorchStoreClient(const std::string& host, int port, std::strin
     fd_ = socket_io::connect_tcp(host, port, timeout, what, where);
     dialect_ = TorchStoreDialect::validated;
     reply = 0xff;
+    // Confirmed by a CHECK of one key (READY or NOT_READY both prove the dialect): the libuv
+    // server's trace log reads keys[0] of a CHECK, so it never gets a CHECK of no keys.
     bool sent = Query(kValidate).value(kValidationMagic).send(fd_) &&
-                Query(kValidated.check).value<std::uint64_t>(0).send(fd_);
+                Query(kValidated.check).value<std::uint64_t>(1).string(prefix_ + "dialect_probe").send(fd_);
     ReadOutcome confirm = sent ? socket_io::read_within(fd_, &reply, 1, timeout) : ReadOutcome::closed;
-    if (confirm != ReadOutcome::complete || reply != kReady) {
+    if (confirm != ReadOutcome::complete || (reply != kReady && reply != kNotReady)) {
       ::close(fd_);
       fd_ = -1;
       STORE_FAIL("the server at ", address_, " (", where,
-                ") speaks neither dialect of torch.distributed's TCPStore protocol (no READY to a CHECK before or after "
+                ") speaks neither dialect of torch.distributed's TCPStore protocol (no answer to a CHECK before or after "
                 "VALIDATE): is MASTER_PORT torchrun's store? Unset TORCHELASTIC_USE_AGENT_STORE to have rank 0 serve "
                 "zoe's own store on MASTER_PORT");
     }

@@ -4,7 +4,8 @@
 // key drops the connection, and in the validated dialect a first query that is not VALIDATE
 // closes the connection (classic backend) or is ignored (libuv backend). It records what a
 // client must never make a real server do: read a SET key length over 1 MiB (the ~1 GB
-// allocation an old server would make of VALIDATE's bytes).
+// allocation an old server would make of VALIDATE's bytes), or, after VALIDATE, a CHECK of no
+// keys (the libuv server's trace log reads keys[0]).
 // Thread-safety: the accessors may be called from any thread.
 #pragma once
 
@@ -59,6 +60,7 @@ class FakeTorchStore {
   int port() const { return port_; }
   int connections() const { return connections_; }
   bool saw_huge_key() const { return huge_key_; }
+  bool saw_validated_empty_check() const { return empty_check_; }
   std::map<std::string, std::string> keys() {
     std::lock_guard lock(mutex_);
     return map_;
@@ -132,6 +134,7 @@ class FakeTorchStore {
       } else if (cmd == check) {
         std::uint64_t n = 0;
         if (!socket_io::read_all(fd, &n, 8)) break;
+        if (validated && n == 0) empty_check_ = true;
         bool all = true;
         for (std::uint64_t i = 0; i < n; ++i) {
           std::string key;
@@ -150,7 +153,7 @@ class FakeTorchStore {
 
   Flavor flavor_;
   int listen_fd_ = -1, port_ = 0;
-  std::atomic<bool> stopping_{false}, huge_key_{false};
+  std::atomic<bool> stopping_{false}, huge_key_{false}, empty_check_{false};
   std::atomic<int> connections_{0};
   std::mutex mutex_;
   std::map<std::string, std::string> map_;

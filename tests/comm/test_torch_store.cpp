@@ -59,6 +59,7 @@ TEST(TorchStoreClient, SpeaksTheValidatedDialectWhenTheServerClosesOnTheProbe) {
   test::FakeTorchStore server(Flavor::validated_closes);
   EXPECT_EQ(share_keys(server), TorchStoreDialect::validated);
   EXPECT_EQ(server.connections(), 4);  // probe + validated connection per client
+  EXPECT_FALSE(server.saw_validated_empty_check());
 }
 
 TEST(TorchStoreClient, SpeaksTheValidatedDialectWhenTheServerIgnoresTheProbe) {
@@ -67,6 +68,7 @@ TEST(TorchStoreClient, SpeaksTheValidatedDialectWhenTheServerIgnoresTheProbe) {
   EXPECT_EQ(share_keys(server), TorchStoreDialect::validated);
   EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(600));  // each client waited out its 300 ms probe
   EXPECT_EQ(server.connections(), 4);
+  EXPECT_FALSE(server.saw_validated_empty_check());
 }
 
 TEST(TorchStoreClient, RefusesAServerThatIsNotATorchStore) {
