@@ -96,6 +96,9 @@ LaunchEnv parse_launch_env(const EnvLookup& lookup) {
       fail(lookup, "TORCHELASTIC_USE_AGENT_STORE='" + *use + "' is neither True nor False");
   }
   if (env.world_size == 1) return env;  // RendezvousKind::none
+  if ((addr && !addr->empty()) != bool(port))
+    fail(lookup, std::string(port ? "MASTER_PORT" : "MASTER_ADDR") + " is set but " +
+                     (port ? "MASTER_ADDR" : "MASTER_PORT") + " is not: set both (rank 0's store address) or neither");
 
   if (agent_store) {
     if (!have_master)

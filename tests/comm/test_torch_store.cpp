@@ -169,6 +169,10 @@ TEST(LaunchEnvRendezvous, MpirunAcrossHostsSaysWhatToPass) {
   std::string no_job = parse_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
   EXPECT_THAT(no_job, HasSubstr("pass -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=<a free TCP port>"));
+  // Half an address is refused, not ignored.
+  EXPECT_THAT(parse_error({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"PMIX_NAMESPACE", "9"}, {"MASTER_ADDR", "node0"}}),
+              HasSubstr("MASTER_ADDR is set but MASTER_PORT is not: set both"));
   // srun and hand-set variables still need the address.
   EXPECT_THAT(parse_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), HasSubstr("MASTER_ADDR and MASTER_PORT"));
 }
