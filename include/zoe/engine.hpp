@@ -64,7 +64,11 @@ std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300
 
 /// This process's rank from the launcher's environment (torchrun: RANK/WORLD_SIZE/
 /// LOCAL_RANK/MASTER_ADDR/MASTER_PORT; mpirun: OMPI_COMM_WORLD_*; srun: SLURM_*), on the
-/// best available device. Throws Error listing what was found when variables are missing.
+/// best available device. The ranks meet through torchrun's agent store when torchrun sets
+/// TORCHELASTIC_USE_AGENT_STORE=True, else through a store rank 0 serves at MASTER_PORT, or,
+/// for mpirun on one host without MASTER_ADDR, on a local socket named after the job id.
+/// Throws Error listing what was found (and saying what to set) when variables are missing,
+/// TimeoutError when the store or a peer is not reached within `timeout_s` seconds.
 RankContext rank_from_environment(double timeout_s = 300.0);
 
 /// Calls fn(ctx) on one thread per rank and joins them; rethrows the first exception.
