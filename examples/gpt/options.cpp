@@ -83,6 +83,7 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--resume", o.resume, "continue the run checkpointed in --checkpoint-dir");
+  app.add_flag("--profile", o.profile, "print where each rank's step time goes (timers; steps after the first 3)");
   app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(CLI::NonNegativeNumber)->capture_default_str();
   try {
     app.parse(argc, argv);

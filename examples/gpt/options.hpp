@@ -43,6 +43,7 @@ struct TrainOptions {
   int checkpoint_interval = 100; // steps between checkpoints (0 = only at the end)
   bool resume = false;           // continue the run checkpointed in checkpoint_dir
   int stop_after = 0;            // stop (and checkpoint) after this step; 0 = run to `steps`
+  bool profile = false;          // print where each rank's step time goes (step_profile.hpp)
 
   zoe::Config engine;            // the merged engine configuration (--config + flags)
 };

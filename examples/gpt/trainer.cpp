@@ -17,6 +17,7 @@
 #include "examples/gpt/progress.hpp"
 #include "examples/gpt/rank_means.hpp"
 #include "examples/gpt/schedule.hpp"
+#include "examples/gpt/step_profile.hpp"
 #include "zoe/engine.hpp"
 #if defined(ZOE_GPT_HAVE_CUDA)
 #include "examples/gpt/cuda_ops.hpp"
@@ -47,12 +48,34 @@ class EngineProvider final : public ParamProvider<float> {
     }
   }
 
-  ModuleView<float> begin_forward(int m) override { return view(engine_.begin_forward(modules_[m])); }
-  void end_forward(int m) override { engine_.end_forward(modules_[m]); }
-  ModuleView<float> begin_backward(int m) override {
-    return view(engine_.begin_backward(modules_[m]));
+  // With a profile: each engine call's time, and the compute between a begin and its end.
+  ModuleView<float> begin_forward(int m) override {
+    const auto t0 = StepProfile::now();
+    ModuleView<float> v = view(engine_.begin_forward(modules_[m]));
+    opened_ = stamp(StepProfile::engine_begin_forward, t0);
+    return v;
   }
-  void end_backward(int m) override { engine_.end_backward(modules_[m]); }
+  void end_forward(int m) override {
+    const auto t0 = stamp(m == 0 ? StepProfile::embeddings_forward : StepProfile::blocks_forward, opened_);
+    engine_.end_forward(modules_[m]);
+    stamp(StepProfile::engine_end_forward, t0);
+  }
+  ModuleView<float> begin_backward(int m) override {
+    const auto t0 = StepProfile::now();
+    ModuleView<float> v = view(engine_.begin_backward(modules_[m]));
+    opened_ = stamp(StepProfile::engine_begin_backward, t0);
+    return v;
+  }
+  void end_backward(int m) override {
+    const auto phase = m == 0 ? StepProfile::embeddings_backward
+                       : m + 1 == static_cast<int>(modules_.size()) ? StepProfile::head
+                                                                    : StepProfile::blocks_backward;
+    const auto t0 = stamp(phase, opened_);
+    engine_.end_backward(modules_[m]);
+    stamp(StepProfile::engine_end_backward, t0);
+  }
+  /// Where the provider's stamps go (inactive: nothing counted).
+  StepProfile profile;
   /// The engine's handle of ModelSpec::params[i].
   zoe::ParamId param(int i) const { return ids_.at(i); }
 
@@ -64,10 +87,22 @@ class EngineProvider final : public ParamProvider<float> {
     return v;
   }
 
+  // Adds now - from to phase p; returns now.
+  StepProfile::Stamp stamp(StepProfile::Phase p, StepProfile::Stamp from) {
+    const auto t = StepProfile::now();
+    profile.add(p, from, t);
+    return t;
+  }
+
   zoe::Engine& engine_;
   std::vector<zoe::ParamId> ids_;
   std::vector<zoe::ModuleId> modules_;
+  StepProfile::Stamp opened_{};
 };
+
+// --profile leaves out this many first steps of a run (thread start, first-touch faults, the
+// CPU Adam's store trials).
+constexpr int kProfileWarmup = 3;
 
 // Per-(seed, rank, step) data stream: a step's batches depend on nothing else.
 std::uint64_t stream(std::uint64_t seed, int rank, int step) {
@@ -97,6 +132,7 @@ struct RunShared {
   bool gather_parameters;
   RankMeans means;
   TrainSummary summary;
+  std::vector<StepProfile> profiles;  // --profile: one per local rank, printed after training
 };
 
 // What must not change when a run resumes: the model, the ranks, the batches, the seed and the
@@ -176,11 +212,21 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     if (!scheduled) engine.set_lr(lr);
     std::mt19937_64 rng(stream(opt.seed, rank, step));
     double loss = 0;
+    StepProfile& prof = pp.profile;
+    prof.active = opt.profile && step >= start + kProfileWarmup;
+    const auto step_begin = StepProfile::now();
     for (int mb = 0; mb < GA; ++mb) {
+      const auto t0 = StepProfile::now();
       const Batch b = sample_batch(sh.data.train, B, T, rng);
+      prof.add(StepProfile::batch, t0, StepProfile::now());
       loss += model.forward_backward(pp, b.inputs.data(), b.targets.data(), B, T);
     }
+    const auto step_call = StepProfile::now();
     const zoe::StepResult r = engine.step();
+    const auto step_end = StepProfile::now();
+    prof.add(StepProfile::engine_step, step_call, step_end);
+    prof.add_step(step_begin, step_end);
+    prof.active = false;
     loss = sh.means.mean(local_rank, loss / GA);
     tokens += tokens_per_step;
     state.step = step + 1;
@@ -210,6 +256,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     }
   }
   if (stop <= start) state.last_val_loss = evaluate();  // resumed with nothing left to train
+  if (opt.profile) sh.profiles[local_rank] = pp.profile;
   if (lead) bar.finish();
   if (lead && !opt.checkpoint_dir.empty() && stop > start)
     std::printf("checkpoint of step %d saved to '%s'%s\n", stop, opt.checkpoint_dir.c_str(),
@@ -312,7 +359,8 @@ TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokeni
                   fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir) + ".old"),
               "--resume: no checkpoint at '", opt.checkpoint_dir, "' (expected '",
               engine_checkpoint_dir(opt.checkpoint_dir), "' written by --checkpoint-dir)");
-  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {}};
+  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {},
+               std::vector<StepProfile>(local_ranks)};
   if (launcher) {
     // One rank per process: losses shown are this process's (rank 0's) own.
     zoe::RankContext ctx = zoe::rank_from_environment(opt.engine.zoe.comm_timeout_s);
@@ -329,6 +377,8 @@ TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokeni
       }
     });
   }
+  if (opt.profile && sh.verbose)
+    for (int r = 0; r < local_ranks; ++r) sh.profiles[r].print(r);
   return sh.summary;
 }
 

@@ -46,6 +46,9 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     so.require_direct_io = c.zoe.require_direct_io;
     so.register_fn = register_fn;
     so.unregister_fn = unregister_fn;
+    // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
+    // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
+    so.adam = adam.get();
     states = std::make_unique<offload::OptimizerStates>(so);
   }
   const auto& op = c.zero_optimization.offload_param;

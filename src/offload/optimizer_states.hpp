@@ -20,9 +20,16 @@
 // host memory (cpu) or in its own NVMe tensor through a pinned gradient buffer (nvme), and
 // for_each hands it to the optimizer with the states. add_grad's last call of a step also
 // records the gradient's sum of squares and finiteness, so the global norm needs no extra pass.
+// The gradient add is optim::CpuAdam::add_grad (cast or fp32 add, sum of squares and finiteness
+// in one pass over the CpuAdam's threads; bitwise what host_ops cast / accumulate, sum_squares
+// and all_finite give): the engine hands the tier its own CpuAdam (OptimizerStatesOptions::adam),
+// so the gradient add and the update share one oneTBB arena of zoe.optimizer_threads.
 //
 // Units: elements (floats) unless named bytes. Thread-safety: one thread drives an
-// OptimizerStates; its I/O runs on the store's io_uring threads.
+// OptimizerStates, except that add_grad / zero_grad may run on a second thread (the gradient
+// sink's I/O worker) while the driving thread runs for_each on other sub-groups: they share no
+// member state but the sub-group's own arrays and sums, and CpuAdam::add_grad may run beside
+// CpuAdam::step (cpu_adam.hpp). Its I/O runs on the store's io_uring threads.
 // Errors: IoError / CorruptionError from the NVMe store (naming file, offset, tensor),
 // OutOfMemoryError from the pinned pool.
 #pragma once
@@ -39,6 +46,7 @@
 #include "src/common/aligned_buffer.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "src/optim/cpu_adam.hpp"
 #include "zoe/config.hpp"
 #include "zoe/dtype.hpp"
 
@@ -58,6 +66,10 @@ struct OptimizerStatesOptions {
   /// (e.g. Device::register_host_memory, cudaHostRegister); null: not registered.
   std::function<bool(void*, std::size_t)> register_fn;
   std::function<void(void*)> unregister_fn;
+  /// Runs add_grad's arithmetic (CpuAdam::add_grad on its threads); must outlive the
+  /// OptimizerStates. Null: the OptimizerStates makes its own CpuAdam of one thread (tests,
+  /// benches; same results bitwise, cpu_adam.hpp).
+  optim::CpuAdam* adam = nullptr;
 };
 
 /// The fp32 arrays of one sub-group, valid inside a for_each callback.
@@ -103,7 +115,9 @@ class OptimizerStates {
   /// (host memory), cast to fp32 (first micro-batch of a step) or added in fp32 (later ones),
   /// exactly as Device::cast / Device::accumulate. On the `last` micro-batch it also records
   /// grad_sum_squares / grad_finite. NVMe: read-modify-write through the gradient buffer.
-  /// One thread at a time; not during for_each.
+  /// Runs in one pass on the CpuAdam of OptimizerStatesOptions::adam (its arena's threads).
+  /// One thread at a time; may run beside for_each only on a sub-group for_each does not visit
+  /// (the engine orders them by the sub-group's previous update, GroupDone).
   void add_grad(int id, const void* src, DType dtype, bool first, bool last);
   /// Sets sub-group `id`'s gradient to zero (a step in which no backward reached it).
   void zero_grad(int id);
@@ -139,6 +153,8 @@ class OptimizerStates {
   std::size_t grad_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 4095) / 4096 * 4096; }
 
   OptimizerStatesOptions options_;
+  std::unique_ptr<optim::CpuAdam> own_adam_;  // when options_.adam is null
+  optim::CpuAdam* adam_;                      // add_grad's arithmetic
   std::vector<std::int64_t> numels_;
   /// An initial-state write in flight (nvme tier): its staging buffer returns when it is done.
   struct InitialWrite {
