@@ -22,6 +22,7 @@ enum class RendezvousKind : std::uint8_t {
   torch_agent_store,  // torchrun's agent serves a torch TCPStore at MASTER_ADDR:MASTER_PORT; every rank is a client
   zoe_store_local,    // one host, no MASTER_ADDR (mpirun): rank 0 serves zoe's TcpStore on an abstract Unix socket
 };
+/// A short phrase for logs, e.g. "torchrun's agent store".
 const char* rendezvous_name(RendezvousKind k);
 
 struct LaunchEnv {

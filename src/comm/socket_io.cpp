@@ -121,7 +121,8 @@ int connect_tcp(const std::string& host, int port, std::chrono::milliseconds tim
   return connect_retrying(once, timeout, what, host + ":" + std::to_string(port), where);
 }
 
-int connect_local(const std::string& name, std::chrono::milliseconds timeout, const std::string& what) {
+int connect_local(const std::string& name, std::chrono::milliseconds timeout, const std::string& what,
+                  const std::string& where) {
   socklen_t length = 0;
   sockaddr_un a = local_address(name, length);
   auto once = [&](std::string& last_error) {
@@ -135,7 +136,7 @@ int connect_local(const std::string& name, std::chrono::milliseconds timeout, co
     ::close(fd);
     return -1;
   };
-  return connect_retrying(once, timeout, what, "abstract socket '" + name + "'", "");
+  return connect_retrying(once, timeout, what, "abstract socket '" + name + "'", where);
 }
 
 int listen_local(const std::string& name) {

@@ -31,8 +31,10 @@ ReadOutcome read_within(int fd, void* data, std::size_t n, std::chrono::millisec
 int connect_tcp(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& what,
                 const std::string& where);
 
-/// Connects to the abstract Unix socket `name` (at most 107 bytes), retrying like connect_tcp.
-int connect_local(const std::string& name, std::chrono::milliseconds timeout, const std::string& what);
+/// Connects to the abstract Unix socket `name` (at most 107 bytes), retrying like connect_tcp;
+/// `where` (may be empty) goes into the TimeoutError's message like connect_tcp's.
+int connect_local(const std::string& name, std::chrono::milliseconds timeout, const std::string& what,
+                  const std::string& where);
 /// Listens on the abstract Unix socket `name`. Throws SystemError (EADDRINUSE when another
 /// process of this network namespace holds the name).
 int listen_local(const std::string& name);

@@ -61,7 +61,9 @@ TcpStore::TcpStore(LocalSocket where, bool is_server, std::chrono::milliseconds 
     listen_fd_ = socket_io::listen_local(where.name);
     acceptor_ = std::thread([this] { serve_accept(); });
   } else {
-    fd_ = socket_io::connect_local(where.name, timeout, "the rendezvous store of rank 0");
+    fd_ = socket_io::connect_local(where.name, timeout, "the rendezvous store of rank 0",
+                                   "one host, no MASTER_ADDR; ranks in other network namespaces or on other hosts "
+                                   "need MASTER_ADDR=<rank 0's host> MASTER_PORT=<free port> (mpirun -x)");
   }
 }
 

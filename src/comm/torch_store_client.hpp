@@ -41,6 +41,7 @@ enum class TorchStoreDialect : std::uint8_t {
   unvalidated,  // torch < 2.1: no handshake, SET 0 / GET 2 / CHECK 4
   validated,    // VALIDATE handshake, SET 1 / GET 3 / CHECK 5
 };
+/// "unvalidated (torch < 2.1)" or "validated (torch >= 2.1)", for messages.
 const char* dialect_name(TorchStoreDialect d);
 
 class TorchStoreClient final : public KeyValueStore {

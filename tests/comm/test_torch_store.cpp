@@ -196,5 +196,6 @@ TEST(TcpStore, ServesOnAnAbstractUnixSocket) {
     ADD_FAILURE() << "connected to nothing";
   } catch (const TimeoutError& e) {
     EXPECT_THAT(std::string(e.what()), HasSubstr("abstract socket '" + name + "-none'"));
+    EXPECT_THAT(std::string(e.what()), HasSubstr("need MASTER_ADDR=<rank 0's host> MASTER_PORT=<free port> (mpirun -x)"));
   }
 }
