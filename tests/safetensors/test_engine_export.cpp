@@ -106,6 +106,17 @@ TEST(SafetensorsExport, HoldsTheMasterWeightsAtEveryStageWorldAndTier) {
         ++cases;
       }
   EXPECT_EQ(cases, 20);
+  // Parameter offload (stage 3): the master weights are still the optimizer tier's.
+  for (OffloadDevice p : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    Config c = config(3, OffloadDevice::nvme, dir);
+    c.zero_optimization.offload_param.device = p;
+    c.zero_optimization.offload_param.nvme_path = dir + "/nvme";
+    c.zero_optimization.offload_param.buffer_size = 1024;  // elements: small pinned buffers
+    c.zero_optimization.offload_param.buffer_count = 2;
+    const std::string path = dir + "/p.safetensors";
+    const Exported x = train_and_export(c, 2, 3, path, DType::f32);
+    expect_file_holds(path, x, DType::f32, "param offload " + std::to_string(static_cast<int>(p)));
+  }
   fs::remove_all(dir);
 }
 
