@@ -284,7 +284,8 @@ class Engine {
   /// renamed, the directory fsynced); a failure on any rank fails the call on every rank once
   /// they agree (no collective waits for a failed rank) and leaves `path` as it was: the
   /// failing rank throws its own error (IoError with ENOSPC for a full disk, naming the file),
-  /// the others an Error naming the failed ranks.
+  /// the others an Error naming the failed ranks. Throws UsageError (before any collective)
+  /// while a module is between begin_* and end_*.
   void export_safetensors(const std::string& path, DType dtype = DType::f32,
                           const std::map<std::string, std::string>& metadata = {});
 

@@ -12,6 +12,7 @@
 // buffer holds) so no rank waits on a collective a failed rank never issues; the ranks agree on
 // the outcome (one small all-reduce) before rank 0 publishes the file, and again after.
 #include <algorithm>
+#include <bit>
 #include <exception>
 #include <memory>
 
@@ -21,6 +22,9 @@
 #include "src/device/host_elementwise.hpp"
 
 namespace zoe {
+
+// safetensors is little-endian; zoe reads and writes the host's bytes as they are.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 namespace {
 
 std::string safetensors_dtype(DType t) { return t == DType::f32 ? "F32" : t == DType::bf16 ? "BF16" : "F16"; }
@@ -77,6 +81,13 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
   ZOE_CHECK_USAGE(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                   "export_safetensors: unknown dtype ", static_cast<int>(dtype));
   ZOE_CHECK_USAGE(!path.empty(), "export_safetensors: empty path");
+  // Between begin_* and end_* the gathered parameters are in use (and the trainer's thread is
+  // inside a module): the same rule as step().
+  for (std::size_t m = 0; m < I.modules.size(); ++m)
+    ZOE_CHECK_USAGE(I.rules.phase(static_cast<int>(m)) == core::ModulePhase::idle, "export_safetensors('", path,
+                    "') while module '", I.modules[m].name, "' is still in ",
+                    I.rules.phase(static_cast<int>(m)) == core::ModulePhase::forward ? "forward" : "backward",
+                    ": end it first");
   I.finalize();
   I.finish_update();  // the master weights of the last step (as gather_parameter)
   Stream& s = *I.side;

@@ -5,12 +5,16 @@
 #include "zoe/safetensors.hpp"
 
 #include <algorithm>
+#include <bit>
 
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
 #include "src/device/host_elementwise.hpp"
 
 namespace zoe {
+
+// safetensors is little-endian; zoe reads and writes the host's bytes as they are.
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
 struct SafetensorsFile::Impl {
   explicit Impl(const std::string& path) : reader(path) {

@@ -303,4 +303,22 @@ TEST(SafetensorsExport, AFailedWriteFailsEveryRankAndLeavesNothing) {
   fs::remove_all(dir);
 }
 
+TEST(SafetensorsExport, RefusedWhileAModuleIsActive) {
+  const std::string dir = zoe::test::temp_dir("st-active");
+  auto ranks = make_local_ranks(1, 30.0);
+  run_ranks(ranks, [&](RankContext& ctx) {
+    Engine e(config(3, OffloadDevice::none, dir), ctx);
+    std::vector<float> w(10, 0.5f);
+    ModuleId m = e.add_module("m", {e.add_parameter("w", {10}, w)});
+    {
+      ForwardScope f(e, m);
+      const std::string msg = message_of([&] { e.export_safetensors(dir + "/x.safetensors"); });
+      EXPECT_NE(msg.find("while module 'm' is still in forward"), std::string::npos) << msg;
+    }
+    e.export_safetensors(dir + "/x.safetensors");  // after end_forward
+  });
+  EXPECT_TRUE(fs::exists(dir + "/x.safetensors"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
