@@ -85,6 +85,16 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_flag("--resume", o.resume, "continue the run checkpointed in --checkpoint-dir");
   app.add_flag("--profile", o.profile, "print where each rank's step time goes (timers; steps after the first 3)");
   app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--init-from", o.init_from,
+                 "start from the parameters in this safetensors file (HF GPT-2 names and layout, e.g. one --export wrote): fine-tuning")
+      ->check(CLI::ExistingFile);
+  app.add_option("--export", o.export_path,
+                 "at the end, write the parameters to this safetensors file (HF GPT-2 names, Conv1D [in, out] layout, wte once)");
+  std::string export_dtype = "fp32";
+  app.add_option("--export-dtype", export_dtype, "dtype of --export: fp32 (the master weights) or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_flag("--eval-only", o.eval_only,
+               "no training: the validation loss and the sample of the model from --resume, --init-from or the seed");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -96,6 +106,11 @@ TrainOptions parse_options(int argc, char** argv) {
   if (o.data_dir.empty()) o.data_dir = default_data_dir();
   if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
   GPT_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
+  o.export_dtype = export_dtype == "bf16" ? zoe::DType::bf16 : zoe::DType::f32;
+  GPT_CHECK(o.init_from.empty() || !o.resume,
+            "--init-from and --resume both give the starting parameters: --resume continues the checkpointed run, "
+            "--init-from starts a new one from a file");
+  GPT_CHECK(!o.eval_only || o.stop_after == 0, "--eval-only trains no step: --stop-after has nothing to stop");
   GPT_CHECK(o.stop_after == 0 || !o.checkpoint_dir.empty(),
             "--stop-after needs --checkpoint-dir DIR (where the run continues from)");
   o.model.vocab_size = 50257;

@@ -11,6 +11,7 @@
 
 #include "examples/gpt/checkpoint.hpp"
 #include "examples/gpt/error.hpp"
+#include "examples/gpt/hf_weights.hpp"
 #include "examples/gpt/kernel_ops.hpp"
 #include "examples/gpt/metrics.hpp"
 #include "examples/gpt/model.hpp"
@@ -28,15 +29,20 @@ namespace {
 namespace fs = std::filesystem;
 
 // The model's parameters owned by zoe: registered with the engine (one module per block, plus
-// embeddings and head; wte in both), handed to the model module by module.
+// embeddings and head; wte in both), handed to the model module by module. Initial values: GPT-2's
+// seeded init, or a safetensors file's tensors (--init-from), each rank reading its own part.
 class EngineProvider final : public ParamProvider<float> {
  public:
-  EngineProvider(zoe::Engine& engine, const ModelSpec& spec, std::uint64_t seed)
+  EngineProvider(zoe::Engine& engine, const ModelSpec& spec, std::uint64_t seed, const InitFile* from)
       : engine_(engine) {
     GPT_CHECK(engine.config().compute_dtype() == zoe::DType::f32,
               "the trainer computes in fp32: disable fp16 and bf16 in the config (got ",
               zoe::dtype_name(engine.config().compute_dtype()), ")");
     for (const ParamSpec& p : spec.params) {
+      if (from) {
+        ids_.push_back(engine.add_parameter(p.name, p.shape, from->initializer(p.name, p.shape)));
+        continue;
+      }
       const std::vector<float> init = initial_value(p, seed);
       ids_.push_back(engine.add_parameter(p.name, p.shape, init));
     }
@@ -130,6 +136,7 @@ struct RunShared {
   const Tokenizer& tok;
   bool verbose;
   bool gather_parameters;
+  std::shared_ptr<const InitFile> init_file;  // --init-from, shared by the rank threads
   RankMeans means;
   TrainSummary summary;
   std::vector<StepProfile> profiles;  // --profile: one per local rank, printed after training
@@ -172,12 +179,13 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     state = load_trainer_state(opt.checkpoint_dir, engine.global_step(), engine.lr(), state.run);
     if (lead) {
       std::printf("resumed from '%s' after step %d (%s)\n", opt.checkpoint_dir.c_str(), state.step,
-                  state.step >= opt.steps ? "nothing left to train" : "continuing");
+                  opt.eval_only ? "evaluating only" : state.step >= opt.steps ? "nothing left to train" : "continuing");
       std::fflush(stdout);
     }
   }
   const int start = state.step;
-  const int stop = opt.stop_after > 0 ? std::min(opt.stop_after, opt.steps) : opt.steps;
+  // --eval-only: no step; the loop below is skipped and the model is evaluated and sampled.
+  const int stop = opt.eval_only ? start : opt.stop_after > 0 ? std::min(opt.stop_after, opt.steps) : opt.steps;
   const double elapsed_before = state.elapsed_s;
 
   auto evaluate = [&] {
@@ -270,6 +278,14 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     sh.summary.tokens_per_s = bar.tokens_per_s(tokens);
     sh.summary.train_seconds = bar.elapsed_s();
   }
+  if (!opt.export_path.empty()) {  // a collective: every rank streams its part, rank 0 writes
+    engine.export_safetensors(opt.export_path, opt.export_dtype, export_metadata(opt.model));
+    if (lead) {
+      std::printf("parameters of step %d exported to '%s' (safetensors, %s, Hugging Face GPT-2 names)\n", state.step,
+                  opt.export_path.c_str(), zoe::dtype_name(opt.export_dtype).data());
+      std::fflush(stdout);
+    }
+  }
   if (sh.gather_parameters) {  // a collective: every rank gathers every parameter
     const ModelSpec& spec = model.spec();
     for (std::size_t i = 0; i < spec.params.size(); ++i) {
@@ -285,7 +301,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
                 gib(m.device_model_states).c_str(), gib(m.host_buffers).c_str());
   }
 
-  if (opt.sample_length > 0 && stop == opt.steps) {  // every rank generates (stage 3 gathers are collectives)
+  if (opt.sample_length > 0 && (stop == opt.steps || opt.eval_only)) {  // every rank generates (stage 3 gathers are collectives)
     std::vector<TokenId> text = sh.tok.encode(opt.prompt);
     if (text.empty()) text.push_back(sh.tok.end_of_text());
     const std::size_t prompt_len = text.size();
@@ -316,7 +332,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
                                                : std::max(1, cores / std::max(1, ctx.world_size)));
   zoe::Engine engine(opt.engine, ctx);
   const ModelSpec spec = make_model_spec(opt.model);
-  EngineProvider pp(engine, spec, opt.seed);
+  EngineProvider pp(engine, spec, opt.seed, sh.init_file.get());
   const zoe::ComputePlace place = engine.compute_place();
   auto train_on = [&](auto ops, const std::string& what) {
     if (ctx.rank == 0 && sh.verbose) {
@@ -359,7 +375,11 @@ TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokeni
                   fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir) + ".old"),
               "--resume: no checkpoint at '", opt.checkpoint_dir, "' (expected '",
               engine_checkpoint_dir(opt.checkpoint_dir), "' written by --checkpoint-dir)");
-  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {},
+  // Checked once against the model before any engine exists: a wrong file fails here, naming the tensor.
+  std::shared_ptr<const InitFile> init_file;
+  if (!opt.init_from.empty()) init_file = std::make_shared<const InitFile>(opt.init_from, make_model_spec(opt.model));
+  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, init_file,
+               RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {},
                std::vector<StepProfile>(local_ranks)};
   if (launcher) {
     // One rank per process: losses shown are this process's (rank 0's) own.

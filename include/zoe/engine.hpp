@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -271,6 +272,26 @@ class Engine {
   /// The full fp32 master value of a parameter (gathered from all ranks; a collective:
   /// every rank must call it). numel elements.
   std::vector<float> gather_parameter(ParamId param);
+
+  /// Exports every registered parameter's fp32 master value to a safetensors file at `path`
+  /// (Hugging Face's format), rounded to `dtype` (f32: the master weights bit for bit; bf16 /
+  /// fp16: rounded to nearest even, the same bits as the engine's compute-dtype copy). A
+  /// collective: every rank must call it; each rank streams its own part of the states a
+  /// sub-group at a time (stages 1-3: broadcast to the others in rank order; stage 0: rank
+  /// 0 holds them all) and rank 0 writes the file, so host memory holds about two sub-groups
+  /// (sub_group_size elements each) whatever the model's size. Tensor names are the names
+  /// given to add_parameter, shapes theirs, dtype "F32" / "BF16" / "F16"; a parameter shared
+  /// by several modules (tied weights) is stored once. Tensors are in the engine's storage
+  /// order (by owning module in registration order, then the module's own parameters in its
+  /// order). `metadata` becomes the header's "__metadata__" (Hugging Face's loaders expect
+  /// {"format": "pt"}). The file appears only when complete (written to `path`.tmp, fsynced,
+  /// renamed, the directory fsynced); a failure on any rank fails the call on every rank once
+  /// they agree (no collective waits for a failed rank) and leaves `path` as it was: the
+  /// failing rank throws its own error (IoError with ENOSPC for a full disk, naming the file),
+  /// the others an Error naming the failed ranks. Throws UsageError (before any collective)
+  /// while a module is between begin_* and end_*.
+  void export_safetensors(const std::string& path, DType dtype = DType::f32,
+                          const std::map<std::string, std::string>& metadata = {});
 
   /// The device this rank computes on and, on CUDA, the stream to compute on. Host: the views
   /// are host memory, valid for the calling thread as soon as begin_* returns.
