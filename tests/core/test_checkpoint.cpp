@@ -10,6 +10,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "io/crc32c.hpp"
+#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint_reader.hpp"
 #include "tests/core/checkpoint_runs.hpp"
 
 using namespace zoe;
@@ -100,5 +103,51 @@ TEST(Checkpoint, ClientStateAndCountersRoundTrip) {
   for (const char* key : {"\"world_size\": 2", "\"stage\": 3", "\"step\": 3", "\"l0.weight\"", "\"shape\"",
                           "\"loss_scaler\"", "\"crc32c\"", "\"rank1.zoe\""})
     EXPECT_NE(text.str().find(key), std::string::npos) << key << " not in the manifest:\n" << text.str();
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint of format 1 (zoe before manifest.json: rank<R>.zoe of "ZOECKP1" with a 56-byte
+// header and per group (count, CRC32C, [master | exp_avg | exp_avg_sq])) still loads and
+// continues bitwise, also at another stage; written here from a format-2 checkpoint's values.
+TEST(Checkpoint, Format1StillLoads) {
+  const std::string dir = temp_dir("format1");
+  const Config c = config(2, OffloadDevice::none, dir);
+  const auto straight = run(c, 0, 10, "", "");
+  run(c, 0, 5, "", dir + "/v2");
+  std::ifstream min(dir + "/v2/manifest.json");
+  std::stringstream text;
+  text << min.rdbuf();
+  ckpt::Manifest m = ckpt::parse_manifest(text.str(), "manifest.json");
+  ckpt::CheckpointReader reader(dir + "/v2", m);
+  std::filesystem::create_directories(dir + "/v1");
+  for (int r = 0; r < m.world_size; ++r) {
+    std::ofstream out(dir + "/v1/rank" + std::to_string(r) + ".zoe", std::ios::binary);
+    struct {
+      std::uint64_t magic = 0x31504b43454f5aull;
+      std::int32_t world, stage, rank, groups;
+      std::int64_t step;
+      double lr, scale;
+      std::int32_t good_steps, hysteresis_left;
+    } h{0x31504b43454f5aull, m.world_size, m.stage, r, static_cast<std::int32_t>(m.groups.size()), m.step, m.lr,
+        m.loss_scale, m.good_steps, m.hysteresis_left};
+    static_assert(sizeof(h) == 56);
+    out.write(reinterpret_cast<const char*>(&h), sizeof h);
+    for (std::size_t g = 0; g < m.groups.size(); ++g) {
+      const ckpt::RankRange& rr = m.groups[g].ranks[static_cast<std::size_t>(r)];
+      std::vector<float> all(3 * static_cast<std::size_t>(rr.numel));
+      for (int s = 0; s < 3; ++s)
+        reader.read(g, s, rr.begin, std::span<float>(all.data() + s * rr.numel, static_cast<std::size_t>(rr.numel)), r);
+      const std::int64_t n = rr.numel;
+      const std::uint32_t crc = io::crc32c(all.data(), all.size() * 4);
+      out.write(reinterpret_cast<const char*>(&n), sizeof n);
+      out.write(reinterpret_cast<const char*>(&crc), sizeof crc);
+      out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
+    }
+  }
+  EXPECT_TRUE(ckpt::is_legacy(dir + "/v1"));
+  const auto resumed = run(c, 5, 10, dir + "/v1", "");
+  zoe::test::expect_bitwise(straight, resumed, "format 1, same stage");
+  const auto at_stage3 = run(config(3, OffloadDevice::none, dir), 5, 10, dir + "/v1", "");
+  zoe::test::expect_bitwise(straight, at_stage3, "format 1, loaded at stage 3");
   std::filesystem::remove_all(dir);
 }
