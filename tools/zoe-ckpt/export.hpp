@@ -14,9 +14,11 @@ struct ExportOptions {
 };
 
 /// Writes the checkpoint's parameters (fp32 master weights) to options.output. Throws
-/// zoe::Error naming the file on failure. Read the values with zoe::ckpt::read_manifest_file
-/// and zoe::ckpt::CheckpointReader::read(group, 0 /* master */, param.offset + begin, span,
-/// -1), one piece at a time (src/core/checkpoint_reader.hpp).
+/// zoe::Error naming the file on failure. The pieces to build it from
+/// (src/core/checkpoint_reshard.hpp, checkpoint_reader.hpp): m = read_manifest_file(dir);
+/// verify_checkpoint(dir, m) (every CRC, before writing anything); CheckpointReader r(dir, m);
+/// for each m.groups[g].params[p]: r.read(g, 0 /* master */, param.offset + begin, span, -1)
+/// for [begin, begin + span.size()) of the parameter, one bounded piece at a time.
 void export_checkpoint(const ExportOptions& options);
 
 }  // namespace zoe_ckpt
