@@ -302,14 +302,28 @@ class Engine {
   int rank() const;
   int world_size() const;
 
-  /// Saves this rank's model states to `dir` (atomically: written to a temp dir and renamed,
-  /// so a failure leaves the last good checkpoint intact). A collective. If any rank cannot
-  /// write its file, every rank throws once they agree (no collective timeout) and the temp
-  /// dir is removed: the failing rank its IoError (a full disk: ENOSPC, naming the file and
-  /// the bytes it needs), the others an Error naming the failed ranks.
-  void save_checkpoint(const std::string& dir);
-  /// Loads what save_checkpoint wrote (same world size and stage). Throws Error on mismatch.
-  void load_checkpoint(const std::string& dir);
+  /// Saves the model and optimizer states to `dir` (a collective): every rank streams its
+  /// optimizer range (fp32 master weights, exp_avg, exp_avg_sq) one sub-group at a time into
+  /// `dir`/rank<R>.zoe, rank 0 writes `dir`/manifest.json (model, ranges, step counters, lr,
+  /// loss scaler, `client_state`, CRC32C checksums; docs/checkpoints.md). Written into
+  /// `dir`.tmp, every file and directory fsynced, then renamed into place: at any moment of a
+  /// crash `dir` or `dir`.old holds a complete checkpoint (load_checkpoint takes either).
+  /// `client_state`: opaque text (e.g. the trainer's JSON) returned by load_checkpoint.
+  /// If any rank cannot write its file, every rank throws once they agree (no collective
+  /// timeout) and the temp dir is removed: the failing rank its own error (a full disk:
+  /// IoError ENOSPC, naming the file and the bytes it needs), the others an Error naming the
+  /// failed ranks and their messages.
+  void save_checkpoint(const std::string& dir, const std::string& client_state = {});
+  /// Loads what save_checkpoint wrote, at any world size, stage, sub_group_size and offload
+  /// settings (the states are re-partitioned from the saved unpadded layout), or a checkpoint
+  /// of format 1 (zoe before the manifest). A collective; returns the saved client_state.
+  /// Reads `dir`, or `dir`.old if `dir` is incomplete (a crash in a save), the same on every
+  /// rank. Before changing anything every rank verifies the manifest (checksum, the model's
+  /// group and parameter names and shapes: UsageError for another model) and every part of
+  /// the rank files it will read (header, rank, save id, size, CRC32C: CorruptionError naming
+  /// the file); if any rank fails every rank throws, naming the failed ranks and their errors,
+  /// and the engine is unchanged. Host memory: one sub-group's states.
+  std::string load_checkpoint(const std::string& dir);
 
  private:
   /// add_parameter with an initializer (see there).

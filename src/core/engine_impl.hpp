@@ -173,6 +173,14 @@ struct EngineImpl {
   /// Writes every group's initial values to their homes, chunk by chunk (see the file).
   /// After the offload tiers' finalize().
   void write_initial_values();
+  /// Where write_values takes a chunk's values: the fp32 master weights of flat elements
+  /// [begin, begin + master.size()) of the group and, for a chunk of the optimizer range when
+  /// asked, its exp_avg then exp_avg_sq (`moments`: 2 * master.size() floats; else empty).
+  using ChunkSource = std::function<void(const Group& g, std::int64_t begin, std::span<float> master,
+                                         std::span<float> moments)>;
+  /// write_initial_values with the values of `source` (a checkpoint): the same chunks, the
+  /// same homes and roundings; `with_moments` also sets exp_avg / exp_avg_sq (else zero).
+  void write_values(const ChunkSource& source, bool with_moments);
   /// Fills `out` with the group's fp32 initial values of flat elements [begin, begin +
   /// out.size()) from the parameters' initializers (padding zero). Throws Error naming the
   /// parameter whose initializer failed.
