@@ -5,6 +5,7 @@
 // Not thread-safe: one thread drives an Engine.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -145,6 +146,19 @@ struct TraceEntry {
   bool operator==(const TraceEntry&) const = default;
 };
 
+/// DeepSpeed's IPG bucket (independent partition gradients): groups whose gradients of this
+/// round (stages 2-3: a micro-batch; stages 0-1: the step's last one) are complete, waiting to
+/// be reduced together by one collective. A group joins when its last user ends its backward;
+/// the bucket is reduced before a group that would take it past reduce_bucket_size elements
+/// joins (a group larger than that is a bucket of its own), once it is full, when the round is
+/// complete (every group reduced), before a module of the bucket starts its next backward, and
+/// at step(). Elements are the groups' padded flat sizes, what the collective carries.
+struct GradBucket {
+  std::vector<int> groups;  // in the order their backward completed (the same on every rank)
+  std::int64_t elements = 0;
+  bool holds(int group) const { return std::find(groups.begin(), groups.end(), group) != groups.end(); }
+};
+
 struct PendingFree {
   DeviceBuffer buffer;
   std::shared_ptr<Event> after;
@@ -195,8 +209,14 @@ struct EngineImpl {
   std::int64_t releasing_elements = 0;  // released gather buffers not yet returned
   std::deque<PendingFree> pending_frees;
 
+  GradBucket bucket;  // gradients waiting for their reduction (gradients.cpp)
+
   // Traffic of the current / last step.
   CommStats step_start_stats;
+  // The engine's collectives over parameters and gradients so far, per kind (the step's
+  // agreement and norm all-reduce are not counted): TrafficReport's *_calls.
+  std::int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0;
+  std::int64_t calls_at_step_start[3] = {0, 0, 0};
   TrafficReport last_traffic;
   std::int64_t elements_sent = 0, elements_at_step_start = 0;
 
@@ -233,6 +253,9 @@ struct EngineImpl {
   // call_rules.cpp: the tags of collectives about group g's parameters / gradients now
   CollectiveTag params_tag(const Group& g) const;
   CollectiveTag grads_tag(const Group& g) const;
+  /// The tag of one collective over several groups' parameters / gradients (a reduce bucket,
+  /// a coalesced all-gather): the first group's index and micro-batch, every group named.
+  CollectiveTag coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const;
 
   // gather.cpp
   void acquire(int module, bool backward);
@@ -253,7 +276,24 @@ struct EngineImpl {
   // gradients.cpp
   void prepare_grads(ModuleInfo& m);
   void finish_backward(ModuleInfo& m);
+  /// Puts group `gi`'s complete gradient of this round into the bucket (reducing the bucket
+  /// first when it would overflow, after when it is full).
+  void queue_reduction(int gi);
+  /// Reduces the bucket's groups with one collective (nothing when empty). With
+  /// overlap_comm false the trainer's compute then waits for the reduction.
+  void flush_bucket();
+  /// Whether every group has reduced the round of the bucket's last group.
+  bool round_complete() const;
+  /// One group's reduction straight from its gradient buffer (a bucket of one group).
   void reduce_group(Group& g);
+  /// Several groups' reduction: their gradients flattened into one buffer (rank-major for
+  /// reduce-scatter: [rank 0's shards of every group | rank 1's | ...]), one collective, the
+  /// results copied back (all-reduce) or taken per group from the reduced shards.
+  void reduce_groups(const std::vector<int>& gis);
+  /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
+  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups. `reduced`
+  /// is read only by side-stream work queued here (free it after the side stream).
+  void absorb_shard(Group& g, const void* reduced);
   /// Adds the group's reduced shard (compute dtype, device memory; reduced on the side stream)
   /// to the fp32 gradients of its offloaded sub-groups through the GradientSink (after the
   /// group's previous update). Returns the event after which `shard` is no longer read.
