@@ -263,6 +263,11 @@ struct EngineImpl {
   /// Stage 3, sharded -> gathered: allocates param_full and queues its all-gather on the side
   /// stream (after the group's update); no-op when gathered.
   void gather(Group& g);
+  /// gather() of several groups with one all-gather (DeepSpeed's all_gather_coalesced): their
+  /// shards concatenated, gathered rank-major, then copied into each param_full. Groups
+  /// already gathered are skipped; one group left is a plain gather(). With parameter offload
+  /// at most ParamShards::read_slots() groups per collective (each holds a read buffer).
+  void gather_coalesced(std::vector<int> gis);
   /// Stage 3, gathered -> sharded: param_full is freed after the side stream's work so far
   /// (the caller has ordered the trainer's reads before it: side_waits_for_compute).
   void reshard(Group& g);
@@ -353,6 +358,10 @@ struct EngineImpl {
   void start_update(const UpdatePlan& plan);
   /// Makes `side` wait for group g's update and, stages 1-2, all-gathers its new shard.
   void after_update(Group& g);
+  /// Stages 1-2: all-gathers the group's updated shard into param_full, in pieces of at most
+  /// about allgather_bucket_size elements in all (DeepSpeed's all_gather_dp_groups), each
+  /// through a staging buffer when there are several.
+  void gather_update(Group& g);
   /// Blocks until the whole update is done (rethrows its error), then all-gathers every
   /// stale group (stages 1-2).
   void finish_update();
