@@ -152,9 +152,13 @@ TrainOptions parse_options(int argc, char** argv) {
   if (use_flag(o_wd, "/optimizer/params/weight_decay")) c.optimizer.weight_decay = weight_decay;
   if (use_flag(o_clip, "/gradient_clipping")) c.gradient_clipping = grad_clip;
   if (use_flag(o_stage, "/zero_optimization/stage")) c.zero_optimization.stage = stage;
-  if (use_flag(o_offopt, "/zero_optimization/offload_optimizer/device"))
+  // zoe-gpt's default offload goes with its default stage: a file whose stage cannot offload
+  // (optimizer states: stage 0; parameters: below 3) keeps DeepSpeed's none unless the flag
+  // is given.
+  const int st = c.zero_optimization.stage;
+  if (use_flag(o_offopt, "/zero_optimization/offload_optimizer/device") && (o_offopt->count() > 0 || st >= 1))
     c.zero_optimization.offload_optimizer.device = offload_device(offload_opt);
-  if (use_flag(o_offpar, "/zero_optimization/offload_param/device"))
+  if (use_flag(o_offpar, "/zero_optimization/offload_param/device") && (o_offpar->count() > 0 || st == 3))
     c.zero_optimization.offload_param.device = offload_device(offload_param);
   if (use_flag(o_nvme, "/zero_optimization/offload_optimizer/nvme_path"))
     c.zero_optimization.offload_optimizer.nvme_path = nvme_path;

@@ -168,10 +168,15 @@ struct MemoryReport {
 
 /// Collective traffic of the last step (all micro-batches), as nccl-tests counts bus bytes:
 /// all-gather and reduce-scatter send (Nd-1)/Nd of their full size, all-reduce 2(Nd-1)/Nd.
+/// The *_calls count the engine's collectives over parameters and gradients by kind (one per
+/// gradient bucket, per coalesced stage-3 gather, per stage 1-2 all-gather chunk); `calls` is
+/// every collective of the step, the step agreement and the norm's fp64 all-reduce included.
 struct TrafficReport {
   std::int64_t bytes_sent = 0;
   std::int64_t elements_sent = 0;
   std::int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0;
+  std::int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0;
+  std::int64_t calls = 0;
 };
 
 class Engine {

@@ -85,7 +85,13 @@ void check_scheduler(Checker& k, const SchedulerConfig& s) {
 
 void check_zero(Checker& k, const ZeroConfig& z) {
   k.in_range("zero_optimization.stage", z.stage, 0, 3);
-  k.at_least("zero_optimization.reduce_bucket_size", z.reduce_bucket_size, 1);
+  // 0 as in DeepSpeed: every group is a bucket of its own.
+  k.at_least("zero_optimization.reduce_bucket_size", z.reduce_bucket_size, 0);
+  if (!z.contiguous_gradients)
+    k.fail("zero_optimization.contiguous_gradients", {}, "DeepSpeed key not supported by zoe with value false: zoe always "
+           "keeps a module group's gradients in one contiguous flat buffer and its reduced shard in one contiguous "
+           "buffer (what true means in DeepSpeed); the per-parameter gradient tensors of false do not exist in zoe "
+           "(set true or remove the key)");
   k.at_least("zero_optimization.allgather_bucket_size", z.allgather_bucket_size, 1);
   k.at_least("zero_optimization.sub_group_size", z.sub_group_size, 1);
   k.at_least("zero_optimization.stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);

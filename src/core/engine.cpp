@@ -247,6 +247,7 @@ void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DT
   comm.tag_next(std::move(tag));
   comm.all_gather(send, recv, static_cast<std::size_t>(count), dt, *side);
   elements_sent += count * (world - 1);
+  ++all_gather_calls;
 }
 
 void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
@@ -254,6 +255,7 @@ void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count
   comm.tag_next(std::move(tag));
   comm.reduce_scatter(send, recv, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += count * (world - 1);
+  ++reduce_scatter_calls;
 }
 
 void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag) {
@@ -261,6 +263,7 @@ void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveT
   comm.tag_next(std::move(tag));
   comm.all_reduce(buf, buf, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += world > 1 ? 2 * count * (world - 1) / world : 0;
+  ++all_reduce_calls;
 }
 
 }  // namespace core
@@ -415,6 +418,7 @@ static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t
 StepResult Engine::step() {
   Impl& I = *impl_;
   I.finalize();
+  I.flush_bucket();        // the last gradients waiting in the bucket: their collective is part of the step
   core::agree_on_step(I);  // every rank made the same calls this step
   // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
   if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);

@@ -5,6 +5,7 @@
 // Not thread-safe: one thread drives an Engine.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -81,8 +82,14 @@ struct EngineImpl {
   ExecutionTrace trace;             // the order prefetch follows
   std::int64_t live_elements = 0;   // gathered parameter elements in use or prefetched
 
+  GradBucket bucket;  // gradients waiting for their reduction (gradients.cpp)
+
   // Traffic of the current / last step.
   CommStats step_start_stats;
+  // The engine's collectives over parameters and gradients so far, per kind (the step's
+  // agreement and norm all-reduce are not counted): TrafficReport's *_calls.
+  std::int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0;
+  std::int64_t calls_at_step_start[3] = {0, 0, 0};
   TrafficReport last_traffic;
   std::int64_t elements_sent = 0, elements_at_step_start = 0;
 
@@ -110,6 +117,9 @@ struct EngineImpl {
   // call_rules.cpp: the tags of collectives about group g's parameters / gradients now
   CollectiveTag params_tag(const Group& g) const;
   CollectiveTag grads_tag(const Group& g) const;
+  /// The tag of one collective over several groups' parameters / gradients (a reduce bucket,
+  /// a coalesced all-gather): the first group's index and micro-batch, every group named.
+  CollectiveTag coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const;
 
   // gather.cpp
   void acquire(int module, bool backward);
@@ -117,6 +127,11 @@ struct EngineImpl {
   /// Stage 3, sharded -> gathered: allocates param_full and queues its all-gather on the side
   /// stream (after the group's update); no-op when gathered.
   void gather(Group& g);
+  /// gather() of several groups with one all-gather (DeepSpeed's all_gather_coalesced): their
+  /// shards concatenated, gathered rank-major, then copied into each param_full. Groups
+  /// already gathered are skipped; one group left is a plain gather(). With parameter offload
+  /// at most ParamShards::read_slots() groups per collective (each holds a read buffer).
+  void gather_coalesced(std::vector<int> gis);
   /// Stage 3, gathered -> sharded: param_full is freed after the side stream's work so far
   /// (the caller has ordered the trainer's reads before it: side_waits_for_compute).
   void reshard(Group& g);
@@ -132,7 +147,24 @@ struct EngineImpl {
   // gradients.cpp
   void prepare_grads(ModuleInfo& m);
   void finish_backward(ModuleInfo& m);
+  /// Puts group `gi`'s complete gradient of this round into the bucket (reducing the bucket
+  /// first when it would overflow, after when it is full).
+  void queue_reduction(int gi);
+  /// Reduces the bucket's groups with one collective (nothing when empty). With
+  /// overlap_comm false the trainer's compute then waits for the reduction.
+  void flush_bucket();
+  /// Whether every group has reduced the round of the bucket's last group.
+  bool round_complete() const;
+  /// One group's reduction straight from its gradient buffer (a bucket of one group).
   void reduce_group(Group& g);
+  /// Several groups' reduction: their gradients flattened into one buffer (rank-major for
+  /// reduce-scatter: [rank 0's shards of every group | rank 1's | ...]), one collective, the
+  /// results copied back (all-reduce) or taken per group from the reduced shards.
+  void reduce_groups(const std::vector<int>& gis);
+  /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
+  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups. `reduced`
+  /// is read only by side-stream work queued here (free it after the side stream).
+  void absorb_shard(Group& g, const void* reduced);
   /// Adds the group's reduced shard (compute dtype, device memory; reduced on the side stream)
   /// to the fp32 gradients of its offloaded sub-groups through the GradientSink (after the
   /// group's previous update). Returns the event after which `shard` is no longer read.
@@ -200,6 +232,10 @@ struct EngineImpl {
   void start_update(const UpdatePlan& plan);
   /// Makes `side` wait for group g's update and, stages 1-2, all-gathers its new shard.
   void after_update(Group& g);
+  /// Stages 1-2: all-gathers the group's updated shard into param_full, in pieces of at most
+  /// about allgather_bucket_size elements in all (DeepSpeed's all_gather_dp_groups), each
+  /// through a staging buffer when there are several.
+  void gather_update(Group& g);
   /// Blocks until the whole update is done (rethrows its error), then all-gathers every
   /// stale group (stages 1-2).
   void finish_update();

@@ -6,6 +6,7 @@
 // Not thread-safe: owned by EngineImpl, driven by one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -98,6 +99,19 @@ struct ModuleInfo {
   std::vector<int> groups;  // distinct groups of its params, ascending
   enum class Phase { idle, forward, backward } phase = Phase::idle;
   int backward_count = 0;  // since the last step
+};
+
+/// DeepSpeed's IPG bucket (independent partition gradients): groups whose gradients of this
+/// round (stages 2-3: a micro-batch; stages 0-1: the step's last one) are complete, waiting to
+/// be reduced together by one collective. A group joins when its last user ends its backward;
+/// the bucket is reduced before a group that would take it past reduce_bucket_size elements
+/// joins (a group larger than that is a bucket of its own), once it is full, when the round is
+/// complete (every group reduced), before a module of the bucket starts its next backward, and
+/// at step(). Elements are the groups' padded flat sizes, what the collective carries.
+struct GradBucket {
+  std::vector<int> groups;  // in the order their backward completed (the same on every rank)
+  std::int64_t elements = 0;
+  bool holds(int group) const { return std::find(groups.begin(), groups.end(), group) != groups.end(); }
 };
 
 }  // namespace zoe::core

@@ -34,6 +34,7 @@ StepResult EngineImpl::step() {
     ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group '", g.name, "' had ",
                     g.micro_batches, " backward passes this step, expected ", gas);
   }
+  flush_bucket();  // the last round's gradients still waiting
   Stream& s = *side;
   const DType gdt = grad_dtype();
   // Groups no module ran backward for this step have zero gradients.
@@ -168,6 +169,13 @@ StepResult EngineImpl::step() {
   last_traffic.all_reduce_bytes = now.all_reduce_bytes - step_start_stats.all_reduce_bytes;
   last_traffic.bytes_sent = now.total() - step_start_stats.total();
   last_traffic.elements_sent = elements_sent - elements_at_step_start;
+  last_traffic.all_gather_calls = all_gather_calls - calls_at_step_start[0];
+  last_traffic.reduce_scatter_calls = reduce_scatter_calls - calls_at_step_start[1];
+  last_traffic.all_reduce_calls = all_reduce_calls - calls_at_step_start[2];
+  last_traffic.calls = now.calls - step_start_stats.calls;
+  calls_at_step_start[0] = all_gather_calls;
+  calls_at_step_start[1] = reduce_scatter_calls;
+  calls_at_step_start[2] = all_reduce_calls;
   step_start_stats = now;
   elements_at_step_start = elements_sent;
   result.step = step_count;

@@ -1,3 +1,4 @@
+#include <limits>
 #include "src/offload/param_shards.hpp"
 
 #include <algorithm>
@@ -95,6 +96,10 @@ std::optional<std::shared_ptr<ShardRead>> ParamShards::try_begin_read(int id, bo
   r->buffer = std::move(*b);
   if (issue_now) issue(*r);
   return r;
+}
+
+int ParamShards::read_slots() const {
+  return options_.device == OffloadDevice::cpu ? std::numeric_limits<int>::max() : options_.buffer_count - 1;
 }
 
 void ParamShards::issue(ShardRead& read) {

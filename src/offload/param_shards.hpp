@@ -103,6 +103,9 @@ class ParamShards {
   void read(int id, void* dst);
   void write(int id, const void* src);
 
+  /// How many reads may be held at once: nvme, the buffer_count - 1 read buffers; cpu, any
+  /// number (INT_MAX: a read is the shard's home itself).
+  int read_slots() const;
   std::size_t bytes(int id) const { return bytes_[id]; }
   std::int64_t host_bytes() const;     // shards in host memory (cpu tier)
   std::int64_t nvme_bytes() const;     // shards on NVMe

@@ -72,6 +72,9 @@ Config config(OffloadDevice tier, const std::string& dir) {
   c.zero_optimization.sub_group_size = 1 << 18;  // 3 MiB of states: 3 staging buffers per rank
   c.zero_optimization.stage3_prefetch_bucket_size = 2 * kModuleNumel;
   c.zero_optimization.stage3_max_live_parameters = 3 * kModuleNumel;
+  // One module per gradient bucket: the default (5e8 elements) would hold every module's
+  // gradient until the end of backward, and their flattened copy, far past the cap.
+  c.zero_optimization.reduce_bucket_size = kModuleNumel;
   c.zero_optimization.offload_optimizer.device = tier;
   c.zero_optimization.offload_optimizer.nvme_path = dir;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
