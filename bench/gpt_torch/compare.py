@@ -55,6 +55,7 @@ def parse_args():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--timing-warmup", type=int, default=5)
     p.add_argument("--zoe-head-precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--python", default="/usr/bin/python3", help="interpreter with torch for train_gpt.py")
     p.add_argument("--json", action="store_true")
     return p.parse_args()
 
@@ -99,7 +100,7 @@ def zoe_gpt(a, setting, tmp):
 
 def main():
     a = parse_args()
-    torch_cmd = ["/usr/bin/python3", os.path.join(HERE, "train_gpt.py"), "--data-dir", a.data_dir,
+    torch_cmd = [a.python, os.path.join(HERE, "train_gpt.py"), "--data-dir", a.data_dir,
                  "--layers", str(a.layers), "--heads", str(a.heads), "--width", str(a.width),
                  "--context", str(a.context), "--batch", str(a.world_size * a.batch), "--steps", str(a.steps),
                  "--timing-warmup", str(a.timing_warmup), "--threads", str(a.threads)]

@@ -146,7 +146,7 @@ def main():
     losses, t_start = [], None
     for step in range(a.steps):
         if step == a.timing_warmup:
-            t_start = time.perf_counter()
+            t_start, cpu_start = time.perf_counter(), time.process_time()
         lr = learning_rate(step, a.steps, a.warmup, a.lr, a.lr * a.min_lr_ratio)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -160,10 +160,12 @@ def main():
         opt.step()
         losses.append(loss.item())
     seconds = time.perf_counter() - t_start if t_start is not None else float("nan")
+    cpu_seconds = time.process_time() - cpu_start if t_start is not None else float("nan")
     timed = a.steps - a.timing_warmup
     print(json.dumps({
         "tokens_per_s": timed * a.batch * T / seconds if timed > 0 else float("nan"),
         "timed_steps": timed, "timed_seconds": seconds,
+        "timed_cpu_seconds": cpu_seconds,  # all of the process's threads: / timed_seconds = cores kept busy
         "first_loss": losses[0], "last_loss": losses[-1],
         "parameters": sum(p.numel() for p in P.values()),
         "torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -27,9 +27,10 @@
 //
 // Units: elements (floats) unless named bytes. Thread-safety: one thread drives an
 // OptimizerStates, except that add_grad / zero_grad may run on a second thread (the gradient
-// sink's I/O worker) while the driving thread runs for_each on other sub-groups: they share no
-// member state but the sub-group's own arrays and sums, and CpuAdam::add_grad may run beside
-// CpuAdam::step (cpu_adam.hpp). Its I/O runs on the store's io_uring threads.
+// sink's I/O worker) while the driving thread runs for_each on other sub-groups: add_grad
+// touches only that sub-group's gradient and sums, its own gradient buffer pool and the NvmeStore
+// (callable from any thread), and CpuAdam::add_grad may run beside CpuAdam::step (cpu_adam.hpp).
+// Its I/O runs on the store's io_uring threads.
 // Errors: IoError / CorruptionError from the NVMe store (naming file, offset, tensor),
 // OutOfMemoryError from the pinned pool.
 #pragma once
@@ -113,7 +114,8 @@ class OptimizerStates {
   void for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn);
   /// Gradient of sub-group `id` from a reduced shard slice: numel elements of `dtype` at `src`
   /// (host memory), cast to fp32 (first micro-batch of a step) or added in fp32 (later ones),
-  /// exactly as Device::cast / Device::accumulate. On the `last` micro-batch it also records
+  /// exactly as Device::cast / Device::accumulate (bitwise; one exception, cpu_adam.hpp: an fp16
+  /// signalling NaN arrives as a quiet NaN on the AVX-512 path). On the `last` micro-batch it also records
   /// grad_sum_squares / grad_finite. NVMe: read-modify-write through the gradient buffer.
   /// Runs in one pass on the CpuAdam of OptimizerStatesOptions::adam (its arena's threads).
   /// One thread at a time; may run beside for_each only on a sub-group for_each does not visit
