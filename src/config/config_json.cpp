@@ -225,16 +225,12 @@ void read_root(Section s, Config& c) {
   s.disabled_only("curriculum_learning", "data loading belongs to the trainer");
   s.unsupported("compression_training",
                 "zoe does not quantize or prune the trainer's layers (DeepSpeed Compression wraps torch modules)");
-  s.disabled_only("elasticity", "a run's world size is fixed: checkpoints load only at the world size that saved them");
+  s.disabled_only("elasticity", "a run's world size is fixed (a checkpoint loads at any world size, but the batch is not rescaled elastically)");
   s.disabled_only("autotuning", "use zoe-estimate");
   s.disabled_only("torch_autocast", "the trainer computes in the dtype of the gathered parameters (fp16 / bf16)");
   s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
-  s.fixed("prescale_gradients", false,
-          "zoe reduces the gradient sum and divides it by the world size after the reduction (DeepSpeed's "
-          "false); dividing before it is not implemented");
-  s.fixed("gradient_predivide_factor", 1.0,
-          "zoe divides the reduced gradient sum by the world size after the reduction (DeepSpeed's 1.0); "
-          "a partial division before it is not implemented");
+  s.boolean("prescale_gradients", c.prescale_gradients);
+  s.number("gradient_predivide_factor", c.gradient_predivide_factor);
   s.unsupported("communication_data_type", "gradients are reduced in the compute dtype");
   s.unsupported("data_types", "gradients are reduced in the compute dtype");
   s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
@@ -337,6 +333,8 @@ std::string Config::to_json() const {
   j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = gradient_accumulation_steps;
   j["gradient_clipping"] = gradient_clipping;
+  j["prescale_gradients"] = prescale_gradients;
+  j["gradient_predivide_factor"] = gradient_predivide_factor;
   j["steps_per_print"] = steps_per_print;
   j["wall_clock_breakdown"] = wall_clock_breakdown;
   j["dump_state"] = dump_state;

@@ -153,6 +153,7 @@ std::vector<CheckProblem> check(const Config& c) {
   k.at_least("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, 1);
   k.at_least("gradient_accumulation_steps", c.gradient_accumulation_steps, 1);
   k.finite_at_least("gradient_clipping", c.gradient_clipping, 0.0, false);
+  k.finite_at_least("gradient_predivide_factor", c.gradient_predivide_factor, 0.0, true);
   k.at_least("steps_per_print", c.steps_per_print, 0);
   check_fp16(k, c.fp16);
   if (c.fp16.enabled && c.bf16.enabled)

@@ -153,6 +153,10 @@ struct EngineImpl {
   /// Reduces the bucket's groups with one collective (nothing when empty). With
   /// overlap_comm false the trainer's compute then waits for the reduction.
   void flush_bucket();
+  /// What each gradient is divided by before its reduction: the world size with
+  /// prescale_gradients, else gradient_predivide_factor (DeepSpeed's engine and ZeRO
+  /// average_tensor); the step divides the sum by world / this.
+  double pre_divisor() const { return config.prescale_gradients ? world : config.gradient_predivide_factor; }
   /// Whether every group has reduced the round of the bucket's last group.
   bool round_complete() const;
   /// One group's reduction straight from its gradient buffer (a bucket of one group).

@@ -79,6 +79,12 @@ void EngineImpl::flush_bucket() {
   if (bucket.groups.empty()) return;
   std::vector<int> gis = std::move(bucket.groups);
   bucket = GradBucket{};
+  if (const double p = pre_divisor(); p != 1.0)  // prescale_gradients / gradient_predivide_factor
+    for (int gi : gis) {
+      Group& g = groups[static_cast<std::size_t>(gi)];
+      device.scale(g.grad_full.data(), dtype, static_cast<std::size_t>(g.layout->padded_numel()),
+                   static_cast<float>(1.0 / p), *side);
+    }
   if (gis.size() == 1) {
     reduce_group(groups[static_cast<std::size_t>(gis.front())]);
   } else {

@@ -131,7 +131,8 @@ StepResult EngineImpl::step() {
   StepResult result;
   result.loss_scale = scaler.scale();
   const bool overflow = nonfinite > 0 || !std::isfinite(total);
-  const double inv = 1.0 / (scaler.scale() * world * gas);
+  // The reduced sums are of gradients already divided by pre_divisor() (prescale_gradients).
+  const double inv = pre_divisor() / (scaler.scale() * world * gas);
   result.grad_norm = std::sqrt(total) * inv;
   const double max_norm = config.gradient_clipping;
   if (!overflow && max_norm > 0) result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));

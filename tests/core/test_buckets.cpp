@@ -6,7 +6,9 @@
 // stay bitwise those of the unbucketed run. Ranks are threads (local communicator).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -271,5 +273,45 @@ TEST(Buckets, DifferentBackwardOrdersFailNamingTheBuckets) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("gradients of 2 groups ('B', 'A')"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("gradients of 2 groups ('A', 'B')"), std::string::npos) << errors[r];
+  }
+}
+
+namespace {
+double relative_difference(const RunResult& a, const RunResult& b) {  // ||a - b|| / ||b|| over every parameter
+  double diff = 0, norm = 0;
+  for (std::size_t i = 0; i < a.params.size(); ++i)
+    for (std::size_t j = 0; j < a.params[i].size(); ++j) {
+      const double x = a.params[i][j], y = b.params[i][j];
+      diff += (x - y) * (x - y);
+      norm += y * y;
+    }
+  return std::sqrt(diff / norm);
+}
+}  // namespace
+
+// prescale_gradients divides each gradient by the world size before the reduction, and
+// gradient_predivide_factor f by f before and world / f after (DeepSpeed's engine). Dividing
+// by a power of two is exact, so at world 2 and 4 (f = 2) the run is bitwise the plain one;
+// by 3 it is not (the division rounds), which shows the division happens before the sum,
+// yet it stays within a few fp32 roundings of it.
+TEST(Buckets, PrescaleGradientsDividesBeforeTheReduction) {
+  for (int stage : {0, 1, 2, 3}) {
+    Config plain = config(stage, kGroup);
+    plain.bf16.enabled = false;  // fp32 compute: the roundings of the division show alone
+    const RunResult base = train(plain, three_layers(), 2, 4, 8);
+    Config pre = plain;
+    pre.prescale_gradients = true;
+    EXPECT_TRUE(bitwise_equal(train(pre, three_layers(), 2, 4, 8), base)) << "stage " << stage;
+    Config two = plain;
+    two.gradient_predivide_factor = 2.0;
+    EXPECT_TRUE(bitwise_equal(train(two, three_layers(), 2, 4, 8), base)) << "stage " << stage;
+    Config three = plain;
+    three.gradient_predivide_factor = 3.0;
+    const RunResult by_three = train(three, three_layers(), 2, 4, 8);
+    EXPECT_FALSE(bitwise_equal(by_three, base)) << "stage " << stage << ": the pre-division had no effect";
+    EXPECT_LT(relative_difference(by_three, base), 1e-5) << "stage " << stage;
+    // prescale_gradients wins over the factor, as in DeepSpeed.
+    three.prescale_gradients = true;
+    EXPECT_TRUE(bitwise_equal(train(three, three_layers(), 2, 4, 8), base)) << "stage " << stage;
   }
 }
