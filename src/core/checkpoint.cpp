@@ -121,48 +121,51 @@ std::string failed_ranks(core::EngineImpl& I, bool failed) {
 // A rank that fails to write its file (a full disk: IoError ENOSPC) fails the save on every
 // rank after they agree; the partial <dir>.tmp is removed and <dir> is left as it was.
 void Engine::save_checkpoint(const std::string& dir) {
-  core::EngineImpl& I = *impl_;
-  I.finalize();
-  synchronize();
-  const fs::path final_dir(dir), tmp = dir + ".tmp", old = dir + ".old";
-  std::exception_ptr error;
-  if (I.rank == 0) {
-    try {
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  barrier(I);
-  const std::string path = rank_file(tmp, I.rank);
-  if (!error) {
-    try {
-      write_rank_file(I, path);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  const std::string bad = failed_ranks(I, error != nullptr);
-  if (!bad.empty()) {
+  impl_->guarded("save_checkpoint", [&] {
+    core::EngineImpl& I = *impl_;
+    I.finalize();
+    synchronize();
+    const fs::path final_dir(dir), tmp = dir + ".tmp", old = dir + ".old";
+    std::exception_ptr error;
     if (I.rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);  // every rank is past its writes
-      if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp.string(), ec.message());
+      try {
+        fs::remove_all(tmp);
+        fs::create_directories(tmp);
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     barrier(I);
-    if (error) std::rethrow_exception(error);
-    ZOE_THROW(Error, "checkpoint '", dir, "' was not saved: writing failed on rank(s) ", bad,
-              " (see their error); the partial '", tmp.string(), "' was removed and '", dir, "' is unchanged");
-  }
-  if (I.rank == 0) {
-    fs::remove_all(old);
-    if (fs::exists(final_dir)) fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    fs::remove_all(old);
-  }
-  barrier(I);
-  ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+    const std::string path = rank_file(tmp, I.rank);
+    if (!error) {
+      try {
+        write_rank_file(I, path);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    const std::string bad = failed_ranks(I, error != nullptr);
+    if (!bad.empty()) {
+      if (I.rank == 0) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);  // every rank is past its writes
+        if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp.string(), ec.message());
+      }
+      barrier(I);
+      I.agreed_failure = true;  // every rank throws here: the engine stays usable
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, "checkpoint '", dir, "' was not saved: writing failed on rank(s) ", bad,
+                " (see their error); the partial '", tmp.string(), "' was removed and '", dir, "' is unchanged");
+    }
+    if (I.rank == 0) {
+      fs::remove_all(old);
+      if (fs::exists(final_dir)) fs::rename(final_dir, old);
+      fs::rename(tmp, final_dir);
+      fs::remove_all(old);
+    }
+    barrier(I);
+    ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+  });
 }
 
 namespace {
@@ -207,29 +210,32 @@ LoadedCheckpoint read_rank_file(core::EngineImpl& I, const std::string& dir) {
 // all-reduce) before anything is written: a bad file on any rank fails the load on every rank
 // at once (no rank waits for a collective the failed one never joins) and changes nothing.
 void Engine::load_checkpoint(const std::string& dir) {
-  core::EngineImpl& I = *impl_;
-  I.finalize();
-  synchronize();
-  LoadedCheckpoint loaded;
-  std::exception_ptr error;
-  try {
-    loaded = read_rank_file(I, dir);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  const std::string bad = failed_ranks(I, error != nullptr);
-  if (error) std::rethrow_exception(error);
-  if (!bad.empty())
-    ZOE_THROW(CorruptionError, "checkpoint '", dir, "' could not be loaded on rank(s) ", bad,
-              " (see their error); nothing was changed");
+  impl_->guarded("load_checkpoint", [&] {
+    core::EngineImpl& I = *impl_;
+    I.finalize();
+    synchronize();
+    LoadedCheckpoint loaded;
+    std::exception_ptr error;
+    try {
+      loaded = read_rank_file(I, dir);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const std::string bad = failed_ranks(I, error != nullptr);
+    I.agreed_failure = !bad.empty();  // every rank throws here, having changed nothing
+    if (error) std::rethrow_exception(error);
+    if (!bad.empty())
+      ZOE_THROW(CorruptionError, "checkpoint '", dir, "' could not be loaded on rank(s) ", bad,
+                " (see their error); nothing was changed");
 
-  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) write_states(I, I.groups[gi], loaded.groups[gi]);
-  const Header& h = loaded.header;
-  I.step_count = h.step;
-  I.lr = h.lr;
-  I.scaler.restore({h.scale, h.good_steps, h.hysteresis_left});
-  if (I.policy.shards_params) I.drop_all_gathered();
-  barrier(I);
+    for (std::size_t gi = 0; gi < I.groups.size(); ++gi) write_states(I, I.groups[gi], loaded.groups[gi]);
+    const Header& h = loaded.header;
+    I.step_count = h.step;
+    I.lr = h.lr;
+    I.scaler.restore({h.scale, h.good_steps, h.hysteresis_left});
+    if (I.policy.shards_params) I.drop_all_gathered();
+    barrier(I);
+  });
 }
 
 }  // namespace zoe
