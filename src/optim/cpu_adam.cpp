@@ -18,6 +18,7 @@
 
 #include "kernels/elementwise.hpp"
 #include "src/common/check.hpp"
+#include "src/common/sanitizers.hpp"
 #include "src/optim/adam_kernels.hpp"
 #include "src/optim/isa_detect.hpp"
 
@@ -180,11 +181,15 @@ struct CpuAdam::Impl {
       for (std::size_t c = 0; c < chunks; ++c) run(c);
       return;
     }
+    sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
     arena.execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1), [&](const tbb::blocked_range<std::size_t>& r) {
+        edges.body_begins();
         for (std::size_t c = r.begin(); c != r.end(); ++c) run(c);
+        edges.body_ends();
       });
     });
+    edges.joined();
   }
 
   tbb::task_arena arena;
@@ -312,11 +317,15 @@ CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* gr
       for (std::size_t blk = 0; blk < blocks; ++blk) run(blk);
       return;
     }
+    sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
     impl_->arena.execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks, 1), [&](const tbb::blocked_range<std::size_t>& rg) {
+        edges.body_begins();
         for (std::size_t blk = rg.begin(); blk != rg.end(); ++blk) run(blk);
+        edges.body_ends();
       });
     });
+    edges.joined();
   });
   for (double x : sums) r.sum_squares += x;  // chunk order, as host_ops::sum_squares
   // The AVX-512 kernel reports its vector part finite; an inf or NaN there made the sum inf / NaN.
