@@ -72,7 +72,10 @@ std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300
 /// TimeoutError when the store or a peer is not reached within `timeout_s` seconds.
 RankContext rank_from_environment(double timeout_s = 300.0);
 
-/// Calls fn(ctx) on one thread per rank and joins them; rethrows the first exception.
+/// Calls fn(ctx) on one thread per rank and joins them. A rank whose fn throws aborts its
+/// communicator with the exception's message (its peers' collectives then throw
+/// RankFailedError naming it at once instead of waiting out the timeout). Rethrows the first
+/// exception (by rank) that is not a RankFailedError, else the first one.
 void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(RankContext&)>& fn);
 
 /// Produces part of a parameter's initial value: fills `out` with elements

@@ -167,108 +167,115 @@ void write_manifest(const ckpt::Manifest& m, const std::string& dir) {
 
 // Throws on every rank when some outcome is an error: the rank's own exception where it has
 // one, else `Type` naming the failed ranks and their messages.
+// Every rank throws together here, so the failure is agreed: the engine's guard does not abort
+// the communicator for it (EngineImpl::guarded) and the engine stays usable.
 template <typename Type>
-void throw_if_failed(const std::vector<std::string>& all, std::exception_ptr own, const std::string& what,
-                     const std::string& after) {
+void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, std::exception_ptr own,
+                     const std::string& what, const std::string& after) {
   const auto [ranks, messages] = failed_ranks(all);
   if (ranks.empty()) return;
+  I.agreed_failure = true;
   if (own) std::rethrow_exception(own);
   ZOE_THROW(Type, what, " on rank(s) ", ranks, " (", messages, ")", after);
 }
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
-  Impl& I = *impl_;
-  I.finalize();
-  synchronize();
-  const std::string tmp = ckpt::temp_dir_of(dir);
-  const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
+  impl_->guarded("save_checkpoint", [&] {
+    Impl& I = *impl_;
+    I.finalize();
+    synchronize();
+    const std::string tmp = ckpt::temp_dir_of(dir);
+    const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
 
-  // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
-  ckpt::Manifest m;
-  m.world_size = I.world;
-  m.stage = I.stage;
-  m.compute_dtype = std::string(dtype_name(I.dtype));
-  m.chunk_elements = I.sub_group_numel();
-  m.step = I.step_count;
-  m.step_calls = I.step_calls;
-  m.skipped_steps = I.skipped_calls;
-  m.lr = I.lr;
-  const auto st = I.scaler.state();
-  m.loss_scale = st.scale;
-  m.good_steps = st.good_steps;
-  m.hysteresis_left = st.hysteresis_left;
-  m.client_state = client_state;
-  m.groups = model_of(I);
-  ckpt::lay_out_ranks(m);
-  std::exception_ptr error;
-  std::string mine;
-  if (I.rank == 0) {
-    try {
-      ckpt::recover(dir);
-      ckpt::make_temp(dir);
-      std::random_device rd;
-      const std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count);
-      mine = ok(hex_id(id));
-    } catch (...) {
-      error = std::current_exception();
-      mine = failure(error);
-    }
-  }
-  std::vector<std::string> all = share_outcomes(I, mine);
-  if (is_error(all[0])) {
-    if (error) std::rethrow_exception(error);
-    ZOE_THROW(Error, not_saved, "rank 0 could not prepare '", tmp, "': ", payload(all[0]));
-  }
-  m.id = std::stoull(payload(all[0]), nullptr, 16);
-
-  // 2. Every rank streams its file into <dir>.tmp.
-  std::vector<std::uint32_t> crcs;
-  try {
-    crcs = write_rank_file(I, m, (fs::path(tmp) / rank_file_name(I.rank)).string());
-    std::string list;
-    for (std::uint32_t c : crcs) list += ckpt::crc_hex(c);
-    mine = ok(list);
-  } catch (...) {
-    error = std::current_exception();
-    mine = failure(error);
-  }
-  all = share_outcomes(I, mine);
-  if (!failed_ranks(all).first.empty()) {
+    // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
+    ckpt::Manifest m;
+    m.world_size = I.world;
+    m.stage = I.stage;
+    m.compute_dtype = std::string(dtype_name(I.dtype));
+    m.chunk_elements = I.sub_group_numel();
+    m.step = I.step_count;
+    m.step_calls = I.step_calls;
+    m.skipped_steps = I.skipped_calls;
+    m.lr = I.lr;
+    const auto st = I.scaler.state();
+    m.loss_scale = st.scale;
+    m.good_steps = st.good_steps;
+    m.hysteresis_left = st.hysteresis_left;
+    m.client_state = client_state;
+    m.groups = model_of(I);
+    ckpt::lay_out_ranks(m);
+    std::exception_ptr error;
+    std::string mine;
     if (I.rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);  // every rank is past its writes
-      if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp, ec.message());
-    }
-    barrier(I);
-    throw_if_failed<Error>(all, error, not_saved + "writing failed",
-                           "; the partial '" + tmp + "' was removed and '" + dir + "' is unchanged");
-  }
-
-  // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
-  mine.clear();
-  if (I.rank == 0) {
-    try {
-      for (std::size_t r = 0; r < all.size(); ++r) {
-        const std::string list = payload(all[r]);
-        ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
-        for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
-          m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
+      try {
+        ckpt::recover(dir);
+        ckpt::make_temp(dir);
+        std::random_device rd;
+        const std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count);
+        mine = ok(hex_id(id));
+      } catch (...) {
+        error = std::current_exception();
+        mine = failure(error);
       }
-      write_manifest(m, tmp);
-      ckpt::publish(dir);
-      mine = ok("");
+    }
+    std::vector<std::string> all = share_outcomes(I, mine);
+    if (is_error(all[0])) {
+      I.agreed_failure = true;  // every rank throws here
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, not_saved, "rank 0 could not prepare '", tmp, "': ", payload(all[0]));
+    }
+    m.id = std::stoull(payload(all[0]), nullptr, 16);
+
+    // 2. Every rank streams its file into <dir>.tmp.
+    std::vector<std::uint32_t> crcs;
+    try {
+      crcs = write_rank_file(I, m, (fs::path(tmp) / rank_file_name(I.rank)).string());
+      std::string list;
+      for (std::uint32_t c : crcs) list += ckpt::crc_hex(c);
+      mine = ok(list);
     } catch (...) {
       error = std::current_exception();
       mine = failure(error);
     }
-  }
-  all = share_outcomes(I, mine);
-  if (is_error(all[0])) {
-    if (error) std::rethrow_exception(error);
-    ZOE_THROW(Error, not_saved, "rank 0 could not write its manifest or publish it: ", payload(all[0]));
-  }
-  ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+    all = share_outcomes(I, mine);
+    if (!failed_ranks(all).first.empty()) {
+      if (I.rank == 0) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);  // every rank is past its writes
+        if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp, ec.message());
+      }
+      barrier(I);
+      throw_if_failed<Error>(I, all, error, not_saved + "writing failed",
+                             "; the partial '" + tmp + "' was removed and '" + dir + "' is unchanged");
+    }
+
+    // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
+    mine.clear();
+    if (I.rank == 0) {
+      try {
+        for (std::size_t r = 0; r < all.size(); ++r) {
+          const std::string list = payload(all[r]);
+          ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
+          for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
+            m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
+        }
+        write_manifest(m, tmp);
+        ckpt::publish(dir);
+        mine = ok("");
+      } catch (...) {
+        error = std::current_exception();
+        mine = failure(error);
+      }
+    }
+    all = share_outcomes(I, mine);
+    if (is_error(all[0])) {
+      I.agreed_failure = true;  // every rank throws here
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, not_saved, "rank 0 could not write its manifest or publish it: ", payload(all[0]));
+    }
+    ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+  });
 }
 
 namespace {
@@ -326,77 +333,82 @@ void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
 }  // namespace
 
 std::string Engine::load_checkpoint(const std::string& dir) {
-  Impl& I = *impl_;
-  I.finalize();
-  synchronize();
+  return impl_->guarded("load_checkpoint", [&]() -> std::string {
+    Impl& I = *impl_;
+    I.finalize();
+    synchronize();
 
-  // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
-  //    every rank reads the same checkpoint.
-  std::exception_ptr error;
-  std::string mine;
-  if (I.rank == 0) {
+    // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
+    //    every rank reads the same checkpoint.
+    std::exception_ptr error;
+    std::string mine;
+    if (I.rank == 0) {
+      try {
+        mine = ok(ckpt::choose_for_load(dir));
+      } catch (...) {
+        error = std::current_exception();
+        mine = failure(error);
+      }
+    }
+    std::vector<std::string> all = share_outcomes(I, mine);
+    if (is_error(all[0])) {
+      I.agreed_failure = true;  // every rank throws here
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, "checkpoint '", dir, "' could not be loaded: rank 0: ", payload(all[0]), "; nothing was changed");
+    }
+    const std::string from = payload(all[0]);
+    if (from != dir) ZOE_LOG_WARN("checkpoint '{}' is incomplete (a save was interrupted): loading '{}'", dir, from);
+
+    // 2. Every rank reads the manifest, checks it and verifies what it will read.
+    std::unique_ptr<ckpt::CheckpointReader> reader;
     try {
-      mine = ok(ckpt::choose_for_load(dir));
+      reader = std::make_unique<ckpt::CheckpointReader>(from, read_manifest(I, from));
+      verify_needed(I, *reader);
+      mine = ok(hex_id(reader->manifest().id));
     } catch (...) {
       error = std::current_exception();
       mine = failure(error);
     }
-  }
-  std::vector<std::string> all = share_outcomes(I, mine);
-  if (is_error(all[0])) {
-    if (error) std::rethrow_exception(error);
-    ZOE_THROW(Error, "checkpoint '", dir, "' could not be loaded: rank 0: ", payload(all[0]), "; nothing was changed");
-  }
-  const std::string from = payload(all[0]);
-  if (from != dir) ZOE_LOG_WARN("checkpoint '{}' is incomplete (a save was interrupted): loading '{}'", dir, from);
+    all = share_outcomes(I, mine);
+    throw_if_failed<CorruptionError>(I, all, error, "checkpoint '" + from + "' could not be loaded",
+                                     "; nothing was changed");
+    for (std::size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0]) {
+        I.agreed_failure = true;  // every rank compares the same ids
+        ZOE_THROW(CorruptionError, "checkpoint '", from, "': rank ", r, " read a manifest of id ", payload(all[r]),
+                  ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
+      }
 
-  // 2. Every rank reads the manifest, checks it and verifies what it will read.
-  std::unique_ptr<ckpt::CheckpointReader> reader;
-  try {
-    reader = std::make_unique<ckpt::CheckpointReader>(from, read_manifest(I, from));
-    verify_needed(I, *reader);
-    mine = ok(hex_id(reader->manifest().id));
-  } catch (...) {
-    error = std::current_exception();
-    mine = failure(error);
-  }
-  all = share_outcomes(I, mine);
-  throw_if_failed<CorruptionError>(all, error, "checkpoint '" + from + "' could not be loaded",
-                                   "; nothing was changed");
-  for (std::size_t r = 1; r < all.size(); ++r)
-    if (all[r] != all[0])
-      ZOE_THROW(CorruptionError, "checkpoint '", from, "': rank ", r, " read a manifest of id ", payload(all[r]),
-                ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
-
-  // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
-  //    the engine half-loaded: it is marked unusable.
-  const ckpt::Manifest& m = reader->manifest();
-  try {
-    I.write_values(
-        [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
-          const auto gi = static_cast<std::size_t>(&g - I.groups.data());
-          reader->read(gi, 0, begin, master, I.rank);
-          if (moments.empty()) return;
-          reader->read(gi, 1, begin, moments.first(master.size()), I.rank);
-          reader->read(gi, 2, begin, moments.subspan(master.size()), I.rank);
-        },
-        true);
-  } catch (const std::exception& e) {
-    I.finalized = false;
-    I.finalize_error = std::string("loading checkpoint '") + from + "' failed after it was verified: " + e.what();
-    throw;
-  }
-  I.step_count = m.step;
-  I.step_calls = m.step_calls;
-  I.skipped_calls = m.skipped_steps;
-  I.lr = m.lr;
-  I.scaler.restore({m.loss_scale, m.good_steps, m.hysteresis_left});
-  if (I.policy.shards_params) I.drop_all_gathered();
-  barrier(I);
-  if (m.world_size != I.world || m.stage != I.stage)
-    ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", I.rank, from,
-                 m.world_size, m.stage, I.world, I.stage);
-  return m.client_state;
+    // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
+    //    the engine half-loaded: it is marked unusable.
+    const ckpt::Manifest& m = reader->manifest();
+    try {
+      I.write_values(
+          [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
+            const auto gi = static_cast<std::size_t>(&g - I.groups.data());
+            reader->read(gi, 0, begin, master, I.rank);
+            if (moments.empty()) return;
+            reader->read(gi, 1, begin, moments.first(master.size()), I.rank);
+            reader->read(gi, 2, begin, moments.subspan(master.size()), I.rank);
+          },
+          true);
+    } catch (const std::exception& e) {
+      I.finalized = false;
+      I.finalize_error = std::string("loading checkpoint '") + from + "' failed after it was verified: " + e.what();
+      throw;
+    }
+    I.step_count = m.step;
+    I.step_calls = m.step_calls;
+    I.skipped_calls = m.skipped_steps;
+    I.lr = m.lr;
+    I.scaler.restore({m.loss_scale, m.good_steps, m.hysteresis_left});
+    if (I.policy.shards_params) I.drop_all_gathered();
+    barrier(I);
+    if (m.world_size != I.world || m.stage != I.stage)
+      ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", I.rank, from,
+                   m.world_size, m.stage, I.world, I.stage);
+    return m.client_state;
+  });
 }
 
 }  // namespace zoe

@@ -352,42 +352,51 @@ static ModuleInfo& transition(core::EngineImpl& I, ModuleId id, ModuleInfo::Phas
 }
 
 ModuleTensors Engine::begin_forward(ModuleId id) {
-  impl_->finalize();
-  impl_->check_module(id);
-  impl_->rules.begin_forward(static_cast<int>(id.index));
-  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
-                             "while it is already active");
-  impl_->acquire(static_cast<int>(id.index), false);
-  return impl_->views(m, false);
+  return impl_->guarded("begin_forward", [&] {
+    impl_->finalize();
+    impl_->check_module(id);
+    impl_->rules.begin_forward(static_cast<int>(id.index));
+    ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
+                               "while it is already active");
+    impl_->acquire(static_cast<int>(id.index), false);
+    return impl_->views(m, false);
+  });
 }
 
 void Engine::end_forward(ModuleId id) {
-  impl_->check_module(id);
-  impl_->rules.end_forward(static_cast<int>(id.index));
-  transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
-  impl_->release(static_cast<int>(id.index));
-  if (impl_->frees.poison()) impl_->frees.show_poison();
+  impl_->guarded("end_forward", [&] {
+    impl_->check_module(id);
+    impl_->rules.end_forward(static_cast<int>(id.index));
+    transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward",
+               "without begin_forward");
+    impl_->release(static_cast<int>(id.index));
+    if (impl_->frees.poison()) impl_->frees.show_poison();
+  });
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
-  impl_->check_module(id);
-  impl_->rules.begin_backward(static_cast<int>(id.index));
-  impl_->finalize();
-  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
-                             "while it is already active");
-  impl_->acquire(static_cast<int>(id.index), true);
-  impl_->prepare_grads(m);
-  return impl_->views(m, true);
+  return impl_->guarded("begin_backward", [&] {
+    impl_->check_module(id);
+    impl_->rules.begin_backward(static_cast<int>(id.index));
+    impl_->finalize();
+    ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
+                               "while it is already active");
+    impl_->acquire(static_cast<int>(id.index), true);
+    impl_->prepare_grads(m);
+    return impl_->views(m, true);
+  });
 }
 
 void Engine::end_backward(ModuleId id) {
-  impl_->check_module(id);
-  impl_->rules.end_backward(static_cast<int>(id.index));
-  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
-                             "without begin_backward");
-  impl_->finish_backward(m);
-  impl_->release(static_cast<int>(id.index));
-  if (impl_->frees.poison()) impl_->frees.show_poison();
+  impl_->guarded("end_backward", [&] {
+    impl_->check_module(id);
+    impl_->rules.end_backward(static_cast<int>(id.index));
+    ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
+                               "without begin_backward");
+    impl_->finish_backward(m);
+    impl_->release(static_cast<int>(id.index));
+    if (impl_->frees.poison()) impl_->frees.show_poison();
+  });
 }
 
 // The config's logging keys (DeepSpeed's steps_per_print, wall_clock_breakdown,
@@ -416,30 +425,34 @@ static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t
 }
 
 StepResult Engine::step() {
-  Impl& I = *impl_;
-  I.finalize();
-  I.flush_bucket();        // the last gradients waiting in the bucket: their collective is part of the step
-  core::agree_on_step(I);  // every rank made the same calls this step
-  // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
-  if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);
-  const auto begin = std::chrono::steady_clock::now();
-  const StepResult r = I.step();
-  const auto end = std::chrono::steady_clock::now();
-  I.rules.step_done();
-  ++I.step_calls;
-  I.skipped_calls += r.skipped ? 1 : 0;
-  using ms = std::chrono::duration<double, std::milli>;
-  log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
-  I.last_step_end = end;
-  return r;
+  return impl_->guarded("step", [&] {
+    Impl& I = *impl_;
+    I.finalize();
+    I.flush_bucket();        // the last gradients waiting in the bucket: their collective is part of the step
+    core::agree_on_step(I);  // every rank made the same calls this step
+    // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
+    if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);
+    const auto begin = std::chrono::steady_clock::now();
+    const StepResult r = I.step();
+    const auto end = std::chrono::steady_clock::now();
+    I.rules.step_done();
+    ++I.step_calls;
+    I.skipped_calls += r.skipped ? 1 : 0;
+    using ms = std::chrono::duration<double, std::milli>;
+    log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
+    I.last_step_end = end;
+    return r;
+  });
 }
 
 void Engine::synchronize() {
-  impl_->finish_update();
-  if (impl_->grad_sink) impl_->grad_sink->drain();
-  impl_->device.synchronize(*impl_->side);
-  impl_->device.synchronize(impl_->device.compute_stream());
-  impl_->frees.reap(true);
+  impl_->guarded("synchronize", [&] {
+    impl_->finish_update();
+    if (impl_->grad_sink) impl_->grad_sink->drain();
+    impl_->device.synchronize(*impl_->side);
+    impl_->device.synchronize(impl_->device.compute_stream());
+    impl_->frees.reap(true);
+  });
 }
 
 void Engine::set_lr(double lr) {
@@ -458,27 +471,29 @@ double Engine::loss_scale() const { return impl_->scaler.scale(); }
 std::int64_t Engine::global_step() const { return impl_->step_count; }
 
 std::vector<float> Engine::gather_parameter(ParamId id) {
-  Impl& I = *impl_;
-  I.finalize();
-  ZOE_CHECK_USAGE(id.index < I.params.size(), "unknown parameter id ", id.index);
-  I.finish_update();
-  const core::ParamInfo& p = I.params[id.index];
-  core::Group& g = I.groups[p.group];
-  const core::FlatLayout& L = *g.layout;
-  Stream& s = *I.side;
-  std::vector<float> range = I.master_range(g);
-  std::vector<float> out(static_cast<std::size_t>(p.numel));
-  if (!I.policy.shards_optimizer) {
-    std::copy_n(range.begin() + L.offset(p.slot), out.size(), out.begin());
+  return impl_->guarded("gather_parameter", [&] {
+    Impl& I = *impl_;
+    I.finalize();
+    ZOE_CHECK_USAGE(id.index < I.params.size(), "unknown parameter id ", id.index);
+    I.finish_update();
+    const core::ParamInfo& p = I.params[id.index];
+    core::Group& g = I.groups[p.group];
+    const core::FlatLayout& L = *g.layout;
+    Stream& s = *I.side;
+    std::vector<float> range = I.master_range(g);
+    std::vector<float> out(static_cast<std::size_t>(p.numel));
+    if (!I.policy.shards_optimizer) {
+      std::copy_n(range.begin() + L.offset(p.slot), out.size(), out.begin());
+      return out;
+    }
+    core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, DType::f32, L.shard_numel());
+    core::DeviceBuffer full = I.alloc(core::MemKind::buffer, DType::f32, L.padded_numel());
+    I.device.copy(shard.data(), range.data(), shard.bytes(), s);
+    I.comm.all_gather(shard.data(), full.data(), static_cast<std::size_t>(L.shard_numel()), DType::f32, s);
+    I.device.copy(out.data(), static_cast<const float*>(full.data()) + L.offset(p.slot), out.size() * sizeof(float), s);
+    I.device.synchronize(s);
     return out;
-  }
-  core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, DType::f32, L.shard_numel());
-  core::DeviceBuffer full = I.alloc(core::MemKind::buffer, DType::f32, L.padded_numel());
-  I.device.copy(shard.data(), range.data(), shard.bytes(), s);
-  I.comm.all_gather(shard.data(), full.data(), static_cast<std::size_t>(L.shard_numel()), DType::f32, s);
-  I.device.copy(out.data(), static_cast<const float*>(full.data()) + L.offset(p.slot), out.size() * sizeof(float), s);
-  I.device.synchronize(s);
-  return out;
+  });
 }
 
 MemoryReport Engine::memory_report() const {

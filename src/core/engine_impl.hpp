@@ -17,10 +17,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/comm/communicator.hpp"
 #include "src/common/aligned_buffer.hpp"
+#include "src/common/check.hpp"
 #include "src/core/call_rules.hpp"
 #include "src/core/deferred_frees.hpp"
 #include "src/core/execution_trace.hpp"
@@ -92,6 +94,18 @@ struct EngineImpl {
   std::int64_t calls_at_step_start[3] = {0, 0, 0};
   TrafficReport last_traffic;
   std::int64_t elements_sent = 0, elements_at_step_start = 0;
+
+  // Rank failures. guarded() runs a public call; an error that leaves this rank unable to go
+  // on aborts the communicator first (Communicator::abort, cause "<call>: <what()>"), so the
+  // peers' collectives throw RankFailedError naming this rank and the error at once instead of
+  // waiting comm_timeout_s for it (DeepSpeed on NCCL: ncclCommAbort). Not aborted: UsageError
+  // and ConfigError (the call rules and set_lr throw them before changing anything, so the
+  // trainer may go on), and errors every rank throws together after agreeing on them
+  // (checkpoint.cpp sets `agreed_failure` just before: a failed save or load leaves the engine
+  // usable).
+  bool agreed_failure = false;
+  template <class F>
+  decltype(auto) guarded(const char* call, F&& f);
 
   // engine.cpp
   /// Builds the groups, places every state and writes the initial values (at the first call
@@ -246,6 +260,24 @@ struct EngineImpl {
   /// This rank's fp32 master weights of the group's range (opt_numel floats), host memory.
   std::vector<float> master_range(Group& g);
 };
+
+template <class F>
+decltype(auto) EngineImpl::guarded(const char* call, F&& f) {
+  agreed_failure = false;
+  try {
+    return std::forward<F>(f)();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (!std::exchange(agreed_failure, false)) comm.abort(detail::concat(call, ": ", e.what()));
+    throw;
+  } catch (...) {
+    comm.abort(detail::concat(call, ": an exception that is not a std::exception"));
+    throw;
+  }
+}
 
 }  // namespace zoe::core
 

@@ -64,6 +64,7 @@ class TaglessCommunicator final : public Communicator {
   void all_reduce_f64(double* d, std::size_t n, Stream& st) override { inner_->all_reduce_f64(d, n, st); }
   void broadcast(void* b, std::size_t n, DType t, int root, Stream& st) override { inner_->broadcast(b, n, t, root, st); }
   void barrier(Stream& st) override { inner_->barrier(st); }
+  void abort(const std::string& cause) noexcept override { inner_->abort(cause); }
 
  private:
   std::shared_ptr<Communicator> inner_;

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "src/common/check.hpp"
+#include "src/common/sanitizers.hpp"
 #include "tests/core/test_net.hpp"
 #include "tests/offload_memory/child_process.hpp"
 
@@ -260,6 +261,15 @@ std::string make_dir(const std::string& base, const std::string& name) {
 }  // namespace
 
 TEST(AllocationCap, NvmeStatesLargerThanTheCapTrainAndEqualUncappedHostStatesBitwise) {
+  // The cap is RLIMIT_DATA on VmData: a sanitizer's shadow memory (and ASan's quarantine) are
+  // private writable mappings and count too, so the cap would measure the sanitizer, not zoe;
+  // and an allocation refused under the cap aborts the process in the sanitizer's allocator
+  // (which is how a TSan run "crashed in OptimizerStates::add": its host arrays are the first
+  // allocation the cap refuses) instead of throwing the OutOfMemoryError this test expects.
+  if (sanitizers::address || sanitizers::thread)
+    GTEST_SKIP() << "under " << (sanitizers::address ? "AddressSanitizer" : "ThreadSanitizer")
+                 << " the shadow memory counts against RLIMIT_DATA and a refused allocation aborts in the "
+                    "sanitizer's allocator: the cap cannot be measured (runs in the plain build)";
   const std::string base =
       (std::filesystem::temp_directory_path() / ("zoe-allocation-cap-" + std::to_string(getpid()))).string();
   struct RemoveAtExit {
