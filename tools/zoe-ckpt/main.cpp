@@ -1,8 +1,9 @@
-// zoe-ckpt: inspect, verify and reshard zoe checkpoints (format 2: manifest.json + rank
-// files, src/core/checkpoint_manifest.hpp) without an engine; export is the safetensors hook
-// (export.hpp). The work lives in src/core/checkpoint_{manifest,reader,reshard}.* (tested in
-// tests/core); this file is the CLI. Exit status 0 on success, 1 when a checkpoint is bad or
-// a command fails (the message names the file and what is wrong), 2 on bad options (CLI11).
+// zoe-ckpt: inspect, verify, reshard and export (safetensors) zoe checkpoints (format 2:
+// manifest.json + rank files, src/core/checkpoint_manifest.hpp) without an engine. The work
+// lives in src/core/checkpoint_{manifest,reader,reshard,export}.* (tested in tests/core); this
+// file is the CLI (export's options: export.hpp). Exit status 0 on success, 1 when a
+// checkpoint is bad or a command fails (the message names the file and what is wrong), 2 on
+// bad options (CLI11).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -66,9 +67,9 @@ void inspect(const std::string& dir, bool params) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zoe-ckpt: inspect, verify, reshard (and export) zoe checkpoints"};
+  CLI::App app{"zoe-ckpt: inspect, verify, reshard and export zoe checkpoints"};
   app.require_subcommand(1);
-  std::string dir, out, export_dtype = "fp32";
+  std::string dir, out;
   bool params = false;
   int world = 0, stage = -1;
   std::int64_t chunk = 1 << 20;
@@ -87,11 +88,14 @@ int main(int argc, char** argv) {
   c_reshard->add_option("-s,--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")->check(CLI::Range(0, 3));
   c_reshard->add_option("--chunk", chunk, "elements per chunk (host memory: 12 bytes each)")->capture_default_str()->check(CLI::PositiveNumber);
 
-  auto* c_export = app.add_subcommand("export", "write the parameters as safetensors");
+  auto* c_export = app.add_subcommand("export", "write the parameters (fp32 master weights) as safetensors");
   zoe_ckpt::ExportOptions eo;
   c_export->add_option("checkpoint", eo.checkpoint, "checkpoint directory")->required();
-  c_export->add_option("output", eo.output, "safetensors file")->required();
-  c_export->add_option("--dtype", eo.dtype, "fp32 or bf16")->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  c_export->add_option("output", eo.output, "safetensors file (written through OUTPUT.tmp)")->required();
+  c_export->add_option("--dtype", eo.dtype, "fp32, or bf16 / fp16 rounded to nearest even")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  c_export->add_option("--metadata", eo.metadata, "KEY=VALUE for the header's __metadata__ (repeatable; e.g. format=pt)");
 
   try {
     app.parse(argc, argv);
@@ -113,7 +117,7 @@ int main(int argc, char** argv) {
       std::cout << "checkpoint " << dir << " (world size " << m.world_size << ", stage " << m.stage << ") written to "
                 << out << " for world size " << world << ", stage " << to_stage << "\n";
     } else if (*c_export) {
-      zoe_ckpt::export_checkpoint(eo);
+      zoe_ckpt::export_checkpoint(eo, bar("verifying"), bar("exporting"));
     }
   } catch (const zoe::Error& e) {
     std::cerr << "zoe-ckpt: " << e.message() << "\n";
