@@ -98,7 +98,8 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
     attempt([&] {
       std::vector<io::SafetensorsTensorSpec> specs;
       for (const core::Group& g : I.groups)
-        for (std::uint32_t p : g.params) specs.push_back({I.params[p].name, core::safetensors_dtype_name(dtype), I.params[p].shape});
+        for (std::uint32_t p : g.params)
+          specs.push_back({I.params[p].name, core::safetensors_dtype_name(dtype), I.params[p].shape});
       writer = std::make_unique<io::SafetensorsWriter>(path, std::move(specs), metadata);
       appender = std::make_unique<FlatAppender>(*writer, dtype);
     });

@@ -101,7 +101,8 @@ TEST(CheckpointTool, ReshardOfflineLoadsAsTheOriginalDoes) {
 // piece size (a few elements here, straddling parameters' ends) changes nothing.
 TEST(CheckpointTool, ExportOfflineIsTheLiveExport) {
   const std::string dir = test::temp_dir("ckpt-export");
-  for (const auto& [stage, world, offload] : {std::tuple{3, 2, OffloadDevice::nvme}, std::tuple{0, 1, OffloadDevice::none}}) {
+  for (const auto& [stage, world, offload] :
+       {std::tuple{3, 2, OffloadDevice::nvme}, std::tuple{0, 1, OffloadDevice::none}}) {
     const std::string what = "stage " + std::to_string(stage) + " world " + std::to_string(world);
     const std::string ckpt = dir + "/ckpt" + std::to_string(stage), live = dir + "/live" + std::to_string(stage);
     save_and_export_live(test::checkpoint_config(stage, offload, dir), world, 3, ckpt, live);
@@ -221,8 +222,8 @@ TEST(CheckpointTool, CommandLine) {
   // A good checkpoint: the bytes of the library's export; an unwritable output is named.
   fs::remove_all(dir + "/four");
   test::checkpoint_run(test::checkpoint_config(2, OffloadDevice::none, dir), 2, 0, 2, "", dir + "/good");
-  std::tie(rc, out) = shell(bin + " export " + dir + "/good " + dir + "/m.safetensors --dtype bf16 --metadata format=pt "
-                            "--metadata run=ckpt-export");
+  std::tie(rc, out) = shell(bin + " export " + dir + "/good " + dir +
+                            "/m.safetensors --dtype bf16 --metadata format=pt --metadata run=ckpt-export");
   EXPECT_EQ(rc, 0) << out;
   const ckpt::Manifest good = ckpt::read_manifest_file(dir + "/good");
   std::size_t tensors = 0;
@@ -242,5 +243,17 @@ TEST(CheckpointTool, CommandLine) {
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find(dir + "/nothing"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(dir + "/x.safetensors"));
+
+  // A save interrupted in its publish (DIR incomplete, DIR.old complete): every command reads
+  // DIR.old, as a load does, and says so.
+  fs::rename(dir + "/good", dir + "/good.old");
+  fs::create_directory(dir + "/good");
+  std::tie(rc, out) = shell(bin + " verify " + dir + "/good");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("reading '" + dir + "/good.old'"), std::string::npos) << out;
+  std::tie(rc, out) = shell(bin + " export " + dir + "/good " + dir +
+                            "/old.safetensors --dtype bf16 --metadata format=pt --metadata run=ckpt-export");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(file_bytes(dir + "/old.safetensors") == file_bytes(dir + "/lib.safetensors"));
   fs::remove_all(dir);
 }

@@ -34,12 +34,13 @@ void export_checkpoint(const ExportOptions& options, const zoe::ckpt::Progress& 
                        const zoe::ckpt::Progress& export_progress) {
   const zoe::DType dtype = parse_dtype(options.dtype);
   const auto metadata = parse_metadata(options.metadata);
-  const zoe::ckpt::Manifest m = zoe::ckpt::read_manifest_file(options.checkpoint);
-  zoe::ckpt::export_safetensors(options.checkpoint, m, options.output, dtype, metadata,
+  const std::string& dir = options.checkpoint;
+  const zoe::ckpt::Manifest m = zoe::ckpt::read_manifest_file(dir);
+  zoe::ckpt::export_safetensors(dir, m, options.output, dtype, metadata,
                                 zoe::ckpt::kExportPieceElements, verify_progress, export_progress);
   std::size_t tensors = 0;
   for (const zoe::ckpt::GroupEntry& g : m.groups) tensors += g.params.size();
-  std::cout << "checkpoint " << options.checkpoint << " (step " << m.step << ", world size " << m.world_size
+  std::cout << "checkpoint " << dir << " (step " << m.step << ", world size " << m.world_size
             << ", stage " << m.stage << "): " << tensors << " tensors written to " << options.output << " as "
             << options.dtype << "\n";
 }

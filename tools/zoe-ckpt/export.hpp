@@ -17,9 +17,10 @@ struct ExportOptions {
   std::vector<std::string> metadata;  // "key=value" each, the header's "__metadata__"
 };
 
-/// Writes the checkpoint's parameters (fp32 master weights, rounded to options.dtype as
-/// Engine::export_safetensors rounds) to options.output, verifying every rank file first;
-/// `verify_progress` / `export_progress` see the two passes (may be empty). Prints one line
+/// Writes the parameters (fp32 master weights, rounded to options.dtype as
+/// Engine::export_safetensors rounds) of the checkpoint in the directory options.checkpoint
+/// (the one a load reads: main resolves DIR.old) to options.output, verifying every rank file
+/// first; `verify_progress` / `export_progress` see the two passes (may be empty). Prints one line
 /// naming the file on success. Throws UsageError for a metadata item without '=' (or with an
 /// empty or repeated key) or an unknown dtype (naming it), and zoe::Error naming the file for a
 /// missing or corrupt checkpoint or an unwritable output, which is then left as it was.

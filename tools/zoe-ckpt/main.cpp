@@ -11,6 +11,7 @@
 #include <iostream>
 #include <string>
 
+#include "src/core/checkpoint_dir.hpp"
 #include "src/core/checkpoint_manifest.hpp"
 #include "src/core/checkpoint_reshard.hpp"
 #include "tools/zoe-ckpt/export.hpp"
@@ -35,6 +36,16 @@ Progress bar(const std::string& what) {
     std::fprintf(stderr, "\r%s [%-40s] %3d%%", what.c_str(), std::string(static_cast<std::size_t>(pct * 40 / 100), '#').c_str(), pct);
     if (done >= total) std::fprintf(stderr, "\n");
   };
+}
+
+// The directory a load of `dir` reads (choose_for_load): `dir` if complete, else `dir`.old if
+// complete (saying so on stderr). Throws SystemError (ENOENT) naming both when neither is.
+std::string directory_to_read(const std::string& dir) {
+  const std::string from = choose_for_load(dir);
+  if (from != dir)
+    std::cerr << "zoe-ckpt: '" << dir << "' is incomplete (a save was interrupted); reading '" << from
+              << "' as a load would\n";
+  return from;
 }
 
 void inspect(const std::string& dir, bool params) {
@@ -95,7 +106,8 @@ int main(int argc, char** argv) {
   c_export->add_option("--dtype", eo.dtype, "fp32, or bf16 / fp16 rounded to nearest even")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  c_export->add_option("--metadata", eo.metadata, "KEY=VALUE for the header's __metadata__ (repeatable; e.g. format=pt)");
+  c_export->add_option("--metadata", eo.metadata,
+                       "KEY=VALUE for the header's __metadata__ (repeatable; Hugging Face expects format=pt)");
 
   try {
     app.parse(argc, argv);
@@ -103,6 +115,10 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option: 2 (CLI11's message printed)
   }
   try {
+    // A crash in a save's publish leaves DIR incomplete and DIR.old complete: read what a load
+    // would read (the manifest and the rank files of one directory).
+    std::string& checkpoint = *c_export ? eo.checkpoint : dir;
+    checkpoint = directory_to_read(checkpoint);
     if (*c_inspect) {
       inspect(dir, params);
     } else if (*c_verify) {
