@@ -19,15 +19,13 @@
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/device/host_elementwise.hpp"
+#include "src/core/safetensors_rounding.hpp"
 
 namespace zoe {
 
 // safetensors is little-endian; zoe reads and writes the host's bytes as they are.
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 namespace {
-
-std::string safetensors_dtype(DType t) { return t == DType::f32 ? "F32" : t == DType::bf16 ? "BF16" : "F16"; }
 
 // The ranks whose `failed` is set, as "0, 2" (empty if none), known to every rank.
 std::string agree_on_failures(core::EngineImpl& I, bool failed) {
@@ -45,10 +43,10 @@ std::string agree_on_failures(core::EngineImpl& I, bool failed) {
 }
 
 // Rank 0's side: appends the live elements of flat ranges of a group, in ascending order, to the
-// file (rounded to the export dtype).
+// file (rounded to the export dtype: SafetensorsRounder, as zoe-ckpt export).
 class FlatAppender {
  public:
-  FlatAppender(io::SafetensorsWriter& out, DType dtype) : out_(out), dtype_(dtype) {}
+  FlatAppender(io::SafetensorsWriter& out, DType dtype) : rounder_(out, dtype) {}
 
   /// values = the group's flat elements [begin, begin + values.size()).
   void append(const core::FlatLayout& L, std::int64_t begin, std::span<const float> values) {
@@ -56,22 +54,12 @@ class FlatAppender {
     for (std::size_t i = 0; i < L.param_count(); ++i) {
       const std::int64_t a = std::max(begin, L.offset(i)), b = std::min(end, L.offset(i) + L.numel(i));
       if (a >= b) continue;
-      const float* src = values.data() + (a - begin);
-      const auto n = static_cast<std::size_t>(b - a);
-      if (dtype_ == DType::f32) {
-        out_.write(src, n * sizeof(float));
-      } else {
-        rounded_.resize(n * dtype_size(dtype_));
-        host_ops::cast(src, DType::f32, rounded_.data(), dtype_, n);
-        out_.write(rounded_.data(), rounded_.size());
-      }
+      rounder_.append(values.subspan(static_cast<std::size_t>(a - begin), static_cast<std::size_t>(b - a)));
     }
   }
 
  private:
-  io::SafetensorsWriter& out_;
-  DType dtype_;
-  std::vector<std::byte> rounded_;
+  core::SafetensorsRounder rounder_;
 };
 
 }  // namespace
@@ -110,7 +98,8 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
     attempt([&] {
       std::vector<io::SafetensorsTensorSpec> specs;
       for (const core::Group& g : I.groups)
-        for (std::uint32_t p : g.params) specs.push_back({I.params[p].name, safetensors_dtype(dtype), I.params[p].shape});
+        for (std::uint32_t p : g.params)
+          specs.push_back({I.params[p].name, core::safetensors_dtype_name(dtype), I.params[p].shape});
       writer = std::make_unique<io::SafetensorsWriter>(path, std::move(specs), metadata);
       appender = std::make_unique<FlatAppender>(*writer, dtype);
     });

@@ -1,8 +1,9 @@
-// zoe-ckpt: inspect, verify and reshard zoe checkpoints (format 2: manifest.json + rank
-// files, src/core/checkpoint_manifest.hpp) without an engine; export is the safetensors hook
-// (export.hpp). The work lives in src/core/checkpoint_{manifest,reader,reshard}.* (tested in
-// tests/core); this file is the CLI. Exit status 0 on success, 1 when a checkpoint is bad or
-// a command fails (the message names the file and what is wrong), 2 on bad options (CLI11).
+// zoe-ckpt: inspect, verify, reshard and export (safetensors) zoe checkpoints (format 2:
+// manifest.json + rank files, src/core/checkpoint_manifest.hpp) without an engine. The work
+// lives in src/core/checkpoint_{manifest,reader,reshard,export}.* (tested in tests/core); this
+// file is the CLI (export's options: export.hpp). Exit status 0 on success, 1 when a
+// checkpoint is bad or a command fails (the message names the file and what is wrong), 2 on
+// bad options (CLI11).
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <iostream>
 #include <string>
 
+#include "src/core/checkpoint_dir.hpp"
 #include "src/core/checkpoint_manifest.hpp"
 #include "src/core/checkpoint_reshard.hpp"
 #include "tools/zoe-ckpt/export.hpp"
@@ -34,6 +36,16 @@ Progress bar(const std::string& what) {
     std::fprintf(stderr, "\r%s [%-40s] %3d%%", what.c_str(), std::string(static_cast<std::size_t>(pct * 40 / 100), '#').c_str(), pct);
     if (done >= total) std::fprintf(stderr, "\n");
   };
+}
+
+// The directory a load of `dir` reads (choose_for_load): `dir` if complete, else `dir`.old if
+// complete (saying so on stderr). Throws SystemError (ENOENT) naming both when neither is.
+std::string directory_to_read(const std::string& dir) {
+  const std::string from = choose_for_load(dir);
+  if (from != dir)
+    std::cerr << "zoe-ckpt: '" << dir << "' is incomplete (a save was interrupted); reading '" << from
+              << "' as a load would\n";
+  return from;
 }
 
 void inspect(const std::string& dir, bool params) {
@@ -66,9 +78,9 @@ void inspect(const std::string& dir, bool params) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zoe-ckpt: inspect, verify, reshard (and export) zoe checkpoints"};
+  CLI::App app{"zoe-ckpt: inspect, verify, reshard and export zoe checkpoints"};
   app.require_subcommand(1);
-  std::string dir, out, export_dtype = "fp32";
+  std::string dir, out;
   bool params = false;
   int world = 0, stage = -1;
   std::int64_t chunk = 1 << 20;
@@ -87,11 +99,15 @@ int main(int argc, char** argv) {
   c_reshard->add_option("-s,--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")->check(CLI::Range(0, 3));
   c_reshard->add_option("--chunk", chunk, "elements per chunk (host memory: 12 bytes each)")->capture_default_str()->check(CLI::PositiveNumber);
 
-  auto* c_export = app.add_subcommand("export", "write the parameters as safetensors");
+  auto* c_export = app.add_subcommand("export", "write the parameters (fp32 master weights) as safetensors");
   zoe_ckpt::ExportOptions eo;
   c_export->add_option("checkpoint", eo.checkpoint, "checkpoint directory")->required();
-  c_export->add_option("output", eo.output, "safetensors file")->required();
-  c_export->add_option("--dtype", eo.dtype, "fp32 or bf16")->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}));
+  c_export->add_option("output", eo.output, "safetensors file (written through OUTPUT.tmp)")->required();
+  c_export->add_option("--dtype", eo.dtype, "fp32, or bf16 / fp16 rounded to nearest even")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  c_export->add_option("--metadata", eo.metadata,
+                       "KEY=VALUE for the header's __metadata__ (repeatable; Hugging Face expects format=pt)");
 
   try {
     app.parse(argc, argv);
@@ -99,6 +115,10 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help: 0; a bad option: 2 (CLI11's message printed)
   }
   try {
+    // A crash in a save's publish leaves DIR incomplete and DIR.old complete: read what a load
+    // would read (the manifest and the rank files of one directory).
+    std::string& checkpoint = *c_export ? eo.checkpoint : dir;
+    checkpoint = directory_to_read(checkpoint);
     if (*c_inspect) {
       inspect(dir, params);
     } else if (*c_verify) {
@@ -113,7 +133,7 @@ int main(int argc, char** argv) {
       std::cout << "checkpoint " << dir << " (world size " << m.world_size << ", stage " << m.stage << ") written to "
                 << out << " for world size " << world << ", stage " << to_stage << "\n";
     } else if (*c_export) {
-      zoe_ckpt::export_checkpoint(eo);
+      zoe_ckpt::export_checkpoint(eo, bar("verifying"), bar("exporting"));
     }
   } catch (const zoe::Error& e) {
     std::cerr << "zoe-ckpt: " << e.message() << "\n";
