@@ -113,6 +113,31 @@ TEST(GptPrecisionRun, Fp16SkipsOverflowingStepsAndTrains) {
   EXPECT_EQ(r0.skipped_steps, r.skipped_steps);
 }
 
+// A checkpointed fp16 run resumed halfway is the same run bit for bit: the 16-bit compute copy,
+// the fp32 masters and the loss scaler's state (scale, steps since the last overflow) come back.
+TEST(GptPrecisionRun, Fp16StopAndResumeIsTheSameRun) {
+  const TokenSplit data = synthetic_tokens();
+  const Tokenizer no_tokenizer;
+  const test::TempDir dir("precision_resume");
+  TrainOptions o = with_precision(tiny(3, zoe::OffloadDevice::nvme, dir.str(), 12), zoe::DType::f16);
+  o.engine.fp16.initial_scale_power = 20;
+  o.engine.fp16.hysteresis = 1;
+  o.engine.fp16.loss_scale_window = 3;  // the scale grows back within the run, too
+  o.checkpoint_dir = dir / "whole";
+  const TrainSummary whole = train(o, data, no_tokenizer, false, true);
+  o.checkpoint_dir = dir / "split";
+  o.stop_after = 6;
+  train(o, data, no_tokenizer, false);
+  o.stop_after = 0;
+  o.resume = true;
+  const TrainSummary rest = train(o, data, no_tokenizer, false, true);
+  EXPECT_EQ(rest.losses, whole.losses);
+  EXPECT_EQ(rest.parameters, whole.parameters);
+  EXPECT_EQ(std::vector<double>(whole.loss_scales.begin() + 6, whole.loss_scales.end()), rest.loss_scales);
+  EXPECT_FALSE(whole.skipped_steps.empty());
+  RecordProperty("resume_skipped_steps", static_cast<int>(whole.skipped_steps.size()));
+}
+
 // The CUDA backend's math (KernelOps) in bf16 trains like the CPU ops in bf16.
 TEST(GptPrecisionRun, TheKernelsMathTrainsInBf16LikeTheCpuOps) {
   const TokenSplit data = synthetic_tokens();
