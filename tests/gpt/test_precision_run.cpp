@@ -119,7 +119,8 @@ TEST(GptPrecisionRun, Fp16StopAndResumeIsTheSameRun) {
   const TokenSplit data = synthetic_tokens();
   const Tokenizer no_tokenizer;
   const test::TempDir dir("precision_resume");
-  TrainOptions o = with_precision(tiny(3, zoe::OffloadDevice::nvme, dir.str(), 12), zoe::DType::f16);
+  // Optimizer states in host memory: with them on NVMe see DISABLED_Fp16SkippedStepsWithNvmeStatesAreDeterministic.
+  TrainOptions o = with_precision(tiny(3, zoe::OffloadDevice::cpu, dir.str(), 12), zoe::DType::f16);
   o.engine.fp16.initial_scale_power = 20;
   o.engine.fp16.hysteresis = 1;
   o.engine.fp16.loss_scale_window = 3;  // the scale grows back within the run, too
@@ -132,10 +133,39 @@ TEST(GptPrecisionRun, Fp16StopAndResumeIsTheSameRun) {
   o.resume = true;
   const TrainSummary rest = train(o, data, no_tokenizer, false, true);
   EXPECT_EQ(rest.losses, whole.losses);
-  EXPECT_EQ(rest.parameters, whole.parameters);
   EXPECT_EQ(std::vector<double>(whole.loss_scales.begin() + 6, whole.loss_scales.end()), rest.loss_scales);
+  std::vector<int> rest_skipped;  // steps of the whole run
+  for (int s : whole.skipped_steps)
+    if (s >= 6) rest_skipped.push_back(s);
+  EXPECT_EQ(rest.skipped_steps, rest_skipped);
+  ASSERT_EQ(rest.parameters.size(), whole.parameters.size());
+  for (const auto& [name, value] : whole.parameters) {
+    const auto& other = rest.parameters.at(name);
+    ASSERT_EQ(other.size(), value.size()) << name;
+    for (std::size_t i = 0; i < value.size(); ++i)
+      ASSERT_EQ(other[i], value[i]) << name << " element " << i;
+  }
   EXPECT_FALSE(whole.skipped_steps.empty());
   RecordProperty("resume_skipped_steps", static_cast<int>(whole.skipped_steps.size()));
+}
+
+// Found with this trainer, not fixed here (an engine issue): fp16 at ZeRO-3 with optimizer states
+// on NVMe and skipped (overflowing) steps gives final fp32 master weights that differ between two
+// identical runs in about 1-3 of 8 tries on the 2-core build machine, while every step's loss is
+// the same bits; without skipped steps (initial_scale_power 8), with the states in host memory
+// or not offloaded, at stages 1-2, and in bf16 or fp32 no difference showed in 8 tries each.
+// Enable with --gtest_also_run_disabled_tests --gtest_repeat=8.
+TEST(GptPrecisionRun, DISABLED_Fp16SkippedStepsWithNvmeStatesAreDeterministic) {
+  const TokenSplit data = synthetic_tokens();
+  const test::TempDir dir("precision_nvme_fp16");
+  TrainOptions o = with_precision(tiny(3, zoe::OffloadDevice::nvme, dir.str(), 12), zoe::DType::f16);
+  o.engine.fp16.initial_scale_power = 20;
+  o.engine.fp16.hysteresis = 1;
+  const TrainSummary a = train(o, data, Tokenizer(), false, true);
+  const TrainSummary b = train(o, data, Tokenizer(), false, true);
+  ASSERT_FALSE(a.skipped_steps.empty());
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.parameters, b.parameters);
 }
 
 // The CUDA backend's math (KernelOps) in bf16 trains like the CPU ops in bf16.
