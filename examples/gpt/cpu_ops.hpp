@@ -15,6 +15,8 @@
 //   embedding_*, layernorm_*, linear_*, gelu_*, attention_*   as ops.hpp
 //   head_loss / head_loss_and_grad / head_logits               as ops::lm_head_cross_entropy
 //   configure_head(chunk_rows, precision)                      the head's row chunk and precision
+//   widen(Storage16, src16, n, dst) / narrow_add(Storage16, src, n, scale, dst16)
+//                                    bf16/fp16 buffers <-> fp32 working copies (storage_dtype.hpp)
 // Every call is ordered after the previous ones (on CUDA: queued on the engine's compute
 // stream); head_loss* return the loss on the host, so they wait for the work before them.
 // Thread-safety: one Ops object per thread.
@@ -28,6 +30,7 @@
 
 #include "examples/gpt/lm_head.hpp"
 #include "examples/gpt/ops.hpp"
+#include "examples/gpt/storage_dtype.hpp"
 
 namespace gpt {
 
@@ -48,6 +51,18 @@ class HostOpsBase {
   void download(const T* src, std::size_t n, T* host) { std::copy_n(src, n, host); }
   void zero(Array<T>& b, std::size_t n) { b.assign(n, T(0)); }
   void copy(const T* src, std::size_t n, T* dst) { std::copy_n(src, n, dst); }
+  /// dst[i] = float(src[i]), n elements of a bf16/fp16 buffer (exact).
+  void widen(kernels::Storage16 s, const std::uint16_t* src, std::size_t n, float* dst) {
+    const auto m = static_cast<std::int64_t>(n);
+#pragma omp parallel for schedule(static) if (m > (1 << 18))
+    for (std::int64_t i = 0; i < m; ++i) kernels::widen_element(i, s, src, dst);
+  }
+  /// dst[i] = round(float(dst[i]) + scale * src[i]) into a bf16/fp16 buffer, nearest even.
+  void narrow_add(kernels::Storage16 s, const float* src, std::size_t n, float scale, std::uint16_t* dst) {
+    const auto m = static_cast<std::int64_t>(n);
+#pragma omp parallel for schedule(static) if (m > (1 << 18))
+    for (std::int64_t i = 0; i < m; ++i) kernels::narrow_add_element(i, s, src, scale, dst);
+  }
 
   void embedding_forward(const std::int32_t* tokens, int B, int Tn, int C, const T* wte,
                          const T* wpe, T* out) {

@@ -16,6 +16,7 @@
 #include "examples/gpt/error.hpp"
 #include "examples/gpt/gemm_layout.hpp"
 #include "examples/gpt/kernel_math.hpp"
+#include "examples/gpt/storage_dtype.hpp"
 #include "zoe/error.hpp"
 
 namespace gpt {
@@ -103,6 +104,13 @@ __global__ void bias_grad_kernel(const float* dy, int N, int out, float* db) {
 }
 __global__ void add_kernel(std::int64_t n, const float* x, float* y) {
   GPT_GRID_STRIDE(i, n) km::add_element(i, x, y);
+}
+__global__ void widen_kernel(std::int64_t n, km::Storage16 s, const std::uint16_t* src, float* dst) {
+  GPT_GRID_STRIDE(i, n) km::widen_element(i, s, src, dst);
+}
+__global__ void narrow_add_kernel(std::int64_t n, km::Storage16 s, const float* src, float scale,
+                                  std::uint16_t* dst) {
+  GPT_GRID_STRIDE(i, n) km::narrow_add_element(i, s, src, scale, dst);
 }
 __global__ void gelu_forward_kernel(std::int64_t n, const float* x, float* y) {
   GPT_GRID_STRIDE(i, n) y[i] = km::gelu_value(x[i]);
@@ -346,6 +354,20 @@ void CudaOps::add(const float* x, std::size_t n, float* y) {
   const auto m = static_cast<std::int64_t>(n);
   add_kernel<<<blocks_for(m), kThreads, 0, impl_->stream>>>(m, x, y);
   GPT_CUDA_LAUNCHED("add_kernel");
+}
+
+void CudaOps::widen(kernels::Storage16 s, const std::uint16_t* src, std::size_t n, float* dst) {
+  if (n == 0) return;
+  const auto m = static_cast<std::int64_t>(n);
+  widen_kernel<<<blocks_for(m), kThreads, 0, impl_->stream>>>(m, s, src, dst);
+  GPT_CUDA_LAUNCHED("widen_kernel");
+}
+void CudaOps::narrow_add(kernels::Storage16 s, const float* src, std::size_t n, float scale,
+                         std::uint16_t* dst) {
+  if (n == 0) return;
+  const auto m = static_cast<std::int64_t>(n);
+  narrow_add_kernel<<<blocks_for(m), kThreads, 0, impl_->stream>>>(m, s, src, scale, dst);
+  GPT_CUDA_LAUNCHED("narrow_add_kernel");
 }
 
 void CudaOps::embedding_forward(const std::int32_t* tokens, int B, int Tn, int C,

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "examples/gpt/lm_head.hpp"  // HeadPrecision
+#include "examples/gpt/storage_dtype.hpp"  // Storage16
 
 namespace gpt {
 
@@ -108,6 +109,9 @@ class CudaOps {
   void copy(const float* src, std::size_t n, float* dst);
   /// y[0, n) += x[0, n).
   void add(const float* x, std::size_t n, float* y);
+  /// As HostOpsBase's (cpu_ops.hpp): bf16/fp16 device buffers <-> fp32 working copies.
+  void widen(kernels::Storage16 s, const std::uint16_t* src, std::size_t n, float* dst);
+  void narrow_add(kernels::Storage16 s, const float* src, std::size_t n, float scale, std::uint16_t* dst);
 
   /// out [B*Tn, C] = wte[tokens] + wpe[t]. tokens [B*Tn] (device) in [0, V) (the caller checks).
   void embedding_forward(const std::int32_t* tokens, int B, int Tn, int C, const float* wte,

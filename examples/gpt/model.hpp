@@ -62,6 +62,8 @@ class GptModel {
 
   const GptConfig& config() const { return cfg_; }
   const ModelSpec& spec() const { return spec_; }
+  /// The compute backend (e.g. for ModuleCopies' conversions on the same stream).
+  Ops& ops() { return ops_; }
 
   /// Mean cross-entropy (nats) of a micro-batch: inputs and targets [B*T] token ids in host
   /// memory, 1 <= T <= context. Forward only (evaluation).

@@ -75,6 +75,11 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--head-precision", head_precision,
                  "lm_head matmuls in training: bf16 (bf16 operands, fp32 accumulation) or fp32; evaluation is fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}))->capture_default_str();
+  std::string precision = "fp32";
+  auto* o_prec = app.add_option("--precision", precision,
+                 "compute parameters and gradients: fp32, bf16 or fp16 (dynamic loss scaling), with fp32 master weights "
+                 "and optimizer states; without the flag a --config file's fp16/bf16 \"enabled\" applies")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   std::string host_ops = "cpu";
   app.add_option("--host-ops", host_ops,
                  "compute on a host rank: cpu (Eigen, oneDNN) or kernels (the CUDA backend's math on the host: slow, for checking it)")
@@ -129,8 +134,8 @@ TrainOptions parse_options(int argc, char** argv) {
     a.betas = std::array<double, 2>{0.9, 0.95};
     a.eps = zoe::OptimizerConfig{}.eps;
     a.weight_decay = weight_decay;
-    a.fp16 = false;  // the trainer computes in fp32
-    a.bf16 = false;
+    a.fp16 = precision == "fp16";
+    a.bf16 = precision == "bf16";
     a.warmup_steps = o.warmup;
     a.total_steps = o.steps;
     a.hidden_size = o.model.n_embd;
@@ -163,6 +168,12 @@ TrainOptions parse_options(int argc, char** argv) {
   if (use_flag(o_nvme, "/zero_optimization/offload_optimizer/nvme_path"))
     c.zero_optimization.offload_optimizer.nvme_path = nvme_path;
   if (use_flag(o_nvme, "/zero_optimization/offload_param/nvme_path")) c.zero_optimization.offload_param.nvme_path = nvme_path;
+  // --precision, or the file's fp16/bf16 "enabled" when the flag is not given (zoe-gpt's default
+  // fp32 when the file says neither); the file's loss-scaler keys apply either way.
+  if (o_prec->count() > 0 || (!in_file("/fp16/enabled") && !in_file("/bf16/enabled"))) {
+    c.fp16.enabled = precision == "fp16";
+    c.bf16.enabled = precision == "bf16";
+  }
   if (!in_file("/optimizer/type") && !in_file("/optimizer/params/adam_w_mode")) c.optimizer.type = zoe::OptimizerType::adamw;
   if (!in_file("/optimizer/params/betas")) c.optimizer.betas = {0.9, 0.95};  // GPT-3's betas
   c.validate();

@@ -54,7 +54,8 @@ struct TrainOptions {
 
 /// Parses argv. --help prints usage and exits 0 through CLI11; a bad flag throws CLI::ParseError
 /// (handled by main). The engine config starts from --config FILE (Config::from_json_file) or,
-/// without one, from the trainer's defaults (stage 3, optimizer on NVMe); every flag given
+/// without one, from the trainer's defaults (stage 3, optimizer on NVMe, fp32 compute; --precision
+/// bf16|fp16 sets bf16.enabled / fp16.enabled, over the file's); every flag given
 /// explicitly overrides the matching key; a flag given twice takes the last value. Throws
 /// zoe::ConfigError for invalid values, zoe::Error for --resume or --stop-after without
 /// --checkpoint-dir, --init-from with --resume (the checkpoint holds the parameters), and

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "examples/gpt/checkpoint.hpp"
@@ -15,6 +16,7 @@
 #include "examples/gpt/kernel_ops.hpp"
 #include "examples/gpt/metrics.hpp"
 #include "examples/gpt/model.hpp"
+#include "examples/gpt/module_copies.hpp"
 #include "examples/gpt/progress.hpp"
 #include "examples/gpt/rank_means.hpp"
 #include "examples/gpt/schedule.hpp"
@@ -31,13 +33,13 @@ namespace fs = std::filesystem;
 // The model's parameters owned by zoe: registered with the engine (one module per block, plus
 // embeddings and head; wte in both), handed to the model module by module. Initial values: GPT-2's
 // seeded init, or a safetensors file's tensors (--init-from), each rank reading its own part.
+// With an fp32 compute dtype the model reads and adds into the engine's buffers directly; with
+// bf16 or fp16 it works on fp32 copies of the open module (module_copies.hpp), whose gradients go
+// back rounded to the compute dtype, times the engine's fp16 loss scale (Engine::loss_scale).
 class EngineProvider final : public ParamProvider<float> {
  public:
   EngineProvider(zoe::Engine& engine, const ModelSpec& spec, std::uint64_t seed, const InitFile* from)
       : engine_(engine) {
-    GPT_CHECK(engine.config().compute_dtype() == zoe::DType::f32,
-              "the trainer computes in fp32: disable fp16 and bf16 in the config (got ",
-              zoe::dtype_name(engine.config().compute_dtype()), ")");
     for (const ParamSpec& p : spec.params) {
       if (from) {
         ids_.push_back(engine.add_parameter(p.name, p.shape, from->initializer(p.name, p.shape)));
@@ -53,6 +55,18 @@ class EngineProvider final : public ParamProvider<float> {
           m.name, params, m.forward_in_backward ? zoe::ForwardMode::in_backward : zoe::ForwardMode::separate));
     }
   }
+
+  /// The 16-bit storage of the engine's compute dtype; nullopt for fp32.
+  std::optional<kernels::Storage16> storage16() const {
+    switch (engine_.config().compute_dtype()) {
+      case zoe::DType::bf16: return kernels::Storage16::bf16;
+      case zoe::DType::f16: return kernels::Storage16::fp16;
+      case zoe::DType::f32: break;
+    }
+    return std::nullopt;
+  }
+  /// The fp32 working copies (needed, and only used, when storage16() is set); nullptr detaches.
+  void set_copies(ModuleCopies* copies) { copies_ = copies; }
 
   // With a profile: each engine call's time, and the compute between a begin and its end.
   ModuleView<float> begin_forward(int m) override {
@@ -76,6 +90,7 @@ class EngineProvider final : public ParamProvider<float> {
     const auto phase = m == 0 ? StepProfile::embeddings_backward
                        : m + 1 == static_cast<int>(modules_.size()) ? StepProfile::head
                                                                     : StepProfile::blocks_backward;
+    if (copies_) copies_->close(open_grads_, static_cast<float>(engine_.loss_scale()));
     const auto t0 = stamp(phase, opened_);
     engine_.end_backward(modules_[m]);
     stamp(StepProfile::engine_end_backward, t0);
@@ -86,11 +101,22 @@ class EngineProvider final : public ParamProvider<float> {
   zoe::ParamId param(int i) const { return ids_.at(i); }
 
  private:
-  static ModuleView<float> view(const zoe::ModuleTensors& t) {
-    ModuleView<float> v;
-    for (const auto& p : t.params) v.params.push_back(p.as<float>());
-    for (const auto& g : t.grads) v.grads.push_back(g.as<float>());
-    return v;
+  ModuleView<float> view(const zoe::ModuleTensors& t) {
+    if (!storage16()) {
+      ModuleView<float> v;
+      for (const auto& p : t.params) v.params.push_back(p.as<float>());
+      for (const auto& g : t.grads) v.grads.push_back(g.as<float>());
+      return v;
+    }
+    GPT_CHECK(copies_ != nullptr, "the engine computes in ", zoe::dtype_name(engine_.config().compute_dtype()),
+              " but the trainer set no fp32 working copies");
+    auto buffers = [](const std::vector<zoe::TensorView>& ts) {
+      std::vector<Buffer16> b;
+      for (const auto& x : ts) b.push_back({x.as<std::uint16_t>(), static_cast<std::size_t>(x.numel())});
+      return b;
+    };
+    open_grads_ = buffers(t.grads);
+    return copies_->open(buffers(t.params), open_grads_);
   }
 
   // Adds now - from to phase p; returns now.
@@ -101,6 +127,8 @@ class EngineProvider final : public ParamProvider<float> {
   }
 
   zoe::Engine& engine_;
+  ModuleCopies* copies_ = nullptr;
+  std::vector<Buffer16> open_grads_;  // the open backward module's 16-bit gradients
   std::vector<zoe::ParamId> ids_;
   std::vector<zoe::ModuleId> modules_;
   StepProfile::Stamp opened_{};
@@ -212,6 +240,8 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   MetricsWriter metrics(rank == 0 ? opt.metrics_file : std::string(), start);
   const double tokens_per_step = static_cast<double>(world) * GA * B * T;
   double tokens = 0;  // this process's run
+  std::vector<double> loss_scales;  // this process's steps
+  std::vector<int> skipped;
   for (int step = start; step < stop; ++step) {
     // A config's scheduler drives the lr (Engine::set_lr would be refused); else zoe-gpt's own.
     const bool scheduled = engine.config().scheduler.type != zoe::SchedulerType::none;
@@ -240,6 +270,8 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     state.step = step + 1;
     state.tokens += tokens_per_step;
     state.losses.push_back(loss);
+    loss_scales.push_back(r.loss_scale);
+    if (r.skipped) skipped.push_back(step);
     if (step == 0) state.first_loss = loss;
     const bool last = step + 1 == stop;
     std::optional<double> val_now;
@@ -252,6 +284,9 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
                      elapsed_before + bar.elapsed_s(), val_now});
       if (sh.verbose) {
         bar.update(step + 1, loss, lr, tokens);
+        if (r.skipped)
+          bar.message("step " + std::to_string(step + 1) + ": skipped (fp16 gradient overflow), loss scale " +
+                      std::to_string(r.loss_scale));
         if (val_now && !last)
           bar.message("step " + std::to_string(step + 1) + ": val loss " + std::to_string(*val_now));
       }
@@ -272,6 +307,8 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   if (rank == 0) {
     sh.summary.start_step = start;
     sh.summary.losses = state.losses;
+    sh.summary.loss_scales = loss_scales;
+    sh.summary.skipped_steps = skipped;
     sh.summary.first_loss = state.first_loss;
     sh.summary.last_loss = state.losses.empty() ? std::nan("") : state.losses.back();
     sh.summary.final_val_loss = state.last_val_loss;
@@ -336,13 +373,20 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
   const zoe::ComputePlace place = engine.compute_place();
   auto train_on = [&](auto ops, const std::string& what) {
     if (ctx.rank == 0 && sh.verbose) {
-      std::printf("compute: %s\n", what.c_str());
+      std::printf("compute: %s; %s parameters and gradients, fp32 master weights and states\n", what.c_str(),
+                  zoe::dtype_name(engine.config().compute_dtype()).data());
       std::fflush(stdout);
     }
     GptModel<float, decltype(ops)> model(opt.model, opt.activation_checkpointing, std::move(ops));
     model.set_head_chunk(opt.head_chunk);
     model.set_head_precision(opt.head_precision);
+    std::optional<OpsModuleCopies<decltype(ops)>> copies;
+    if (const auto storage = pp.storage16()) {
+      copies.emplace(model.ops(), *storage);
+      pp.set_copies(&*copies);
+    }
     train_rank(engine, model, pp, sh, local_rank);
+    pp.set_copies(nullptr);
   };
   if (place.kind == zoe::DeviceKind::host) {
     if (opt.host_ops == TrainOptions::HostOps::kernels) {

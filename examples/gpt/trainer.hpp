@@ -20,6 +20,10 @@ struct TrainSummary {
   double first_loss = 0, last_loss = 0, final_val_loss = 0;  // nats; of the whole run
   double tokens_per_s = 0, train_seconds = 0;                // this process's part
   std::vector<double> losses;  // train loss per step of the whole run, resumed parts included
+  /// Per step of this process: the fp16 loss scale the step used (StepResult::loss_scale; 1
+  /// unless fp16), and the (0-based) steps the engine skipped for an inf/NaN gradient.
+  std::vector<double> loss_scales;
+  std::vector<int> skipped_steps;
   /// Final fp32 master values by HF name (numel floats each), when train() was asked for them.
   std::map<std::string, std::vector<float>> parameters;
 };

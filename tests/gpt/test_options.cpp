@@ -61,5 +61,28 @@ TEST(GptOptions, ProfileIsOffUnlessAsked) {
   EXPECT_TRUE(parse({"--profile"}).profile);
 }
 
+// --precision sets bf16.enabled / fp16.enabled (default fp32); without the flag a file's sections
+// apply, with their loss-scaler keys; the flag wins over the file; "auto" takes the flag's value.
+TEST(GptOptions, PrecisionFromTheFlagOrTheFile) {
+  EXPECT_EQ(parse({}).engine.compute_dtype(), zoe::DType::f32);
+  EXPECT_EQ(parse({"--precision", "bf16"}).engine.compute_dtype(), zoe::DType::bf16);
+  EXPECT_EQ(parse({"--precision", "fp16"}).engine.compute_dtype(), zoe::DType::f16);
+  const std::string fp16 = write_config("zoe_gpt_fp16.json",
+                                        R"({"fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 1}})");
+  const TrainOptions f = parse({"--config", fp16});
+  EXPECT_EQ(f.engine.compute_dtype(), zoe::DType::f16);
+  EXPECT_EQ(f.engine.fp16.initial_scale_power, 12);
+  EXPECT_EQ(f.engine.fp16.hysteresis, 1);
+  EXPECT_EQ(f.engine.optimizer.lr, 3e-3);  // zoe-gpt's default kept
+  EXPECT_EQ(parse({"--config", fp16, "--precision", "bf16"}).engine.compute_dtype(), zoe::DType::bf16);
+  EXPECT_EQ(parse({"--config", fp16, "--precision", "fp32"}).engine.compute_dtype(), zoe::DType::f32);
+  const std::string bf16 = write_config("zoe_gpt_bf16.json", R"({"bf16": {"enabled": true}})");
+  EXPECT_EQ(parse({"--config", bf16}).engine.compute_dtype(), zoe::DType::bf16);
+  const std::string automatic = write_config("zoe_gpt_auto.json", R"({"bf16": {"enabled": "auto"}})");
+  EXPECT_EQ(parse({"--config", automatic}).engine.compute_dtype(), zoe::DType::f32);
+  EXPECT_EQ(parse({"--config", automatic, "--precision", "bf16"}).engine.compute_dtype(), zoe::DType::bf16);
+  for (const auto& p : {fp16, bf16, automatic}) std::filesystem::remove(p);
+}
+
 }  // namespace
 }  // namespace gpt
