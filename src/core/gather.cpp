@@ -44,6 +44,12 @@ void EngineImpl::gather_coalesced(std::vector<int> gis) {
   std::erase_if(gis, [this](int gi) { return groups[static_cast<std::size_t>(gi)].param_state == Group::ParamState::gathered; });
   if (gis.empty()) return;
   if (gis.size() == 1) return gather(groups[static_cast<std::size_t>(gis.front())]);
+  if (world == 1) {
+    // One rank: an all-gather is a copy, so there is no collective to save, and coalescing
+    // would only add its two staging copies per group.
+    for (int gi : gis) gather(groups[static_cast<std::size_t>(gi)]);
+    return;
+  }
   if (param_store && gis.size() > static_cast<std::size_t>(param_store->read_slots())) {
     const auto per = static_cast<std::ptrdiff_t>(param_store->read_slots());
     for (auto it = gis.begin(); it != gis.end();) {
