@@ -1,7 +1,10 @@
 // Checkpoints: each rank writes its optimizer range of every group (fp32 master weights,
 // exp_avg, exp_avg_sq) plus the step count, learning rate and loss-scaler state to
 // <dir>/rank<R>.zoe, CRC32C-checked. Compute parameters are not stored: they are the
-// master weights cast to the compute dtype, recomputed on load.
+// master weights cast to the compute dtype, recomputed on load. A frozen group (no master
+// weights) stores the rank's shard of its compute-dtype values instead (the trainer may have
+// written them): the record's element count is then shard_numel, its bytes shard_numel x the
+// compute dtype's size.
 //
 // Atomicity: all ranks write into <dir>.tmp (each file's space reserved up front, fsynced);
 // once all ranks agree that every file is complete rank 0 swaps it into place (the old
@@ -40,34 +43,6 @@ void barrier(core::EngineImpl& I) {
 
 std::string rank_file(const fs::path& dir, int rank) { return (dir / ("rank" + std::to_string(rank) + ".zoe")).string(); }
 
-// Writes all three states of the group's range and recomputes its compute parameters.
-void write_states(core::EngineImpl& I, core::Group& g, const std::vector<float>& all) {
-  const std::size_t n = static_cast<std::size_t>(g.opt_numel);
-  I.write_states(g, all);
-  if (I.param_store) {
-    // Parameter offload: the shard's home is the parameter tier.
-    std::vector<std::byte> shard(n * dtype_size(I.dtype));
-    host_ops::cast(all.data(), DType::f32, shard.data(), I.dtype, n);
-    I.param_store->write(g.param_id, shard.data());
-    return;
-  }
-  // The compute parameters are the master weights in the compute dtype.
-  core::DeviceBuffer master = I.alloc(core::MemKind::buffer, DType::f32, g.opt_numel);
-  I.device.copy(master.data(), all.data(), n * sizeof(float), *I.side);
-  void* dst = I.policy.shards_params ? g.param_shard.data() : g.param_full.at(g.opt_begin);
-  if (I.dtype == DType::f32) {
-    I.device.copy(dst, master.data(), n * sizeof(float), *I.side);
-  } else {
-    I.device.cast(master.data(), DType::f32, dst, I.dtype, n, *I.side);
-  }
-  if (I.policy.gathers_updates) {
-    core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, I.dtype, g.opt_numel);
-    I.device.copy(shard.data(), dst, shard.bytes(), *I.side);
-    I.comm.all_gather(shard.data(), g.param_full.data(), n, I.dtype, *I.side);
-    I.device.synchronize(*I.side);
-  }
-  I.device.synchronize(*I.side);
-}
 }  // namespace
 
 namespace {
@@ -75,7 +50,9 @@ namespace {
 void write_rank_file(core::EngineImpl& I, const std::string& path) {
   std::uint64_t total = sizeof(Header);
   for (const core::Group& g : I.groups)
-    total += sizeof(std::int64_t) + sizeof(std::uint32_t) + 3 * static_cast<std::uint64_t>(g.opt_numel) * sizeof(float);
+    total += sizeof(std::int64_t) + sizeof(std::uint32_t) +
+             (g.frozen ? static_cast<std::uint64_t>(g.layout->shard_numel()) * dtype_size(I.dtype)
+                       : 3 * static_cast<std::uint64_t>(g.opt_numel) * sizeof(float));
   io::FileWriter out(path, total);  // reserves `total` bytes: a full disk fails here
   auto st = I.scaler.state();
   Header h;
@@ -90,6 +67,15 @@ void write_rank_file(core::EngineImpl& I, const std::string& path) {
   h.hysteresis_left = st.hysteresis_left;
   out.write(&h, sizeof(h));
   for (core::Group& g : I.groups) {
+    if (g.frozen) {
+      std::vector<std::byte> shard = I.read_frozen_shard(g);
+      std::int64_t n = g.layout->shard_numel();
+      std::uint32_t crc = io::crc32c(shard.data(), shard.size());
+      out.write(&n, sizeof(n));
+      out.write(&crc, sizeof(crc));
+      out.write(shard.data(), shard.size());
+      continue;
+    }
     std::vector<float> all = I.read_states(g);
     std::int64_t n = g.opt_numel;
     std::uint32_t crc = io::crc32c(all.data(), all.size() * sizeof(float));
@@ -168,7 +154,8 @@ void Engine::save_checkpoint(const std::string& dir) {
 namespace {
 struct LoadedCheckpoint {
   Header header;
-  std::vector<std::vector<float>> groups;  // [master | exp_avg | exp_avg_sq] per group
+  std::vector<std::vector<float>> groups;  // [master | exp_avg | exp_avg_sq] per group (frozen: empty)
+  std::vector<std::vector<std::byte>> frozen;  // a frozen group's compute-dtype shard (else empty)
 };
 
 // Reads and verifies this rank's whole file; changes nothing in the engine.
@@ -190,14 +177,25 @@ LoadedCheckpoint read_rank_file(core::EngineImpl& I, const std::string& dir) {
     std::uint32_t crc = 0;
     in.read(reinterpret_cast<char*>(&n), sizeof(n));
     in.read(reinterpret_cast<char*>(&crc), sizeof(crc));
-    if (!in || n != g.opt_numel)
+    const std::int64_t expected = g.frozen ? g.layout->shard_numel() : g.opt_numel;
+    if (!in || n != expected)
       ZOE_THROW(UsageError, "checkpoint '", path, "': group '", g.name, "' holds ", n, " elements, expected ",
-                g.opt_numel);
+                expected);
+    if (g.frozen) {
+      std::vector<std::byte> shard(static_cast<std::size_t>(n) * dtype_size(I.dtype));
+      in.read(reinterpret_cast<char*>(shard.data()), static_cast<std::streamsize>(shard.size()));
+      if (!in || io::crc32c(shard.data(), shard.size()) != crc)
+        ZOE_THROW(CorruptionError, "checkpoint '", path, "': group '", g.name, "' is truncated or corrupt");
+      c.groups.emplace_back();
+      c.frozen.push_back(std::move(shard));
+      continue;
+    }
     std::vector<float> all(3 * static_cast<std::size_t>(n));
     in.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
     if (!in || io::crc32c(all.data(), all.size() * sizeof(float)) != crc)
       ZOE_THROW(CorruptionError, "checkpoint '", path, "': group '", g.name, "' is truncated or corrupt");
     c.groups.push_back(std::move(all));
+    c.frozen.emplace_back();
   }
   return c;
 }
@@ -223,7 +221,14 @@ void Engine::load_checkpoint(const std::string& dir) {
     ZOE_THROW(CorruptionError, "checkpoint '", dir, "' could not be loaded on rank(s) ", bad,
               " (see their error); nothing was changed");
 
-  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) write_states(I, I.groups[gi], loaded.groups[gi]);
+  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
+    core::Group& g = I.groups[gi];
+    if (g.frozen) {
+      I.write_frozen_shard(g, loaded.frozen[gi].data());
+    } else {
+      I.write_states_and_params(g, loaded.groups[gi]);
+    }
+  }
   const Header& h = loaded.header;
   I.step_count = h.step;
   I.lr = h.lr;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -43,6 +44,8 @@ struct ParamInfo {
   ParamInitializer init;       // the initial value's source; released after finalize
   int group = -1;              // owning group
   std::size_t slot = 0;        // index inside the owning group's layout
+  ParamOptions options;        // weight_decay resolved against the config at registration
+  std::string param_group;     // the add_param_group that set `options` ("" = registration's)
 };
 
 /// A sub-group: up to sub_group_size elements of a rank's optimizer range whose step runs as
@@ -53,6 +56,9 @@ struct SubGroup {
   std::int64_t begin = 0, numel = 0;  // elements, within the group's optimizer range
   int offload_id = -1;                // OptimizerStates id; -1 = device optimizer
   DeviceBuffer device_states;         // device: [master | exp_avg | exp_avg_sq], 3 * numel floats
+  /// Runs of equal per-parameter options covering [0, numel) (begin relative to the sub-group),
+  /// in order: both optimizers step each run with its own weight decay and lr factor.
+  std::vector<OptimRun> runs;
   bool offloaded() const { return offload_id >= 0; }
   float* master() const { return static_cast<float*>(device_states.data()); }
 };
@@ -64,6 +70,10 @@ struct Group {
   std::optional<FlatLayout> layout;
   std::vector<int> users;  // modules whose params live here
   bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
+  /// The module's frozen parameters (ParamOptions::frozen) form a group of their own: compute-
+  /// dtype parameters only (no gradient buffers, no sub-groups, opt_numel 0), never reduced
+  /// or updated. Every other group holds trainable parameters only.
+  bool frozen = false;
 
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
   // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
@@ -182,6 +192,8 @@ struct EngineImpl {
   bool poison = false;  // zoe.debug_poison: freed buffers are filled with NaN (free_after_side)
 
   std::vector<ParamInfo> params;
+  std::unordered_map<std::string, std::uint32_t> param_by_name;  // every registered name
+  std::vector<std::string> param_groups;                          // add_param_group names, in order
   std::vector<ModuleInfo> modules;
   std::vector<Group> groups;
   bool finalized = false;
@@ -318,6 +330,27 @@ struct EngineImpl {
   void finish_update();
   /// This rank's fp32 master weights of the group's range (opt_numel floats), host memory.
   std::vector<float> master_range(Group& g);
+
+  // param_access.cpp
+  /// Runs of equal optimizer options over the group's flat buffer [0, padded_numel): parameter
+  /// i covers [offset(i), offset(i + 1)) (its padding with it), neighbours with equal options merged.
+  std::vector<OptimRun> option_runs(const Group& g) const;
+  /// Writes all three states of the group's range from `all` and recomputes its compute-
+  /// dtype parameters from the master weights (stages 1-2: all-gathered into the full copy).
+  void write_states_and_params(Group& g, const std::vector<float>& all);
+  /// This rank's compute-dtype part of a frozen group: its shard [shard_begin(rank),
+  /// + shard_numel) (stages 0-2: that slice of the full copy), host memory, shard_numel x
+  /// dtype_size bytes. read_frozen_shard / write_frozen_shard (stages 0-2: all-gathered into
+  /// the full copy, tagged).
+  std::vector<std::byte> read_frozen_shard(Group& g);
+  void write_frozen_shard(Group& g, const std::byte* shard);
+  /// The group's whole padded flat buffer in fp32 (the master weights; frozen: the compute-
+  /// dtype values widened), gathered from every rank (tagged collective). Host memory.
+  std::vector<float> gather_group(Group& g, const CollectiveTag& tag);
+  /// UsageError naming `param` and `call` if a module is between begin_* and end_*.
+  void check_between_steps(const ParamInfo& param, const char* call) const;
+  /// Counted, tagged all-gather of raw fp64 words for the trainer's scalars.
+  void all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name);
 };
 
 }  // namespace zoe::core

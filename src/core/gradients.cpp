@@ -21,7 +21,7 @@ void EngineImpl::prepare_grads(ModuleInfo& m) {
   bool filled = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];
-    if (g.grad_full) continue;
+    if (g.frozen || g.grad_full) continue;  // frozen: no gradient buffer
     g.grad_full = alloc(MemKind::buffer, dtype, g.layout->padded_numel());
     device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *side);
     filled = true;
@@ -38,6 +38,7 @@ void EngineImpl::finish_backward(ModuleInfo& m) {
   side_waits_for_compute();
   for (int gi : m.groups) {
     Group& g = groups[gi];
+    if (g.frozen) continue;  // no gradients: never reduced
     if (--g.pending_users > 0) continue;
     g.pending_users = static_cast<int>(g.users.size());
     ++g.micro_batches;
