@@ -225,15 +225,16 @@ void Engine::read_parameter(ParamId id, std::span<float> out) {
   ZOE_CHECK_USAGE(id.index < I.params.size(), "read_parameter: unknown parameter id ", id.index, " (",
                   I.params.size(), " parameters registered)");
   const core::ParamInfo& p = I.params[id.index];
-  ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
-                  out.size(), " elements, the parameter has ", p.numel);
   I.check_between_steps(p, "read_parameter");
   I.finalize();
   I.finish_update();
   core::Group& g = I.groups[p.group];
   // Tagged with the parameter, so a rank reading another one fails on the host backends even
-  // when the two groups' shapes match.
+  // when the two groups' shapes match. The collective runs before the size check, so a rank
+  // with a wrong `out` fails alone instead of leaving its peers waiting.
   std::vector<float> full = I.gather_group(g, core::param_value_tag(I, id.index, "reading"));
+  ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
+                  out.size(), " elements, the parameter has ", p.numel);
   std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
 }
 
@@ -242,32 +243,46 @@ void Engine::write_parameter(ParamId id, std::span<const float> value) {
   ZOE_CHECK_USAGE(id.index < I.params.size(), "write_parameter: unknown parameter id ", id.index, " (",
                   I.params.size(), " parameters registered)");
   const core::ParamInfo& p = I.params[id.index];
-  ZOE_CHECK_USAGE(static_cast<std::int64_t>(value.size()) == p.numel, "write_parameter('", p.name, "'): value has ",
-                  value.size(), " elements, the parameter has ", p.numel);
   I.check_between_steps(p, "write_parameter");
-  for (std::size_t i = 0; i < value.size(); ++i)
-    ZOE_CHECK_USAGE(std::isfinite(value[i]), "write_parameter('", p.name, "'): element ", i, " is ", value[i],
-                    " (values must be finite)");
   I.finalize();
   I.finish_update();
-  // Every rank must write the same value: agree on a hash first (nothing written otherwise).
+  // Every rank must write the same finite value of the right size: the ranks exchange (hash,
+  // size, first non-finite index) and all of them throw, before anything is written, when any
+  // rank's differs, so no rank is left waiting in a collective its peer skipped.
+  struct Summary {
+    std::uint64_t hash;
+    std::int64_t size, nonfinite;  // nonfinite: first index of a non-finite element, or -1
+  };
+  Summary mine{core::fnv1a(value.data(), value.size() * sizeof(float)), static_cast<std::int64_t>(value.size()), -1};
+  for (std::size_t i = 0; i < value.size() && mine.nonfinite < 0; ++i)
+    if (!std::isfinite(value[i])) mine.nonfinite = static_cast<std::int64_t>(i);
+  const std::size_t W = static_cast<std::size_t>(I.world);
+  constexpr std::int64_t kWords = sizeof(Summary) / sizeof(float);
+  std::vector<Summary> all(W);
   {
-    const std::uint64_t h = core::fnv1a(value.data(), value.size() * sizeof(float));
-    std::array<double, 1> mine{};
-    std::memcpy(mine.data(), &h, sizeof(h));
-    const std::size_t W = static_cast<std::size_t>(I.world);
-    core::DeviceBuffer send = I.alloc(core::MemKind::buffer, DType::f32, 2);
-    core::DeviceBuffer recv = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
-    auto* area = reinterpret_cast<std::uint64_t*>(I.readback_area(sizeof(std::uint64_t) * (1 + W)));
-    area[0] = h;
-    I.device.copy(send.data(), area, sizeof(h), *I.side);
-    I.all_gather(send.data(), recv.data(), 2, DType::f32, core::param_value_tag(I, id.index, "writing"));
-    I.device.copy(area + 1, recv.data(), W * sizeof(h), *I.side);
+    core::DeviceBuffer send = I.alloc(core::MemKind::buffer, DType::f32, kWords);
+    core::DeviceBuffer recv = I.alloc(core::MemKind::buffer, DType::f32, kWords * I.world);
+    auto* area = reinterpret_cast<Summary*>(I.readback_area(sizeof(Summary) * (1 + W)));
+    area[0] = mine;
+    I.device.copy(send.data(), area, sizeof(Summary), *I.side);
+    I.all_gather(send.data(), recv.data(), kWords, DType::f32, core::param_value_tag(I, id.index, "writing"));
+    I.device.copy(area + 1, recv.data(), W * sizeof(Summary), *I.side);
     I.device.synchronize(*I.side);
-    for (std::size_t r = 0; r < W; ++r)
-      ZOE_CHECK_USAGE(area[1 + r] == h, "write_parameter('", p.name, "'): rank ", r,
-                      " passes a different value than rank ", I.rank,
-                      " (every rank writes the same full value); nothing was written");
+    std::copy_n(area + 1, W, all.begin());
+  }
+  ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter('", p.name, "'): value has ", value.size(),
+                  " elements, the parameter has ", p.numel);
+  if (mine.nonfinite >= 0)
+    ZOE_THROW(UsageError, "write_parameter('", p.name, "'): element ", mine.nonfinite, " is ",
+              value[static_cast<std::size_t>(mine.nonfinite)], " (values must be finite)");
+  for (std::size_t r = 0; r < W; ++r) {
+    ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter('", p.name, "'): rank ", r,
+                    "'s value is wrong (", all[r].size, " elements",
+                    all[r].nonfinite >= 0 ? detail::concat(", element ", all[r].nonfinite, " not finite") : "",
+                    "; see its error); nothing was written");
+    ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter('", p.name, "'): rank ", r,
+                    " passes a different value than rank ", I.rank,
+                    " (every rank writes the same full value); nothing was written");
   }
   core::Group& g = I.groups[p.group];
   const core::FlatLayout& L = *g.layout;
@@ -284,10 +299,10 @@ void Engine::write_parameter(ParamId id, std::span<const float> value) {
     I.write_frozen_shard(g, shard.data());
   } else {
     // The master weights of the parameter's elements in this rank's range; the moments stay.
-    std::vector<float> all = I.read_states(g);
+    std::vector<float> states = I.read_states(g);
     const std::int64_t a = std::max(g.opt_begin, off), b = std::min(g.opt_begin + g.opt_numel, off + p.numel);
-    if (a < b) std::copy(value.begin() + (a - off), value.begin() + (b - off), all.begin() + (a - g.opt_begin));
-    I.write_states_and_params(g, all);
+    if (a < b) std::copy(value.begin() + (a - off), value.begin() + (b - off), states.begin() + (a - g.opt_begin));
+    I.write_states_and_params(g, states);
   }
   if (I.policy.shards_params) I.drop_all_gathered();  // a gathered copy would be stale
 }

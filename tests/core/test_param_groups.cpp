@@ -485,3 +485,34 @@ TEST(ParamGroups, RanksWritingDifferentValuesFailBeforeWriting) {
   for (std::int64_t i = 0; i < 5; ++i) EXPECT_EQ(after[0][i], initial(1, i));
   EXPECT_EQ(after[0], after[1]);
 }
+
+TEST(ParamGroups, OneRankWithAWrongValueFailsEveryRankWithoutAHang) {
+  // Rank 1 passes 4 elements instead of 5: rank 1 names its size, rank 0 names rank 1, and
+  // neither waits for a collective the other skipped (a 20 s timeout would say so).
+  auto ranks = make_local_ranks(2, 20.0);
+  std::vector<std::string> errors(2);
+  run_ranks(ranks, [&](RankContext& ctx) {
+    Engine e(base(2, DType::f32), ctx);
+    Model m = build(e);
+    std::vector<float> v(ctx.rank == 0 ? 5 : 4, 1.0f);
+    try {
+      e.write_parameter(m.params[1], v);
+    } catch (const UsageError& err) {
+      errors[static_cast<std::size_t>(ctx.rank)] = err.what();
+    }
+    std::vector<float> out(ctx.rank == 0 ? 5 : 3);
+    try {
+      e.read_parameter(m.params[1], out);
+      if (ctx.rank == 1) ADD_FAILURE() << "a wrong size read on rank 1";
+    } catch (const UsageError& err) {
+      EXPECT_EQ(ctx.rank, 1);
+      EXPECT_NE(std::string(err.what()).find("read_parameter('A.b'): out has 3 elements"), std::string::npos);
+    }
+    if (ctx.rank == 0)
+      for (std::int64_t i = 0; i < 5; ++i) EXPECT_EQ(out[i], initial(1, i));  // nothing was written
+  });
+  EXPECT_NE(errors[1].find("write_parameter('A.b'): value has 4 elements, the parameter has 5"), std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[0].find("write_parameter('A.b'): rank 1's value is wrong (4 elements"), std::string::npos)
+      << errors[0];
+}
