@@ -26,6 +26,13 @@ function(zoe_add_children folder)
   endforeach()
 endfunction()
 
+# zoe_scaled_timeout(<out-var> <seconds>): a ctest TIMEOUT of <seconds> in a plain build, times
+# ZOE_TEST_TIMEOUT_SCALE under a sanitizer (the code runs slower, the test is the same).
+function(zoe_scaled_timeout out seconds)
+  math(EXPR scaled "${seconds} * ${ZOE_TEST_TIMEOUT_SCALE}")
+  set(${out} ${scaled} PARENT_SCOPE)
+endfunction()
+
 # zoe_add_test(<name> SOURCES <files...> [LABELS <labels...>] [DEPS <targets...>] [TIMEOUT s]
 #               [PARTS <part>=<gtest filter>...] [DISCRETE])
 # A GoogleTest executable registered with ctest, one entry per executable (the suite starts
@@ -50,6 +57,7 @@ function(zoe_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  zoe_scaled_timeout(T_TIMEOUT ${T_TIMEOUT})
   set(rest "")
   foreach(part IN LISTS T_PARTS)
     if(NOT part MATCHES "^([A-Za-z0-9_]+)=(.+)$")

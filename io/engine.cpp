@@ -23,7 +23,8 @@ bool aligned(std::uint64_t v) { return v % kAlign == 0; }
 }  // namespace
 
 struct Engine::Counters {
-  std::atomic<std::uint64_t> requests{0}, bytes{0}, resubmitted{0}, fixed_requests{0};
+  std::atomic<std::uint64_t> requests{0}, bytes{0}, resubmitted{0}, fixed_requests{0}, submit_calls{0},
+      overlapped_requests{0};
 };
 
 namespace detail {
@@ -156,10 +157,18 @@ class Engine::Ring {
   io_uring_sqe* get_sqe() {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     while (!sqe) {  // cannot happen with entries >= queue_depth + 1, kept for safety
-      io_uring_submit(&ring_);
+      submitted(io_uring_submit(&ring_));
       sqe = io_uring_get_sqe(&ring_);
     }
     return sqe;
+  }
+
+  // Bookkeeping after a submission of everything prepared (rc: io_uring_submit's result).
+  void submitted(int rc) {
+    if (rc < 0 || unsubmitted_ == 0) return;
+    counters_.submit_calls.fetch_add(1, std::memory_order_relaxed);
+    in_kernel_ += unsubmitted_;
+    unsubmitted_ = 0;
   }
 
   void arm_wake() {
@@ -195,10 +204,13 @@ class Engine::Ring {
     io_uring_sqe_set_data64(sqe, slot_index);
     counters_.requests.fetch_add(1, std::memory_order_relaxed);
     if (buf_index >= 0) counters_.fixed_requests.fetch_add(1, std::memory_order_relaxed);
+    ++unsubmitted_;
+    if (options_.single_submit) submitted(io_uring_submit(&ring_));  // this request alone
   }
 
   // Issues requests from queued transfers, in order, while slots are free.
   void fill() {
+    const bool overlapping = in_kernel_ > 0;  // refilling while earlier requests are in flight
     while (!free_.empty() && !active_.empty()) {
       std::shared_ptr<Job>& job = active_.front();
       if (job->error || job->issued == job->total) {
@@ -219,6 +231,7 @@ class Engine::Ring {
         job->seg_pos = 0;
       }
       ++job->issued;
+      if (overlapping) counters_.overlapped_requests.fetch_add(1, std::memory_order_relaxed);
       prep(index);
     }
   }
@@ -241,6 +254,7 @@ class Engine::Ring {
   }
 
   void complete(unsigned index, int result) {
+    --in_kernel_;
     Slot& s = slots_[index];
     Job& job = *s.job;
     if (options_.fault_injector)
@@ -296,9 +310,11 @@ class Engine::Ring {
         }
         stopping = stopping_;
       }
-      fill();
+      // overlap_events false: a new batch only once the last one has completed.
+      if (options_.overlap_events || free_.size() == slots_.size()) fill();
       if (stopping && active_.empty() && free_.size() == slots_.size()) break;
       int rc = io_uring_submit_and_wait(&ring_, 1);
+      submitted(rc);
       if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
         // The ring itself failed: nothing more can be submitted. Fail every queued transfer
         // (requests already in the kernel still complete and are reaped below).
@@ -328,6 +344,8 @@ class Engine::Ring {
   std::vector<Slot> slots_;
   std::vector<unsigned> free_;
   std::vector<FixedBuffer> fixed_;
+  unsigned unsubmitted_ = 0;  // requests prepared, not yet submitted
+  unsigned in_kernel_ = 0;    // requests submitted, not yet reaped
 };
 
 Engine::Engine(const EngineOptions& options, std::vector<std::span<std::byte>> fixed_buffers)
@@ -425,7 +443,9 @@ Handle Engine::submit(Op op, const FileRef& file, std::span<const Segment> segme
 EngineStats Engine::stats() const noexcept {
   return {counters_->requests.load(std::memory_order_relaxed), counters_->bytes.load(std::memory_order_relaxed),
           counters_->resubmitted.load(std::memory_order_relaxed),
-          counters_->fixed_requests.load(std::memory_order_relaxed)};
+          counters_->fixed_requests.load(std::memory_order_relaxed),
+          counters_->submit_calls.load(std::memory_order_relaxed),
+          counters_->overlapped_requests.load(std::memory_order_relaxed)};
 }
 
 }  // namespace zoe::io

@@ -63,6 +63,13 @@ struct EngineOptions {
   unsigned queue_depth = 32;
   /// I/O threads, one ring each (1..64).
   unsigned threads = 1;
+  /// DeepSpeed's aio.single_submit: true submits each request to the kernel on its own
+  /// (one io_uring_submit per request) instead of every request ready in one submission.
+  bool single_submit = false;
+  /// DeepSpeed's aio.overlap_events: true refills free slots as soon as completions are
+  /// reaped, so submission overlaps the requests still in flight; false works in batches:
+  /// up to queue_depth requests, then nothing new until every one of them completed.
+  bool overlap_events = true;
   /// Try to register the buffers passed to the constructor (fixed buffers).
   bool fixed_buffers = true;
   /// Try to register files (fixed files) in register_file().
@@ -77,6 +84,8 @@ struct EngineStats {
   std::uint64_t bytes = 0;          // bytes completed
   std::uint64_t resubmitted = 0;    // short transfers and EAGAIN/EINTR retries
   std::uint64_t fixed_requests = 0; // requests that used a registered buffer
+  std::uint64_t submit_calls = 0;   // io_uring submissions that carried requests
+  std::uint64_t overlapped_requests = 0;  // requests issued by a refill while earlier ones of their ring were in flight
 };
 
 namespace detail {

@@ -9,8 +9,10 @@
 //  - a plain -O3 Adam loop.
 // Prints medians over the repetitions of GB/s and of the per-repetition ratios. --thread-cpu
 // times one-thread cases by the thread's CPU clock (for a loaded shared machine).
-// --json: one JSON object per line {"bench","case","value","unit","bound","ratio"}; the
-// library's lines add "picked" (the store kind CpuAdam chose).
+// --json: one JSON object per line {"bench","case","value","unit","bound","ratio"} with what
+// explains it: "explain" (what value, bound and ratio are), "elements", "threads", "output",
+// "bytes_per_element", "clock", "repetitions", "statistic", "cpu", "cpus" and "load_average"
+// (at the line's end); the library's lines add "picked" (the store kind CpuAdam chose).
 #include <tbb/task_arena.h>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "bench/adam/bench_loops.hpp"
+#include "bench/machine.hpp"
 #include "src/common/aligned_buffer.hpp"
 #include "src/optim/cpu_adam.hpp"
 
@@ -88,10 +91,34 @@ struct Options {
   bool json = false;
 };
 
+// The facts a --json line carries besides its figure, so a file of results explains itself.
+struct CaseFacts {
+  std::size_t elements;
+  int threads;
+  bool bf16_out;
+  bool cpu_clock;
+  int repetitions;
+};
+
 void json_line(const std::string& case_name, double value, const std::string& unit, double bound, double ratio,
-               const nlohmann::json& extra = nlohmann::json::object()) {
-  nlohmann::json j{{"bench", "adam"}, {"case", case_name}, {"value", value}, {"unit", unit},
-                   {"bound", bound},  {"ratio", ratio}};
+               const CaseFacts& f, const std::string& explain, const nlohmann::json& extra = nlohmann::json::object()) {
+  nlohmann::json j{{"bench", "adam"},
+                   {"case", case_name},
+                   {"value", value},
+                   {"unit", unit},
+                   {"bound", bound},
+                   {"ratio", ratio},
+                   {"explain", explain},
+                   {"elements", f.elements},
+                   {"threads", f.threads},
+                   {"output", f.bf16_out ? "fp32+bf16" : "fp32"},
+                   {"bytes_per_element", f.bf16_out ? 30 : 28},
+                   {"clock", f.cpu_clock ? "thread-cpu" : "wall"},
+                   {"repetitions", f.repetitions},
+                   {"statistic", "median over repetitions (ratio: median of per-repetition ratios)"},
+                   {"cpu", zoe::bench::cpu_model()},
+                   {"cpus", zoe::bench::online_cpus()},
+                   {"load_average", zoe::bench::load_average()}};
   j.update(extra);
   std::printf("%s\n", j.dump().c_str());
 }
@@ -179,17 +206,26 @@ void run_case(const Options& o, Arrays& a, std::size_t n, int size_mi, int threa
   const double lib_gbps = gbps(lib), lib_ratio = ratio(lib, best_bound_secs), best = median(bound_best);
   const double plain_speedup = ratio(lib, [&](int s) { return secs[plain][s]; });
   if (o.json) {
+    const CaseFacts f{n, threads, bf16_out, cpu_clock, o.steps};
     // Per store kind: CpuAdam forced to it against the bound loop with the same stores.
-    for (int k = 0; k < kinds; ++k)
-      json_line(name + " stores=" + std::string(zoe::optim::stores_name(kKinds[k].stores)), gbps(kernel0 + k), "GB/s",
-                gbps(bound0 + k), ratio(kernel0 + k, [&](int s) { return secs[bound0 + k][s]; }));
+    for (int k = 0; k < kinds; ++k) {
+      const std::string kind(zoe::optim::stores_name(kKinds[k].stores));
+      json_line(name + " stores=" + kind, gbps(kernel0 + k), "GB/s", gbps(bound0 + k),
+                ratio(kernel0 + k, [&](int s) { return secs[bound0 + k][s]; }), f,
+                "value: CpuAdam::step forced to " + kind + " stores; bound: the STREAM-style loop of the same "
+                "access pattern with the same stores; ratio: value / bound");
+    }
     // The library's own pick against the best bound of any store kind: the headline figure.
-    json_line(name + " library", lib_gbps, "GB/s", best, lib_ratio, {{"picked", picked}});
-    json_line(name + " library", lib_gbps * 1e9 / (bytes / n), "params/s", best * 1e9 / (bytes / n), lib_ratio,
-              {{"picked", picked}});
+    const std::string lib_explain =
+        "value: CpuAdam::step with the store kind it measured and picked (\"picked\"); bound: the fastest "
+        "store kind's STREAM-style loop in each repetition; ratio: value / bound (the headline)";
+    json_line(name + " library", lib_gbps, "GB/s", best, lib_ratio, f, lib_explain, {{"picked", picked}});
+    json_line(name + " library", lib_gbps * 1e9 / (bytes / n), "params/s", best * 1e9 / (bytes / n), lib_ratio, f,
+              lib_explain, {{"picked", picked}});
     // Against the plain loop: "bound" is its params/s, "ratio" the median per-step speed-up.
     json_line(name + " vs plain -O3 loop", lib_gbps * 1e9 / (bytes / n), "params/s", gbps(plain) * 1e9 / (bytes / n),
-              plain_speedup);
+              plain_speedup, f,
+              "value: CpuAdam::step (library pick); bound: a plain scalar -O3 Adam loop (not a bound); ratio: speed-up");
   } else {
     std::printf("%-40s", name.c_str());
     for (int k = 0; k < kinds; ++k)

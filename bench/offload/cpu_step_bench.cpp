@@ -6,13 +6,15 @@
 //      the unscale (loss scale 1024) folded into Adam's grad_scale;
 //   3. AdamW over every sub-group with the bf16 copy-out of the updated weights.
 // Two implementations, timed interleaved in the same run:
-//  - "as the pipeline runs it": offload::OptimizerStates::add_grad (host_ops: single-threaded
-//    cast, then sum_squares and all_finite passes), grad_sum_squares / grad_finite, for_each +
-//    CpuAdam::step, as src/core/step.cpp drives them (not through an Engine: see step_bench.cpp);
-//  - "fused": CpuAdam::add_grad (cast + sum of squares + finiteness in one pass over the
-//    CpuAdam threads, bitwise the same results) on arrays laid out as the cpu tier lays them
-//    out ([master | exp_avg | exp_avg_sq] per sub-group, and its fp32 gradient), then
-//    CpuAdam::step. The step's arithmetic and results are identical; only the passes differ.
+//  - "as the pipeline runs it": offload::OptimizerStates::add_grad handed the step's CpuAdam
+//    (OptimizerStatesOptions::adam, as the engine does: CpuAdam::add_grad, the cast + sum of
+//    squares + finiteness in one pass over the CpuAdam threads), grad_sum_squares /
+//    grad_finite, for_each + CpuAdam::step, as src/core/step.cpp drives them (not through an
+//    Engine: see step_bench.cpp);
+//  - "tier-free": the same CpuAdam::add_grad and CpuAdam::step on arrays of our own laid out as
+//    the cpu tier lays them out ([master | exp_avg | exp_avg_sq] per sub-group, and its fp32
+//    gradient), so the gap between the two is the tier's own cost (host-access checks,
+//    for_each). The arithmetic and results are identical.
 // Bytes: 36 per element: 2 (bf16 gradient read) + 4 (fp32 gradient written) in part 1, then
 // 16 read + 12 written + 2 (bf16 copy) in part 3; the norm's re-read of the fp32 gradient is not
 // counted (a fused pass needs none).
@@ -111,8 +113,10 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
   std::memset(out, 0, n_all * 2);
 
   // Variant "pipeline": the cpu tier of OptimizerStates.
+  optim::CpuAdam adam(o.threads);
   offload::OptimizerStatesOptions so;
   so.device = OffloadDevice::cpu;
+  so.adam = &adam;  // the gradient add in the step's arena, as the engine hands it
   offload::OptimizerStates states(so);
   std::vector<int> ids;
   for (std::int64_t n : numel) ids.push_back(states.add(n));
@@ -123,7 +127,7 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
     states.write_initial(ids[k], std::span<const float>(initial.data(), static_cast<std::size_t>(numel[k])));
   states.finish_initial();
 
-  // Variant "fused": the same layout in buffers of our own.
+  // Variant "tier-free": the same layout in buffers of our own.
   OwnTier own;
   for (std::int64_t n : numel) {
     const auto un = static_cast<std::size_t>(n);
@@ -135,12 +139,11 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
     std::memset(own.grads.back().data(), 0, un * 4);
   }
 
-  optim::CpuAdam adam(o.threads);
   tbb::task_arena arena(adam.threads());
   optim::AdamHyper h;
   h.weight_decay = 0.01;
   const double loss_scale = 1024.0, max_norm = 1.0;
-  std::int64_t t_pipeline = 0, t_fused = 0;
+  std::int64_t t_pipeline = 0, t_tier_free = 0;
   double last_norm[2] = {0, 0};
   // Part 2: norm, overflow, clip coefficient -> Adam's grad_scale (src/core/step.cpp's formula).
   auto grad_scale_of = [&](double sum_squares, bool finite, int which) {
@@ -163,7 +166,7 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
                 static_cast<std::size_t>(sg.numel), out + begin[k++], DType::bf16);
     });
   };
-  auto fused = [&] {
+  auto tier_free = [&] {
     double sum = 0;
     bool finite = true;
     for (std::size_t k = 0; k < numel.size(); ++k) {
@@ -172,11 +175,11 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
       sum += st.sum_squares, finite = finite && st.finite;
     }
     const float scale = grad_scale_of(sum, finite, 1);
-    ++t_fused;
+    ++t_tier_free;
     for (std::size_t k = 0; k < numel.size(); ++k) {
       const auto n = static_cast<std::size_t>(numel[k]);
       float* s = own.states[k].as<float>().data();
-      adam.step(h, t_fused, scale, s, s + n, s + 2 * n, own.grads[k].as<float>().data(), DType::f32, n, out + begin[k],
+      adam.step(h, t_tier_free, scale, s, s + n, s + 2 * n, own.grads[k].as<float>().data(), DType::f32, n, out + begin[k],
                 DType::bf16);
     }
   };
@@ -208,26 +211,26 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
               numel.size());
   // Warm-up: faults nothing new, starts the threads, runs CpuAdam's store trials (StorePolicy::
   // measure decides per size class on its first calls, here the first steps' sub-groups).
-  for (int w = 0; w < 4; ++w) pipeline(), fused();
+  for (int w = 0; w < 4; ++w) pipeline(), tier_free();
 
-  enum { kPipeline, kFused, kWidenOrd, kWidenNt, kAdamOrd, kAdamNt, kAdamNtHalf, kPasses };
+  enum { kPipeline, kTierFree, kWidenOrd, kWidenNt, kAdamOrd, kAdamNt, kAdamNtHalf, kPasses };
   std::vector<std::vector<double>> secs(kPasses);
-  std::vector<int> order{kPipeline, kWidenOrd, kAdamOrd, kFused, kWidenNt, kAdamNt, kAdamNtHalf};
+  std::vector<int> order{kPipeline, kWidenOrd, kAdamOrd, kTierFree, kWidenNt, kAdamNt, kAdamNtHalf};
   for (int r = 0; r < o.reps; ++r) {
     std::rotate(order.begin(), order.begin() + 1, order.end());
     for (int p : order) {
       double dt = 0;
       switch (p) {
         case kPipeline: dt = seconds(pipeline); break;
-        case kFused: dt = seconds(fused); break;
+        case kTierFree: dt = seconds(tier_free); break;
         case kWidenOrd: dt = seconds([&] { widen_bound(false); }); break;
         case kWidenNt: dt = seconds([&] { widen_bound(true); }); break;
         default: dt = seconds([&] { adam_bound(p - kAdamOrd); }); break;
       }
       secs[p].push_back(dt);
     }
-    report.text("#   rep %d: pipeline %.3f s, fused %.3f s, bound %.3f s (widen %.3f / %.3f, adam %.3f / %.3f / %.3f)\n", r,
-                secs[kPipeline].back(), secs[kFused].back(),
+    report.text("#   rep %d: pipeline %.3f s, tier-free %.3f s, bound %.3f s (widen %.3f / %.3f, adam %.3f / %.3f / %.3f)\n", r,
+                secs[kPipeline].back(), secs[kTierFree].back(),
                 std::min(secs[kWidenOrd].back(), secs[kWidenNt].back()) +
                     std::min({secs[kAdamOrd].back(), secs[kAdamNt].back(), secs[kAdamNtHalf].back()}),
                 secs[kWidenOrd].back(), secs[kWidenNt].back(), secs[kAdamOrd].back(), secs[kAdamNt].back(),
@@ -247,7 +250,7 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
                 median(ratio), "(36 B/element; bound: widen + Adam-pattern passes, best stores)");
   };
   line("CPU step as the pipeline runs it", kPipeline);
-  line("CPU step fused gradient add", kFused);
+  line("CPU step tier-free", kTierFree);
   const auto choice = adam.store_choice(static_cast<std::size_t>(numel.front()), DType::f32, true);
   const auto grad_choice = adam.add_grad_store_choice(static_cast<std::size_t>(numel.front()), DType::bf16, true);
   report.text("# CpuAdam's measured picks for the sub-groups: step %s (%s), add_grad %s stores (%s)\n",

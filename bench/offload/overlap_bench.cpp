@@ -98,12 +98,18 @@ void run_overlap_case(const OverlapBenchOptions& o, OffloadDevice tier, const Re
     e.synchronize();  // the gradient reductions are not part of the step
   };
   std::chrono::duration<double> per_module_compute{0};
+  // Where the overhead of step + forward over the forward alone goes: how long step() takes to
+  // return, and how long the first module's compute waits for its groups' update.
+  double step_return_s = 0, first_wait_s = 0;
   auto forward = [&] {
-    for (ModuleId m : modules) {
+    for (std::size_t k = 0; k < modules.size(); ++k) {
+      const ModuleId m = modules[k];
+      const auto t0 = std::chrono::steady_clock::now();
       e.begin_forward(m);
       // The modelled kernel starts when the compute stream reaches it (on a GPU begin_forward
       // only queues the wait for the module's groups; on the host device this returns at once).
       device.synchronize(device.compute_stream());
+      if (k == 0) first_wait_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::this_thread::sleep_for(per_module_compute);
       e.end_forward(m);
     }
@@ -113,7 +119,7 @@ void run_overlap_case(const OverlapBenchOptions& o, OffloadDevice tier, const Re
     e.synchronize();
   };
   auto step_then_forward = [&] {
-    e.step();
+    step_return_s = seconds([&] { e.step(); });
     forward();  // its last begin_forward waited for the last group's update
   };
 
@@ -131,21 +137,30 @@ void run_overlap_case(const OverlapBenchOptions& o, OffloadDevice tier, const Re
   forward();
   backward();
 
-  std::vector<double> steps, forwards, both, ratios;
+  std::vector<double> steps, forwards, both, ratios, returns, first_waits;
   for (int r = 0; r < o.reps; ++r) {
     steps.push_back(seconds(step_alone));
     forwards.push_back(seconds(forward));
     backward();
     both.push_back(seconds(step_then_forward));
+    returns.push_back(step_return_s);
+    first_waits.push_back(first_wait_s);
     backward();
     ratios.push_back(both.back() / std::max(steps.back(), forwards.back()));
-    report.text("#   rep %d: step %.3f s, forward %.3f s, step+forward %.3f s, ratio %.3f\n", r, steps.back(),
-                forwards.back(), both.back(), ratios.back());
+    report.text(
+        "#   rep %d: step %.3f s, forward %.3f s, step+forward %.3f s, ratio %.3f (step() returned after %.1f ms, "
+        "first module waited %.1f ms)\n",
+        r, steps.back(), forwards.back(), both.back(), ratios.back(), returns.back() * 1e3, first_waits.back() * 1e3);
   }
   e.synchronize();
   const double ts = median(steps), tf = median(forwards), tb = median(both);
   report.line(name + " step+forward vs max", tb, "s", std::max(ts, tf), median(ratios),
               "(floor 1 + 1/modules with equal lengths)");
+  // The overhead's two fixed parts, against one module's forward (the floor's 1/modules).
+  report.line(name + " step() return vs one module's forward", median(returns), "s", per_module_compute.count(),
+              median(returns) / per_module_compute.count());
+  report.line(name + " first module's wait vs one module's forward", median(first_waits), "s",
+              per_module_compute.count(), median(first_waits) / per_module_compute.count());
   // The part of the step hidden behind the forward: (step + forward - both) / step, 1 = all.
   const double hidden = std::clamp((ts + tf - tb) / ts, 0.0, 1.0);
   report.line(name + " step hidden behind forward", hidden, "frac", 1.0, hidden);

@@ -1,6 +1,6 @@
 // Output of zoe-offload-bench: a table on stdout, or with --json one object per line
-// {"bench":"offload","case","value","unit","bound","ratio"} like the other benches.
-// Also the machine's load average, which the figures depend on (2 shared cores).
+// {"bench":"offload","case","value","unit","bound","ratio"} like the other benches, plus "note"
+// (what the bound is), "load_average" (at the figure's end), "cpu" (model) and "cpus" (online).
 // Not thread-safe: one thread prints.
 #pragma once
 
@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "bench/machine.hpp"
 
 namespace zoe::bench {
 
@@ -24,7 +26,9 @@ class Report {
             const std::string& note = "") const {
     if (json_) {
       const nlohmann::json j{{"bench", "offload"}, {"case", case_name}, {"value", value},
-                             {"unit", unit},       {"bound", bound},      {"ratio", ratio}};
+                             {"unit", unit},       {"bound", bound},      {"ratio", ratio},
+                             {"note", note},       {"load_average", load_average()}, {"cpu", cpu_model()},
+                             {"cpus", online_cpus()}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%-46s %10.3f %-5s bound %10.3f  ratio %6.3f  %s\n", case_name.c_str(), value, unit.c_str(), bound,
@@ -42,14 +46,6 @@ class Report {
  private:
   bool json_;
 };
-
-/// /proc/loadavg's first three fields ("0.80 1.58 2.63"), or "?" if unreadable.
-inline std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string a, b, c;
-  if (!(f >> a >> b >> c)) return "?";
-  return a + " " + b + " " + c;
-}
 
 template <class F>
 double seconds(F&& f) {

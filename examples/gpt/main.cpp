@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
                   std::filesystem::is_directory(std::filesystem::path(opt.data_dir) / "gutenberg"),
               "--data-dir '", opt.data_dir, "' has no encoder.json and gutenberg/: fetch the data "
               "there first with scripts/fetch-data.sh ", opt.data_dir);
-    if (opt.warmup >= opt.steps)
+    if (opt.warmup >= opt.steps && !opt.eval_only)
       std::printf("note: --warmup %d >= --steps %d: the learning rate only ramps up (no cosine "
                   "decay)\n", opt.warmup, opt.steps);
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
                 opt.lr * opt.min_lr_ratio);
     std::fflush(stdout);
     const gpt::TrainSummary s = gpt::train(opt, data, tok, true);
+    if (opt.eval_only) {
+      std::printf("val loss %.4f nats vs unigram entropy %.4f nats (%+.2f); no training (--eval-only)\n",
+                  s.final_val_loss, entropy, s.final_val_loss - entropy);
+      return 0;
+    }
     std::printf("train loss %.4f -> %.4f; final val loss %.4f nats vs unigram entropy %.4f nats "
                 "(%+.2f)\n",
                 s.first_loss, s.last_loss, s.final_val_loss, entropy, s.final_val_loss - entropy);

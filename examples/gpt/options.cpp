@@ -83,7 +83,18 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--resume", o.resume, "continue the run checkpointed in --checkpoint-dir");
+  app.add_flag("--profile", o.profile, "print where each rank's step time goes (timers; steps after the first 3)");
   app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--init-from", o.init_from,
+                 "start from the parameters in this safetensors file (HF GPT-2 names and layout, e.g. one --export wrote): fine-tuning")
+      ->check(CLI::ExistingFile);
+  app.add_option("--export", o.export_path,
+                 "at the end, write the parameters to this safetensors file (HF GPT-2 names, Conv1D [in, out] layout, wte once)");
+  std::string export_dtype = "fp32";
+  app.add_option("--export-dtype", export_dtype, "dtype of --export: fp32 (the master weights) or bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_flag("--eval-only", o.eval_only,
+               "no training: the validation loss and the sample of the model from --resume, --init-from or the seed");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -95,6 +106,11 @@ TrainOptions parse_options(int argc, char** argv) {
   if (o.data_dir.empty()) o.data_dir = default_data_dir();
   if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
   GPT_CHECK(!o.resume || !o.checkpoint_dir.empty(), "--resume needs --checkpoint-dir DIR");
+  o.export_dtype = export_dtype == "bf16" ? zoe::DType::bf16 : zoe::DType::f32;
+  GPT_CHECK(o.init_from.empty() || !o.resume,
+            "--init-from and --resume both give the starting parameters: --resume continues the checkpointed run, "
+            "--init-from starts a new one from a file");
+  GPT_CHECK(!o.eval_only || o.stop_after == 0, "--eval-only trains no step: --stop-after has nothing to stop");
   GPT_CHECK(o.stop_after == 0 || !o.checkpoint_dir.empty(),
             "--stop-after needs --checkpoint-dir DIR (where the run continues from)");
   o.model.vocab_size = 50257;
@@ -136,9 +152,13 @@ TrainOptions parse_options(int argc, char** argv) {
   if (use_flag(o_wd, "/optimizer/params/weight_decay")) c.optimizer.weight_decay = weight_decay;
   if (use_flag(o_clip, "/gradient_clipping")) c.gradient_clipping = grad_clip;
   if (use_flag(o_stage, "/zero_optimization/stage")) c.zero_optimization.stage = stage;
-  if (use_flag(o_offopt, "/zero_optimization/offload_optimizer/device"))
+  // zoe-gpt's default offload goes with its default stage: a file whose stage cannot offload
+  // (optimizer states: stage 0; parameters: below 3) keeps DeepSpeed's none unless the flag
+  // is given.
+  const int st = c.zero_optimization.stage;
+  if (use_flag(o_offopt, "/zero_optimization/offload_optimizer/device") && (o_offopt->count() > 0 || st >= 1))
     c.zero_optimization.offload_optimizer.device = offload_device(offload_opt);
-  if (use_flag(o_offpar, "/zero_optimization/offload_param/device"))
+  if (use_flag(o_offpar, "/zero_optimization/offload_param/device") && (o_offpar->count() > 0 || st == 3))
     c.zero_optimization.offload_param.device = offload_device(offload_param);
   if (use_flag(o_nvme, "/zero_optimization/offload_optimizer/nvme_path"))
     c.zero_optimization.offload_optimizer.nvme_path = nvme_path;

@@ -43,6 +43,11 @@ struct TrainOptions {
   int checkpoint_interval = 100; // steps between checkpoints (0 = only at the end)
   bool resume = false;           // continue the run checkpointed in checkpoint_dir
   int stop_after = 0;            // stop (and checkpoint) after this step; 0 = run to `steps`
+  bool profile = false;          // print where each rank's step time goes (step_profile.hpp)
+  std::string init_from;         // initial parameters from this safetensors file (hf_weights.hpp)
+  std::string export_path;       // write the final parameters here as safetensors (HF GPT-2 names)
+  zoe::DType export_dtype = zoe::DType::f32;  // f32 (the master weights) or bf16
+  bool eval_only = false;        // no training: validation loss and the sample only
 
   zoe::Config engine;            // the merged engine configuration (--config + flags)
 };
@@ -52,7 +57,8 @@ struct TrainOptions {
 /// without one, from the trainer's defaults (stage 3, optimizer on NVMe); every flag given
 /// explicitly overrides the matching key; a flag given twice takes the last value. Throws
 /// zoe::ConfigError for invalid values, zoe::Error for --resume or --stop-after without
-/// --checkpoint-dir.
+/// --checkpoint-dir, --init-from with --resume (the checkpoint holds the parameters), and
+/// --eval-only with --stop-after.
 TrainOptions parse_options(int argc, char** argv);
 
 }  // namespace gpt

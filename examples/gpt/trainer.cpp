@@ -11,11 +11,13 @@
 
 #include "examples/gpt/checkpoint.hpp"
 #include "examples/gpt/error.hpp"
+#include "examples/gpt/hf_weights.hpp"
 #include "examples/gpt/kernel_ops.hpp"
 #include "examples/gpt/metrics.hpp"
 #include "examples/gpt/model.hpp"
 #include "examples/gpt/progress.hpp"
 #include "examples/gpt/schedule.hpp"
+#include "examples/gpt/step_profile.hpp"
 #include "zoe/engine.hpp"
 #if defined(ZOE_GPT_HAVE_CUDA)
 #include "examples/gpt/cuda_ops.hpp"
@@ -26,15 +28,20 @@ namespace {
 namespace fs = std::filesystem;
 
 // The model's parameters owned by zoe: registered with the engine (one module per block, plus
-// embeddings and head; wte in both), handed to the model module by module.
+// embeddings and head; wte in both), handed to the model module by module. Initial values: GPT-2's
+// seeded init, or a safetensors file's tensors (--init-from), each rank reading its own part.
 class EngineProvider final : public ParamProvider<float> {
  public:
-  EngineProvider(zoe::Engine& engine, const ModelSpec& spec, std::uint64_t seed)
+  EngineProvider(zoe::Engine& engine, const ModelSpec& spec, std::uint64_t seed, const InitFile* from)
       : engine_(engine) {
     GPT_CHECK(engine.config().compute_dtype() == zoe::DType::f32,
               "the trainer computes in fp32: disable fp16 and bf16 in the config (got ",
               zoe::dtype_name(engine.config().compute_dtype()), ")");
     for (const ParamSpec& p : spec.params) {
+      if (from) {
+        ids_.push_back(engine.add_parameter(p.name, p.shape, from->initializer(p.name, p.shape)));
+        continue;
+      }
       const std::vector<float> init = initial_value(p, seed);
       ids_.push_back(engine.add_parameter(p.name, p.shape, init));
     }
@@ -51,12 +58,34 @@ class EngineProvider final : public ParamProvider<float> {
     }
   }
 
-  ModuleView<float> begin_forward(int m) override { return view(engine_.begin_forward(modules_[m])); }
-  void end_forward(int m) override { engine_.end_forward(modules_[m]); }
-  ModuleView<float> begin_backward(int m) override {
-    return view(engine_.begin_backward(modules_[m]));
+  // With a profile: each engine call's time, and the compute between a begin and its end.
+  ModuleView<float> begin_forward(int m) override {
+    const auto t0 = StepProfile::now();
+    ModuleView<float> v = view(engine_.begin_forward(modules_[m]));
+    opened_ = stamp(StepProfile::engine_begin_forward, t0);
+    return v;
   }
-  void end_backward(int m) override { engine_.end_backward(modules_[m]); }
+  void end_forward(int m) override {
+    const auto t0 = stamp(m == 0 ? StepProfile::embeddings_forward : StepProfile::blocks_forward, opened_);
+    engine_.end_forward(modules_[m]);
+    stamp(StepProfile::engine_end_forward, t0);
+  }
+  ModuleView<float> begin_backward(int m) override {
+    const auto t0 = StepProfile::now();
+    ModuleView<float> v = view(engine_.begin_backward(modules_[m]));
+    opened_ = stamp(StepProfile::engine_begin_backward, t0);
+    return v;
+  }
+  void end_backward(int m) override {
+    const auto phase = m == 0 ? StepProfile::embeddings_backward
+                       : m + 1 == static_cast<int>(modules_.size()) ? StepProfile::head
+                                                                    : StepProfile::blocks_backward;
+    const auto t0 = stamp(phase, opened_);
+    engine_.end_backward(modules_[m]);
+    stamp(StepProfile::engine_end_backward, t0);
+  }
+  /// Where the provider's stamps go (inactive: nothing counted).
+  StepProfile profile;
   /// The engine's handle of ModelSpec::params[i].
   zoe::ParamId param(int i) const { return ids_.at(i); }
 
@@ -68,10 +97,22 @@ class EngineProvider final : public ParamProvider<float> {
     return v;
   }
 
+  // Adds now - from to phase p; returns now.
+  StepProfile::Stamp stamp(StepProfile::Phase p, StepProfile::Stamp from) {
+    const auto t = StepProfile::now();
+    profile.add(p, from, t);
+    return t;
+  }
+
   zoe::Engine& engine_;
   std::vector<zoe::ParamId> ids_;
   std::vector<zoe::ModuleId> modules_;
+  StepProfile::Stamp opened_{};
 };
+
+// --profile leaves out this many first steps of a run (thread start, first-touch faults, the
+// CPU Adam's store trials).
+constexpr int kProfileWarmup = 3;
 
 // Per-(seed, rank, step) data stream: a step's batches depend on nothing else.
 std::uint64_t stream(std::uint64_t seed, int rank, int step) {
@@ -99,7 +140,9 @@ struct RunShared {
   const Tokenizer& tok;
   bool verbose;
   bool gather_parameters;
+  std::shared_ptr<const InitFile> init_file;  // --init-from, shared by the rank threads
   TrainSummary summary;  // filled by each process's first rank (with threads: rank 0)
+  std::vector<StepProfile> profiles;  // --profile: one per local rank, printed after training
 };
 
 // What must not change when a run resumes: the model, the ranks, the batches, the seed and the
@@ -139,12 +182,13 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     state = load_trainer_state(opt.checkpoint_dir, engine.global_step(), engine.lr(), state.run);
     if (lead) {
       std::printf("resumed from '%s' after step %d (%s)\n", opt.checkpoint_dir.c_str(), state.step,
-                  state.step >= opt.steps ? "nothing left to train" : "continuing");
+                  opt.eval_only ? "evaluating only" : state.step >= opt.steps ? "nothing left to train" : "continuing");
       std::fflush(stdout);
     }
   }
   const int start = state.step;
-  const int stop = opt.stop_after > 0 ? std::min(opt.stop_after, opt.steps) : opt.steps;
+  // --eval-only: no step; the loop below is skipped and the model is evaluated and sampled.
+  const int stop = opt.eval_only ? start : opt.stop_after > 0 ? std::min(opt.stop_after, opt.steps) : opt.steps;
   const double elapsed_before = state.elapsed_s;
 
   auto evaluate = [&] {
@@ -179,11 +223,21 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     if (!scheduled) engine.set_lr(lr);
     std::mt19937_64 rng(stream(opt.seed, rank, step));
     double loss = 0;
+    StepProfile& prof = pp.profile;
+    prof.active = opt.profile && step >= start + kProfileWarmup;
+    const auto step_begin = StepProfile::now();
     for (int mb = 0; mb < GA; ++mb) {
+      const auto t0 = StepProfile::now();
       const Batch b = sample_batch(sh.data.train, B, T, rng);
+      prof.add(StepProfile::batch, t0, StepProfile::now());
       loss += model.forward_backward(pp, b.inputs.data(), b.targets.data(), B, T);
     }
+    const auto step_call = StepProfile::now();
     const zoe::StepResult r = engine.step();
+    const auto step_end = StepProfile::now();
+    prof.add(StepProfile::engine_step, step_call, step_end);
+    prof.add_step(step_begin, step_end);
+    prof.active = false;
     // The mean over every rank (all processes under a launcher), as the metrics file says.
     loss = engine.all_reduce(loss / GA, zoe::ScalarReduce::mean, "train loss");
     tokens += tokens_per_step;
@@ -214,6 +268,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     }
   }
   if (stop <= start) state.last_val_loss = evaluate();  // resumed with nothing left to train
+  if (opt.profile) sh.profiles[local_rank] = pp.profile;
   if (lead) bar.finish();
   if (lead && !opt.checkpoint_dir.empty() && stop > start)
     std::printf("checkpoint of step %d saved to '%s'%s\n", stop, opt.checkpoint_dir.c_str(),
@@ -227,6 +282,14 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     sh.summary.final_val_loss = state.last_val_loss;
     sh.summary.tokens_per_s = bar.tokens_per_s(tokens);
     sh.summary.train_seconds = bar.elapsed_s();
+  }
+  if (!opt.export_path.empty()) {  // a collective: every rank streams its part, rank 0 writes
+    engine.export_safetensors(opt.export_path, opt.export_dtype, export_metadata(opt.model));
+    if (lead) {
+      std::printf("parameters of step %d exported to '%s' (safetensors, %s, Hugging Face GPT-2 names)\n", state.step,
+                  opt.export_path.c_str(), zoe::dtype_name(opt.export_dtype).data());
+      std::fflush(stdout);
+    }
   }
   if (sh.gather_parameters) {  // a collective: every rank gathers every parameter
     const ModelSpec& spec = model.spec();
@@ -243,7 +306,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
                 gib(m.device_model_states).c_str(), gib(m.host_buffers).c_str());
   }
 
-  if (opt.sample_length > 0 && stop == opt.steps) {  // every rank generates (stage 3 gathers are collectives)
+  if (opt.sample_length > 0 && (stop == opt.steps || opt.eval_only)) {  // every rank generates (stage 3 gathers are collectives)
     std::vector<TokenId> text = sh.tok.encode(opt.prompt);
     if (text.empty()) text.push_back(sh.tok.end_of_text());
     const std::size_t prompt_len = text.size();
@@ -274,7 +337,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
                                                : std::max(1, cores / std::max(1, ctx.world_size)));
   zoe::Engine engine(opt.engine, ctx);
   const ModelSpec spec = make_model_spec(opt.model);
-  EngineProvider pp(engine, spec, opt.seed);
+  EngineProvider pp(engine, spec, opt.seed, sh.init_file.get());
   const zoe::ComputePlace place = engine.compute_place();
   auto train_on = [&](auto ops, const std::string& what) {
     if (ctx.rank == 0 && sh.verbose) {
@@ -311,12 +374,16 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
 TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokenizer& tokenizer,
                    bool verbose, bool gather_parameters) {
   const bool launcher = opt.from_environment;
+  const int local_ranks = launcher ? 1 : opt.world_size;  // rank threads in this process
   if (opt.resume)
     GPT_CHECK(fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir)) ||
                   fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir) + ".old"),
               "--resume: no checkpoint at '", opt.checkpoint_dir, "' (expected '",
               engine_checkpoint_dir(opt.checkpoint_dir), "' written by --checkpoint-dir)");
-  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, {}};
+  // Checked once against the model before any engine exists: a wrong file fails here, naming the tensor.
+  std::shared_ptr<const InitFile> init_file;
+  if (!opt.init_from.empty()) init_file = std::make_shared<const InitFile>(opt.init_from, make_model_spec(opt.model));
+  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, init_file, {}, std::vector<StepProfile>(local_ranks)};
   if (launcher) {
     // One rank per process; the losses shown are means over all ranks (Engine::all_reduce).
     zoe::RankContext ctx = zoe::rank_from_environment(opt.engine.zoe.comm_timeout_s);
@@ -326,6 +393,8 @@ TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokeni
     auto ranks = zoe::make_local_ranks(opt.world_size, opt.engine.zoe.comm_timeout_s);
     zoe::run_ranks(ranks, [&](zoe::RankContext& ctx) { run_rank(ctx, sh, ctx.rank); });
   }
+  if (opt.profile && sh.verbose)
+    for (int r = 0; r < local_ranks; ++r) sh.profiles[r].print(r);
   return sh.summary;
 }
 

@@ -209,6 +209,13 @@ struct Config {
   int gradient_accumulation_steps = 1;
   /// Max global L2 norm of the gradients; 0 = no clipping.
   double gradient_clipping = 0.0;
+  /// DeepSpeed's prescale_gradients: true divides each gradient by the world size before its
+  /// reduction (a smaller sum, against fp16 overflow) instead of after it. Same mean, other
+  /// rounding. Takes precedence over gradient_predivide_factor, as in DeepSpeed.
+  bool prescale_gradients = false;
+  /// DeepSpeed's gradient_predivide_factor f (with prescale_gradients false): each gradient is
+  /// divided by f before its reduction and the sum by world / f after it. 1.0 = all after. > 0.
+  double gradient_predivide_factor = 1.0;
   /// steps_per_print (DeepSpeed's progress report): every this many Engine::step() calls
   /// (skipped fp16 steps included, as DeepSpeed's global_steps), rank 0 logs the step count,
   /// skipped steps, lr, betas, loss scale and gradient norm at info level; 0 = never

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -71,10 +72,17 @@ std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300
 
 /// This process's rank from the launcher's environment (torchrun: RANK/WORLD_SIZE/
 /// LOCAL_RANK/MASTER_ADDR/MASTER_PORT; mpirun: OMPI_COMM_WORLD_*; srun: SLURM_*), on the
-/// best available device. Throws Error listing what was found when variables are missing.
+/// best available device. The ranks meet through torchrun's agent store when torchrun sets
+/// TORCHELASTIC_USE_AGENT_STORE=True, else through a store rank 0 serves at MASTER_PORT, or,
+/// for mpirun on one host without MASTER_ADDR, on a local socket named after the job id.
+/// Throws Error listing what was found (and saying what to set) when variables are missing,
+/// TimeoutError when the store or a peer is not reached within `timeout_s` seconds.
 RankContext rank_from_environment(double timeout_s = 300.0);
 
-/// Calls fn(ctx) on one thread per rank and joins them; rethrows the first exception.
+/// Calls fn(ctx) on one thread per rank and joins them. A rank whose fn throws aborts its
+/// communicator with the exception's message (its peers' collectives then throw
+/// RankFailedError naming it at once instead of waiting out the timeout). Rethrows the first
+/// exception (by rank) that is not a RankFailedError, else the first one.
 void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(RankContext&)>& fn);
 
 /// Produces part of a parameter's initial value: fills `out` with elements
@@ -209,10 +217,15 @@ struct MemoryReport {
 
 /// Collective traffic of the last step (all micro-batches), as nccl-tests counts bus bytes:
 /// all-gather and reduce-scatter send (Nd-1)/Nd of their full size, all-reduce 2(Nd-1)/Nd.
+/// The *_calls count the engine's collectives over parameters and gradients by kind (one per
+/// gradient bucket, per coalesced stage-3 gather, per stage 1-2 all-gather chunk); `calls` is
+/// every collective of the step, the step agreement and the norm's fp64 all-reduce included.
 struct TrafficReport {
   std::int64_t bytes_sent = 0;
   std::int64_t elements_sent = 0;
   std::int64_t all_gather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0;
+  std::int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0;
+  std::int64_t calls = 0;
 };
 
 class Engine {
@@ -372,6 +385,27 @@ class Engine {
   /// One value: all_reduce({value}).
   double all_reduce(double value, ScalarReduce op, const std::string& name);
 
+  /// Exports every registered parameter's fp32 master value to a safetensors file at `path`
+  /// (Hugging Face's format), rounded to `dtype` (f32: the master weights bit for bit; bf16 /
+  /// fp16: rounded to nearest even, the same bits as the engine's compute-dtype copy). A
+  /// collective: every rank must call it; each rank streams its own part of the states a
+  /// sub-group at a time (stages 1-3: broadcast to the others in rank order; stage 0: rank
+  /// 0 holds them all) and rank 0 writes the file, so host memory holds about two sub-groups
+  /// (sub_group_size elements each) whatever the model's size. Tensor names are the names
+  /// given to add_parameter, shapes theirs, dtype "F32" / "BF16" / "F16"; a parameter shared
+  /// by several modules (tied weights) is stored once. Tensors are in the engine's storage
+  /// order (by owning module in registration order, then the module's own parameters in its
+  /// order). `metadata` becomes the header's "__metadata__" (Hugging Face's loaders expect
+  /// {"format": "pt"}). The file appears only when complete (written to `path`.tmp, fsynced,
+  /// renamed, the directory fsynced); a failure on any rank fails the call on every rank once
+  /// they agree (no collective waits for a failed rank) and leaves `path` as it was: the
+  /// failing rank throws its own error (IoError with ENOSPC for a full disk, naming the file),
+  /// the others an Error naming the failed ranks. Throws UsageError (before any collective)
+  /// while a module is between begin_* and end_*. Frozen parameters (ParamOptions::frozen)
+  /// are exported too: their compute-dtype values widened to fp32 (they have no master weights).
+  void export_safetensors(const std::string& path, DType dtype = DType::f32,
+                          const std::map<std::string, std::string>& metadata = {});
+
   /// The device this rank computes on and, on CUDA, the stream to compute on. Host: the views
   /// are host memory, valid for the calling thread as soon as begin_* returns.
   ComputePlace compute_place() const;
@@ -381,14 +415,31 @@ class Engine {
   int rank() const;
   int world_size() const;
 
-  /// Saves this rank's model states to `dir` (atomically: written to a temp dir and renamed,
-  /// so a failure leaves the last good checkpoint intact). A collective. If any rank cannot
-  /// write its file, every rank throws once they agree (no collective timeout) and the temp
-  /// dir is removed: the failing rank its IoError (a full disk: ENOSPC, naming the file and
-  /// the bytes it needs), the others an Error naming the failed ranks.
-  void save_checkpoint(const std::string& dir);
-  /// Loads what save_checkpoint wrote (same world size and stage). Throws Error on mismatch.
-  void load_checkpoint(const std::string& dir);
+  /// Saves the model and optimizer states to `dir` (a collective): every rank streams its
+  /// optimizer range (fp32 master weights, exp_avg, exp_avg_sq) one sub-group at a time into
+  /// `dir`/rank<R>.zoe, rank 0 writes `dir`/manifest.json (model, ranges, step counters, lr,
+  /// loss scaler, `client_state`, CRC32C checksums; docs/checkpoints.md). Written into
+  /// `dir`.tmp, every file and directory fsynced, then renamed into place: at any moment of a
+  /// crash `dir` or `dir`.old holds a complete checkpoint (load_checkpoint takes either).
+  /// `client_state`: opaque text (e.g. the trainer's JSON) returned by load_checkpoint.
+  /// If any rank cannot write its file, every rank throws once they agree (no collective
+  /// timeout) and the temp dir is removed: the failing rank its own error (a full disk:
+  /// IoError ENOSPC, naming the file and the bytes it needs), the others an Error naming the
+  /// failed ranks and their messages. Throws UsageError, on every rank before any file or
+  /// collective, when the engine has frozen parameters (ParamOptions::frozen): format 2 has no
+  /// record for them yet.
+  void save_checkpoint(const std::string& dir, const std::string& client_state = {});
+  /// Loads what save_checkpoint wrote, at any world size, stage, sub_group_size and offload
+  /// settings (the states are re-partitioned from the saved unpadded layout), or a checkpoint
+  /// of format 1 (zoe before the manifest). A collective; returns the saved client_state.
+  /// Reads `dir`, or `dir`.old if `dir` is incomplete (a crash in a save), the same on every
+  /// rank. Before changing anything every rank verifies the manifest (checksum, the model's
+  /// group and parameter names and shapes: UsageError for another model) and every part of
+  /// the rank files it will read (header, rank, save id, size, CRC32C: CorruptionError naming
+  /// the file); if any rank fails every rank throws, naming the failed ranks and their errors,
+  /// and the engine is unchanged. Host memory: one sub-group's states. Throws UsageError (as
+  /// save_checkpoint) when the engine has frozen parameters.
+  std::string load_checkpoint(const std::string& dir);
 
  private:
   /// add_parameter with an initializer (see there).

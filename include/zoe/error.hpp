@@ -119,6 +119,24 @@ class TimeoutError : public CommError {
       : CommError(message, 0, file, line) {}
 };
 
+/// A peer rank failed and aborted the communicator (Communicator::abort, called by the Engine
+/// when one of its calls fails on that rank, and by run_ranks when a rank's function throws):
+/// this rank's collectives throw it instead of waiting for the collective timeout.
+/// `failed_rank()` is the rank that failed, `cause()` its error message (what() of the
+/// exception that stopped it, cut to at most 4000 characters); message() reads
+/// "<collective> (collective #k) on rank <me>: rank <R> failed: <cause>".
+class RankFailedError : public CommError {
+ public:
+  RankFailedError(const std::string& message, int failed_rank, const std::string& cause, const char* file, int line)
+      : CommError(message, 0, file, line), failed_rank_(failed_rank), cause_(cause) {}
+  int failed_rank() const noexcept { return failed_rank_; }
+  const std::string& cause() const noexcept { return cause_; }
+
+ private:
+  int failed_rank_;
+  std::string cause_;
+};
+
 /// The caller used the API out of order (e.g. end_forward without begin_forward).
 class UsageError : public Error {
  public:

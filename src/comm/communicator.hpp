@@ -26,8 +26,14 @@
 // match. NCCL pairs collectives by position only (comparing would cost an extra exchange
 // per collective): the engine's once-per-step agreement (src/core/call_rules.hpp) catches a
 // different sequence there, before the optimizer runs.
+// Rank failures (ncclCommAbort's role): a rank that fails calls abort(cause) (the Engine does
+// when one of its calls fails, run_ranks when a rank's function throws). Its peers' collectives,
+// the running one and every later one, then throw RankFailedError naming that rank and the cause
+// within about a second (src/comm/rank_failure.hpp: threads see it at once, processes through
+// the rendezvous store's side channel, read every 100 ms), instead of blocking until the
+// timeout. The communicator is unusable afterwards on every rank.
 // Thread-safety: one thread issues collectives (and calls tag_next); stats() may be read
-// from any thread.
+// from any thread; abort() from any thread, concurrently with collectives.
 #pragma once
 
 #include <atomic>
@@ -97,6 +103,16 @@ class Communicator {
   virtual void broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) = 0;
   /// Completes on every rank once all ranks have issued it.
   virtual void barrier(Stream& stream) = 0;
+
+  /// This rank failed with `cause` (the message of the error that stops it): aborts the
+  /// communicator and tells every peer. This rank's collectives running or issued later throw
+  /// CommError ("this rank aborted the communicator: <cause>"); every peer's throw
+  /// RankFailedError naming this rank and `cause` (cut to 4000 characters). Only the first
+  /// failure a communicator knows of is posted: after a peer's failure (or a second call) it
+  /// posts nothing, so the root cause is the one every rank reports. On ranks as processes it
+  /// waits until every peer has read the failure, at most 2 s (rank 0 serves the store).
+  /// Never throws (a side channel that cannot be reached is logged).
+  virtual void abort(const std::string& cause) noexcept = 0;
 
   CommStats stats() const;
   void reset_stats();

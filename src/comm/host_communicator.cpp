@@ -11,10 +11,12 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "kernels/reduce.hpp"
 #include "src/comm/collective_sequencer.hpp"
+#include "src/comm/rank_failure.hpp"
 #include "src/common/check.hpp"
 
 
@@ -139,6 +141,46 @@ struct HostCommunicator::Impl {
 
   std::unique_ptr<CollectiveSequencer> sequencer;  // issue order, first-failure latch
 
+  // Rank failures (abort): the first known, and the transfers being waited for, which a
+  // failure interrupts (abortWaitRecv / abortWaitSend make their waits return false).
+  std::mutex failure_mutex;
+  std::optional<RankFailure> failure;                   // guarded by failure_mutex
+  std::vector<gloo::transport::UnboundBuffer*> active;  // guarded by failure_mutex
+
+  void on_failure(const RankFailure& f) {
+    std::lock_guard lock(failure_mutex);
+    if (!failure) failure = f;
+    for (auto* buf : active) {
+      buf->abortWaitRecv();
+      buf->abortWaitSend();
+    }
+  }
+  std::optional<RankFailure> known_failure() {
+    std::lock_guard lock(failure_mutex);
+    return failure;
+  }
+
+  // Registers a phase's transfers as active for as long as it lives (the vectors must
+  // outlive it); throws if a rank failed already.
+  struct ActiveTransfers {
+    Impl& impl;
+    std::size_t count = 0;
+    ActiveTransfers(Impl& i, const Op& op,
+                    const std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>>& a,
+                    const std::vector<std::pair<int, std::unique_ptr<gloo::transport::UnboundBuffer>>>& b)
+        : impl(i) {
+      std::lock_guard lock(impl.failure_mutex);
+      if (impl.failure) throw_rank_failed(op.name, op.seq, impl.rank, *impl.failure, __FILE__, __LINE__);
+      for (const auto* v : {&a, &b})
+        for (const auto& [peer, buf] : *v) impl.active.push_back(buf.get());
+      count = a.size() + b.size();
+    }
+    ~ActiveTransfers() {
+      std::lock_guard lock(impl.failure_mutex);
+      impl.active.resize(impl.active.size() - count);
+    }
+  };
+
   void submit(Stream& stream, const char* name, std::function<void(const Op&)> body) {
     sequencer->submit(stream, name, std::move(body));
   }
@@ -164,6 +206,7 @@ struct HostCommunicator::Impl {
     } catch (const gloo::Exception& e) {
       ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", rank, ": posting transfers failed: ", e.what());
     }
+    ActiveTransfers registered(*this, op, rbufs, sbufs);
     for (auto& [peer, buf] : rbufs) wait_one(op, peer, *buf, true);
     for (auto& [peer, buf] : sbufs) wait_one(op, peer, *buf, false);
   }
@@ -198,6 +241,10 @@ struct HostCommunicator::Impl {
     try {
       done = recv ? buf.waitRecv(nullptr, left) : buf.waitSend(nullptr, left);
     } catch (const gloo::Exception& e) {
+      // A peer that failed and exited closes its connections: say why it failed if it
+      // told the store first.
+      if (auto f = channel ? channel->check_now() : known_failure())
+        throw_rank_failed(op.name, op.seq, rank, *f, __FILE__, __LINE__);
       if (Clock::now() >= op.deadline)
         ZOE_THROW(TimeoutError, op.name, " (collective #", op.seq, ") on rank ", rank, " timed out after ",
                   timeout.count() / 1000.0, " s waiting ", (recv ? "for data from" : "to send to"), " rank ", peer,
@@ -205,10 +252,16 @@ struct HostCommunicator::Impl {
       ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", rank, ": transfer ",
                      (recv ? "from" : "to"), " rank ", peer, " failed: ", e.what());
     }
-    if (!done)
+    if (!done) {
+      if (auto f = known_failure()) throw_rank_failed(op.name, op.seq, rank, *f, __FILE__, __LINE__);
       ZOE_THROW_COMM(op.name, " (collective #", op.seq, ") on rank ", rank, ": transfer with rank ", peer,
                      " was aborted");
+    }
   }
+
+  // The error side channel of ranks as processes (last member: destroyed first, it calls
+  // on_failure from its thread).
+  std::unique_ptr<StoreAbortChannel> channel;
 };
 
 HostCommunicator::HostCommunicator(std::shared_ptr<Device> device, std::shared_ptr<KeyValueStore> store, int rank,
@@ -241,6 +294,27 @@ HostCommunicator::HostCommunicator(std::shared_ptr<Device> device, std::shared_p
   } catch (const gloo::Exception& e) {
     ZOE_THROW_COMM("HostCommunicator: rank ", rank, " of ", world, " could not connect (Gloo TCP on '",
                    options.hostname, "'): ", e.what());
+  }
+  Impl* impl = impl_.get();
+  impl_->channel = std::make_unique<StoreAbortChannel>(impl_->store, options.prefix, rank, world,
+                                                       [impl](const RankFailure& f) { impl->on_failure(f); });
+}
+
+void HostCommunicator::abort(const std::string& cause) noexcept {
+  try {
+    if (!impl_->channel) {  // world size 1: nobody to tell
+      impl_->on_failure(RankFailure{rank_, cut_cause(cause)});
+      return;
+    }
+    // This rank's own waits end first; then the peers learn it (post waits for their
+    // acknowledgements).
+    if (auto earlier = impl_->channel->known()) {
+      impl_->on_failure(*earlier);
+      return;
+    }
+    impl_->on_failure(RankFailure{rank_, cut_cause(cause)});
+    impl_->channel->post(cause);
+  } catch (...) {
   }
 }
 

@@ -23,6 +23,12 @@
 // TimeoutError (rethrown by Device::synchronize on that stream) naming the collective and
 // the lowest rank whose data did not arrive. After any failure the communicator is
 // unusable: later collectives throw CommError quoting the first failure.
+// Rank failures: abort(cause) posts "rank R failed: cause" to the rendezvous store
+// (src/comm/rank_failure.hpp); every rank's watcher thread reads the store every 100 ms and, on
+// a peer's failure, interrupts the transfers its collective waits for (Gloo's abortWaitRecv /
+// abortWaitSend): the collective throws RankFailedError naming the rank and the cause. A
+// transfer that fails because the peer's process exited also reads the store once, so a peer
+// that posted its failure before exiting is named with its cause.
 // Byte counters: as Communicator documents; all_reduce_f64 counts as an all_reduce of
 // count*8 bytes; barrier counts nothing.
 // Thread-safety: as Communicator (one issuing thread).
@@ -72,6 +78,9 @@ class HostCommunicator final : public Communicator {
   void all_reduce_f64(double* data, std::size_t count, Stream& stream) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) override;
   void barrier(Stream& stream) override;
+  /// See Communicator::abort: posts the failure to the store (StoreAbortChannel) and ends this
+  /// rank's waits; the peers' watchers read it within 100 ms and end theirs.
+  void abort(const std::string& cause) noexcept override;
 
   struct Impl;
 

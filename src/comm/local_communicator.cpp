@@ -5,11 +5,13 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/reduce.hpp"
 #include "src/comm/collective_sequencer.hpp"
+#include "src/comm/rank_failure.hpp"
 #include "src/common/check.hpp"
 
 
@@ -106,10 +108,16 @@ class LocalGroup {
   // Returns every rank's descriptor when `mine` was given (copied under the lock: a
   // peer cannot publish its next one before this collective's closing rendezvous).
   // Throws TimeoutError naming the lowest rank that did not arrive, and CommError when
-  // publishing into a group that already failed.
+  // publishing into a group that already failed. A rank's abort (below) ends the wait of a
+  // joining rank (`mine` given) at once with RankFailedError, unless every rank has arrived;
+  // the meeting points inside a collective (`mine` null: every rank joined, they only wait
+  // for each other's copying) are not cut short, so no rank leaves while a peer still reads
+  // its buffers.
   std::vector<Descriptor> meet(int r, const Descriptor* mine, const Op& op, Clock::time_point deadline) {
     std::unique_lock lock(mutex);
     if (mine != nullptr) {
+      // Before publishing: no peer may read this rank's buffers after it returns.
+      if (aborted) throw_rank_failed(op.name, op.seq, r, *aborted, __FILE__, __LINE__);
       // A failed peer will never join: fail now instead of timing out, and before
       // publishing, so no peer can read this rank's buffers after it returns.
       if (!failure.empty()) {
@@ -124,7 +132,10 @@ class LocalGroup {
     std::uint64_t point = ++points[r];
     cv.notify_all();
     auto all_arrived = [&] { return lowest_missing(point) < 0; };
-    if (!cv.wait_until(lock, deadline, all_arrived)) {
+    auto done_waiting = [&] { return all_arrived() || (mine != nullptr && aborted); };
+    if (cv.wait_until(lock, deadline, done_waiting) && !all_arrived())
+      throw_rank_failed(op.name, op.seq, r, *aborted, __FILE__, __LINE__);
+    if (!all_arrived()) {
       int missing = lowest_missing(point);
       std::string message = detail::concat(
           op.name, " (collective #", op.seq, ") on rank ", r, " timed out after ", timeout.count() / 1000.0,
@@ -144,6 +155,16 @@ class LocalGroup {
   void fail(const std::string& message) {
     std::lock_guard lock(mutex);
     if (failure.empty()) failure = message;
+  }
+
+  // Rank r failed (Communicator::abort): the first failure is kept, and every rank waiting
+  // to join a collective, or joining one later, throws naming it.
+  void abort(int r, const std::string& cause) {
+    {
+      std::lock_guard lock(mutex);
+      if (!aborted) aborted = RankFailure{r, cut_cause(cause)};
+    }
+    cv.notify_all();
   }
 
   void claim(int r) {
@@ -170,6 +191,7 @@ class LocalGroup {
   std::vector<bool> claimed;          // ranks that have a communicator (guarded)
   std::string failure;                // first failure of any rank (guarded)
   bool failure_is_timeout = false;    // that failure was a TimeoutError (guarded)
+  std::optional<RankFailure> aborted;  // the first rank that called abort (guarded)
 };
 
 std::shared_ptr<LocalGroup> make_local_group(int world, milliseconds timeout) {
@@ -248,6 +270,13 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<Device> device, std::shared
 LocalCommunicator::~LocalCommunicator() {
   impl_->sequencer->wait_idle();
   impl_->group->release(rank_);
+}
+
+void LocalCommunicator::abort(const std::string& cause) noexcept {
+  try {
+    impl_->group->abort(rank_, cause);
+  } catch (...) {
+  }
 }
 
 void LocalCommunicator::all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) {

@@ -34,6 +34,9 @@
 // failure), and the whole group is marked failed: a rank joining a collective after a
 // peer failed throws at once, quoting the peer's failure, instead of waiting for a peer
 // that will not come (TimeoutError if the peer timed out, else CommError).
+// Rank failures: abort(cause) records the first failing rank in the LocalGroup and wakes every
+// waiting rank: a collective not yet joined by all ranks throws RankFailedError naming that
+// rank and its cause on every peer (CommError on the aborting rank), at once.
 // Byte counters: as Communicator documents; all_reduce_f64 counts as an all_reduce of
 // count*8 bytes; barrier counts nothing.
 // Thread-safety: as Communicator (one issuing thread per rank; stats() from any thread).
@@ -77,6 +80,10 @@ class LocalCommunicator final : public Communicator {
   void all_reduce_f64(double* data, std::size_t count, Stream& stream) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) override;
   void barrier(Stream& stream) override;
+  /// See Communicator::abort: the group keeps the first failure; a peer waiting to join a
+  /// collective (or joining later) throws RankFailedError at once. A collective every rank
+  /// has already joined runs to its end (peers may still read this rank's buffers).
+  void abort(const std::string& cause) noexcept override;
 
   struct Impl;
 

@@ -2,6 +2,7 @@
 // by a LocalCommunicator group (multi-process runs use HostCommunicator, rendezvous.cpp).
 #include <cmath>
 #include <exception>
+#include <string>
 #include <thread>
 
 #include "src/comm/host_communicator.hpp"  // timeout_from_seconds
@@ -39,6 +40,27 @@ std::vector<RankContext> make_local_ranks_on(int world_size, const HostDeviceOpt
   return ranks;
 }
 
+namespace {
+std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+bool is_rank_failure(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const RankFailedError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+}  // namespace
+
 void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(RankContext&)>& fn) {
   std::vector<RankContext> contexts = ranks;  // fn receives a mutable copy sharing device and comm
   std::vector<std::exception_ptr> errors(contexts.size());
@@ -49,10 +71,15 @@ void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(R
         fn(contexts[i]);
       } catch (...) {
         errors[i] = std::current_exception();
+        // The rank is gone: its peers' collectives must not wait for it until the timeout.
+        if (contexts[i].comm) contexts[i].comm->abort(describe(errors[i]));
       }
     });
   }
   for (auto& t : threads) t.join();
+  // The root cause first: a peer's RankFailedError only repeats it.
+  for (auto& e : errors)
+    if (e && !is_rank_failure(e)) std::rethrow_exception(e);
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
 }

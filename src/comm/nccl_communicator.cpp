@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/elementwise_cuda.hpp"
+#include "src/comm/rank_failure.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/device/cuda_device.hpp"
@@ -117,14 +118,38 @@ struct NcclCommunicator::Impl {
     std::atomic<bool> aborted{false};
     std::mutex mutex;
     std::string reason;
+    std::optional<RankFailure> failure;  // set when a rank failed (abort), not on a timeout
     std::string get() {
       std::lock_guard lock(mutex);
       return reason;
+    }
+    std::optional<RankFailure> rank_failure() {
+      std::lock_guard lock(mutex);
+      return failure;
     }
   };
   std::shared_ptr<AbortState> abort = std::make_shared<AbortState>();
   bool stopping = false;
   std::thread watchdog;
+  // Held while NCCL calls are queued on `comm` and while it is aborted: ncclCommAbort frees the
+  // communicator, so no call may use it concurrently (the watchdog and the abort channel's
+  // thread abort it). Never held together with `mutex` by the issuing thread.
+  std::mutex comm_mutex;
+
+  // Aborts the NCCL communicator once (the stuck kernels return), recording why. `failure`:
+  // a rank failed (abort), else a timeout. Returns false if it was aborted already.
+  bool abort_comm(const std::string& reason, std::optional<RankFailure> failure) {
+    std::lock_guard comm_lock(comm_mutex);
+    if (abort->aborted) return false;
+    {
+      std::lock_guard reason_lock(abort->mutex);
+      abort->reason = reason;
+      abort->failure = std::move(failure);
+    }
+    abort->aborted = true;
+    nccl().CommAbort(comm);
+    return true;
+  }
 
   void watch() {
     cuda->make_current();
@@ -145,12 +170,9 @@ struct NcclCommunicator::Impl {
                                         timeout.count() / 1000.0, " s: a rank did not issue it, is stuck, or died ",
                                         "(NCCL cannot tell which); the NCCL communicator was aborted");
           ZOE_LOG_ERROR("{}", reason);
-          {
-            std::lock_guard reason_lock(abort->mutex);
-            abort->reason = reason;
-          }
-          abort->aborted = true;
-          nccl().CommAbort(comm);  // makes the stuck kernels return
+          lock.unlock();  // the issuing thread must not wait for `mutex` during the abort
+          abort_comm(reason, std::nullopt);  // makes the stuck kernels return
+          lock.lock();
         }
         break;
       }
@@ -160,29 +182,49 @@ struct NcclCommunicator::Impl {
   // Runs `body` (which queues NCCL work and kernels on `s`) as one watched collective.
   template <class Body>
   void collective(const char* name, Stream& stream, Body body) {
-    if (abort->aborted)
-      throw CommError(detail::concat(name, " on rank ", rank, ": the communicator is unusable after an earlier ",
-                                     "failure: ", abort->get()),
-                      0, __FILE__, __LINE__);
-    cuda->make_current();
-    auto s = static_cast<cudaStream_t>(CudaDevice::native(stream));
     InFlight f{name, issued++, nullptr, nullptr, std::nullopt};
-    ZOE_CUDA(cudaEventCreateWithFlags(&f.start, cudaEventDisableTiming), "cudaEventCreate");
-    ZOE_CUDA(cudaEventCreateWithFlags(&f.end, cudaEventDisableTiming), "cudaEventCreate");
-    ZOE_CUDA(cudaEventRecord(f.start, s), "cudaEventRecord");
-    body(s);
-    ZOE_CUDA(cudaEventRecord(f.end, s), "cudaEventRecord");
+    {
+      std::lock_guard comm_lock(comm_mutex);
+      if (abort->aborted) {
+        if (auto failure = abort->rank_failure()) throw_rank_failed(name, f.seq, rank, *failure, __FILE__, __LINE__);
+        throw CommError(detail::concat(name, " on rank ", rank, ": the communicator is unusable after an earlier ",
+                                       "failure: ", abort->get()),
+                        0, __FILE__, __LINE__);
+      }
+      cuda->make_current();
+      auto s = static_cast<cudaStream_t>(CudaDevice::native(stream));
+      ZOE_CUDA(cudaEventCreateWithFlags(&f.start, cudaEventDisableTiming), "cudaEventCreate");
+      ZOE_CUDA(cudaEventCreateWithFlags(&f.end, cudaEventDisableTiming), "cudaEventCreate");
+      ZOE_CUDA(cudaEventRecord(f.start, s), "cudaEventRecord");
+      body(s);
+      ZOE_CUDA(cudaEventRecord(f.end, s), "cudaEventRecord");
+    }
     {
       std::lock_guard lock(mutex);
       in_flight.push_back(f);
     }
-    // Reports an abort of this collective at synchronize(stream).
+    // Reports an abort of this collective at synchronize(stream): RankFailedError naming the
+    // rank that failed, else the watchdog's TimeoutError.
     std::uint64_t seq = f.seq;
-    cuda->host_func(stream, [state = abort, seq, name] {
-      if (state->aborted)
-        throw TimeoutError(detail::concat(name, " (collective #", seq, "): ", state->get()), __FILE__, __LINE__);
+    int me = rank;
+    cuda->host_func(stream, [state = abort, seq, name, me] {
+      if (!state->aborted) return;
+      if (auto failure = state->rank_failure()) throw_rank_failed(name, seq, me, *failure, __FILE__, __LINE__);
+      throw TimeoutError(detail::concat(name, " (collective #", seq, "): ", state->get()), __FILE__, __LINE__);
     });
   }
+
+  // A rank failed (this one, or a peer the channel reported): abort NCCL so every kernel
+  // waiting for that rank returns.
+  void on_failure(const RankFailure& f) {
+    std::string reason = f.rank == rank ? detail::concat("this rank aborted the communicator: ", f.cause)
+                                        : detail::concat("rank ", f.rank, " failed: ", f.cause);
+    abort_comm(reason, f);
+  }
+
+  // The error side channel of ranks as processes (last member: destroyed first, it calls
+  // on_failure from its thread).
+  std::unique_ptr<StoreAbortChannel> channel;
 
   void* scratch(std::size_t bytes, cudaStream_t s) {
     void* p = nullptr;
@@ -237,9 +279,31 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Device> device, std::shared_p
   ZOE_CUDA(cudaMalloc(&impl_->barrier_flag, sizeof(int)), "cudaMalloc of the barrier flag");
   ZOE_CUDA(cudaMemset(impl_->barrier_flag, 0, sizeof(int)), "cudaMemset of the barrier flag");
   impl_->watchdog = std::thread([this] { impl_->watch(); });
+  if (world > 1) {
+    Impl* impl = impl_.get();
+    impl_->channel = std::make_unique<StoreAbortChannel>(impl_->store, "zoe/nccl", rank, world,
+                                                         [impl](const RankFailure& f) { impl->on_failure(f); });
+  }
+}
+
+void NcclCommunicator::abort(const std::string& cause) noexcept {
+  try {
+    if (!impl_->channel) {
+      impl_->on_failure(RankFailure{rank_, cut_cause(cause)});
+      return;
+    }
+    if (auto earlier = impl_->channel->known()) {
+      impl_->on_failure(*earlier);
+      return;
+    }
+    impl_->on_failure(RankFailure{rank_, cut_cause(cause)});  // this rank's kernels return first
+    impl_->channel->post(cause);
+  } catch (...) {
+  }
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  impl_->channel.reset();  // no abort from its thread from here on
   // Let the watchdog see every collective finish (or abort the stuck ones) before stopping it.
   std::unique_lock lock(impl_->mutex);
   while (!impl_->in_flight.empty()) {

@@ -15,6 +15,10 @@
 // running (its stream reached it) for longer than the timeout; the collective then throws
 // TimeoutError, naming it, from Device::synchronize of its stream (NCCL cannot tell which
 // rank is missing). Later collectives throw CommError.
+// Rank failures (what a DeepSpeed user gets from ncclCommAbort plus torch's store-based error
+// propagation): abort(cause) aborts this rank's NCCL communicator and posts the failure to the
+// store (src/comm/rank_failure.hpp); every peer's watcher reads it within 100 ms and aborts its
+// own, so its running and later collectives throw RankFailedError naming the rank and cause.
 // Identity: NCCL pairs collectives by position only; CollectiveTags are not compared here
 // (that would cost an extra exchange per collective). Different shapes at one position hang
 // until the watchdog's TimeoutError; equal shapes pair, and the engine's step agreement
@@ -52,6 +56,10 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_f64(double* data, std::size_t count, Stream& stream) override;
   void broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) override;
   void barrier(Stream& stream) override;
+  /// See Communicator::abort: ncclCommAbort here (the kernels waiting for peers return), and
+  /// the failure posted to the store; a peer's abort channel reads it within 100 ms and aborts
+  /// its NCCL communicator too, so its collectives throw RankFailedError at synchronize.
+  void abort(const std::string& cause) noexcept override;
 
   struct Impl;
 

@@ -6,6 +6,7 @@
 #include "src/comm/host_communicator.hpp"
 #include "src/comm/launch_env.hpp"
 #include "src/comm/tcp_store.hpp"
+#include "src/comm/torch_store_client.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "zoe/engine.hpp"
@@ -47,14 +48,28 @@ std::string gloo_hostname(const LaunchEnv& env) {
   if (::gethostname(name, sizeof name - 1) != 0) ZOE_THROW_ERRNO(errno, "gethostname failed");
   return env_or("ZOE_GLOO_HOSTNAME", name);
 }
+// The store the ranks rendezvous through (see RendezvousKind).
+std::shared_ptr<KeyValueStore> rendezvous_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  switch (env.rendezvous) {
+    case RendezvousKind::none: return nullptr;
+    case RendezvousKind::zoe_store_tcp:
+      return std::make_shared<TcpStore>(env.master_addr, env.master_port, env.rank == 0, timeout);
+    case RendezvousKind::torch_agent_store:
+      return std::make_shared<TorchStoreClient>(env.master_addr, env.master_port, agent_store_key_prefix(env),
+                                                timeout);
+    case RendezvousKind::zoe_store_local:
+      return std::make_shared<TcpStore>(TcpStore::LocalSocket{local_socket_name(env, ::getuid())}, env.rank == 0,
+                                        timeout);
+  }
+  ZOE_THROW(Error, "unknown rendezvous kind ", int(env.rendezvous));
+}
 }  // namespace
 
 RankContext rank_from_environment(double timeout_s) {
   auto timeout = timeout_from_seconds(timeout_s);
   LaunchEnv env = launch_env_from_process();
   auto device = device_for(env);
-  std::shared_ptr<KeyValueStore> store;
-  if (env.world_size > 1) store = std::make_shared<TcpStore>(env.master_addr, env.master_port, env.rank == 0, timeout);
+  std::shared_ptr<KeyValueStore> store = rendezvous_store(env, timeout);
   RankContext ctx;
   ctx.rank = env.rank;
   ctx.world_size = env.world_size;
@@ -70,8 +85,8 @@ RankContext rank_from_environment(double timeout_s) {
     options.hostname = gloo_hostname(env);
     ctx.comm = std::make_shared<HostCommunicator>(device, store, env.rank, env.world_size, options);
   }
-  ZOE_LOG_INFO("rank {} of {} ({} variables, local rank {}) on {}", env.rank, env.world_size, env.launcher,
-               env.local_rank, device->name());
+  ZOE_LOG_INFO("rank {} of {} ({} variables, local rank {}, rendezvous: {}) on {}", env.rank, env.world_size,
+               env.launcher, env.local_rank, rendezvous_name(env.rendezvous), device->name());
   return ctx;
 }
 

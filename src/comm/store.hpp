@@ -1,6 +1,7 @@
 // KeyValueStore: the rendezvous store ranks use to find each other (Gloo addresses,
-// the NCCL unique id). Backends: InMemoryStore (ranks as threads of one process) and
-// TcpStore (ranks as processes; rank 0 serves it at MASTER_ADDR:MASTER_PORT).
+// the NCCL unique id). Backends: InMemoryStore (ranks as threads of one process), TcpStore
+// (ranks as processes; rank 0 serves it at MASTER_ADDR:MASTER_PORT or on a local socket) and
+// TorchStoreClient (a client of torchrun's agent store).
 // Thread-safety: every method may be called from any thread.
 #pragma once
 

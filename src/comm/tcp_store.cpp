@@ -1,6 +1,5 @@
 #include "src/comm/tcp_store.hpp"
 
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -9,36 +8,15 @@
 #include <cerrno>
 #include <cstring>
 
+#include "src/comm/socket_io.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 
 namespace zoe {
 namespace {
 constexpr std::uint8_t kSet = 1, kGet = 2;
-
-// Full-length socket I/O; false when the peer closed or the socket failed.
-bool write_all(int fd, const void* data, std::size_t n) {
-  auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-bool read_all(int fd, void* data, std::size_t n) {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = ::recv(fd, p, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
-}
+using socket_io::read_all;
+using socket_io::write_all;
 }  // namespace
 
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout)
@@ -74,36 +52,19 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, std::chron
     acceptor_ = std::thread([this] { serve_accept(); });
     return;
   }
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string last_error = "not tried";
-  for (;;) {
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int gai = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-    if (gai != 0) {
-      last_error = std::string("getaddrinfo: ") + ::gai_strerror(gai);
-    } else {
-      for (addrinfo* ai = res; ai && fd_ < 0; ai = ai->ai_next) {
-        int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) continue;
-        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-          fd_ = fd;
-        } else {
-          last_error = std::string("connect: ") + std::strerror(errno);
-          ::close(fd);
-        }
-      }
-      ::freeaddrinfo(res);
-    }
-    if (fd_ >= 0) break;
-    if (std::chrono::steady_clock::now() >= deadline)
-      ZOE_THROW(TimeoutError, "TcpStore: could not reach the rendezvous store of rank 0 at ", address_,
-                " (MASTER_ADDR:MASTER_PORT) within ", timeout.count() / 1000.0, " s (last error: ", last_error, ")");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  fd_ = socket_io::connect_tcp(host, port, timeout, "the rendezvous store of rank 0", "MASTER_ADDR:MASTER_PORT");
+}
+
+TcpStore::TcpStore(LocalSocket where, bool is_server, std::chrono::milliseconds timeout)
+    : address_("abstract socket '" + where.name + "'"), is_server_(is_server) {
+  if (is_server_) {
+    listen_fd_ = socket_io::listen_local(where.name);
+    acceptor_ = std::thread([this] { serve_accept(); });
+  } else {
+    fd_ = socket_io::connect_local(where.name, timeout, "the rendezvous store of rank 0",
+                                   "one host, no MASTER_ADDR; ranks in other network namespaces or on other hosts "
+                                   "need MASTER_ADDR=<rank 0's host> MASTER_PORT=<free port> (mpirun -x)");
   }
-  int one = 1;
-  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 TcpStore::~TcpStore() {

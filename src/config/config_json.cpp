@@ -47,7 +47,10 @@ void read_optimizer(Section s, OptimizerConfig& c) {
   p.boolean("adam_w_mode", adam_w_mode);
   p.boolean("bias_correction", c.bias_correction);
   p.fixed("amsgrad", false, "AMSGrad is not supported by zoe");
-  p.unsupported("torch_adam", "zoe always uses its own CPU/GPU Adam");
+  // DeepSpeed's choice of torch.optim.Adam / AdamW over its fused kernels: the same update,
+  // which zoe's Adam / AdamW compute (docs/config.md), so either value is honoured.
+  bool torch_adam = false;
+  p.boolean("torch_adam", torch_adam);
   if (typed || p.has("adam_w_mode"))
     c.type = (name == Name::adamw || adam_w_mode) ? OptimizerType::adamw : OptimizerType::adam;
 }
@@ -131,7 +134,14 @@ void read_zero(Section s, ZeroConfig& c) {
 
   s.fixed("reduce_scatter", true, "zoe always reduces gradients with reduce-scatter at stages 1-3");
   s.fixed("allgather_partitions", true, "zoe always all-gathers updated partitions");
-  s.unsupported("cpu_offload", "deprecated in DeepSpeed; use offload_optimizer.device \"cpu\"");
+  // Deprecated in DeepSpeed, which still maps true to offload_optimizer {"device": "cpu"}.
+  bool cpu_offload = false;
+  s.boolean("cpu_offload", cpu_offload);
+  if (cpu_offload && oo.has("device"))
+    s.problem("cpu_offload", "deprecated in DeepSpeed, where true means offload_optimizer.device \"cpu\"; give only one "
+                             "of them (DeepSpeed refuses both together)");
+  else if (cpu_offload)
+    o.device = OffloadDevice::cpu;
   s.unsupported("cpu_offload_params", "deprecated in DeepSpeed; use offload_param.device \"cpu\"");
   s.unsupported("cpu_offload_use_pin_memory", "deprecated in DeepSpeed; use offload_*.pin_memory");
   s.unsupported("stage3_gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
@@ -215,19 +225,18 @@ void read_root(Section s, Config& c) {
   s.disabled_only("curriculum_learning", "data loading belongs to the trainer");
   s.unsupported("compression_training",
                 "zoe does not quantize or prune the trainer's layers (DeepSpeed Compression wraps torch modules)");
-  s.disabled_only("elasticity", "a run's world size is fixed: checkpoints load only at the world size that saved them");
+  s.disabled_only("elasticity", "a run's world size is fixed (a checkpoint loads at any world size, but the batch is not rescaled elastically)");
   s.disabled_only("autotuning", "use zoe-estimate");
+  s.disabled_only("torch_autocast", "the trainer computes in the dtype of the gathered parameters (fp16 / bf16)");
   s.unsupported("checkpoint", "use Engine::save_checkpoint / load_checkpoint");
-  s.fixed("prescale_gradients", false,
-          "zoe reduces the gradient sum and divides it by the world size after the reduction (DeepSpeed's "
-          "false); dividing before it is not implemented");
-  s.fixed("gradient_predivide_factor", 1.0,
-          "zoe divides the reduced gradient sum by the world size after the reduction (DeepSpeed's 1.0); "
-          "a partial division before it is not implemented");
+  s.boolean("prescale_gradients", c.prescale_gradients);
+  s.number("gradient_predivide_factor", c.gradient_predivide_factor);
   s.unsupported("communication_data_type", "gradients are reduced in the compute dtype");
   s.unsupported("data_types", "gradients are reduced in the compute dtype");
   s.unsupported("zero_force_ds_cpu_optimizer", "zoe always uses its own CPU Adam when offloading");
-  s.unsupported("disable_allgather", "zoe always all-gathers the updated partitions at stages 1-2");
+  // DeepSpeed reads it into its config and never uses it: no effect there, none here.
+  bool disable_allgather = false;
+  s.boolean("disable_allgather", disable_allgather);
   s.unsupported("optimizer_legacy_fusion", "DeepSpeed's switch for its old fused fp16 optimizer; zoe's optimizer has one path");
 }
 }  // namespace
@@ -324,6 +333,8 @@ std::string Config::to_json() const {
   j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = gradient_accumulation_steps;
   j["gradient_clipping"] = gradient_clipping;
+  j["prescale_gradients"] = prescale_gradients;
+  j["gradient_predivide_factor"] = gradient_predivide_factor;
   j["steps_per_print"] = steps_per_print;
   j["wall_clock_breakdown"] = wall_clock_breakdown;
   j["dump_state"] = dump_state;

@@ -85,7 +85,13 @@ void check_scheduler(Checker& k, const SchedulerConfig& s) {
 
 void check_zero(Checker& k, const ZeroConfig& z) {
   k.in_range("zero_optimization.stage", z.stage, 0, 3);
-  k.at_least("zero_optimization.reduce_bucket_size", z.reduce_bucket_size, 1);
+  // 0 as in DeepSpeed: every group is a bucket of its own.
+  k.at_least("zero_optimization.reduce_bucket_size", z.reduce_bucket_size, 0);
+  if (!z.contiguous_gradients)
+    k.fail("zero_optimization.contiguous_gradients", {}, "DeepSpeed key not supported by zoe with value false: zoe always "
+           "keeps a module group's gradients in one contiguous flat buffer and its reduced shard in one contiguous "
+           "buffer (what true means in DeepSpeed); the per-parameter gradient tensors of false do not exist in zoe "
+           "(set true or remove the key)");
   k.at_least("zero_optimization.allgather_bucket_size", z.allgather_bucket_size, 1);
   k.at_least("zero_optimization.sub_group_size", z.sub_group_size, 1);
   k.at_least("zero_optimization.stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
@@ -147,6 +153,7 @@ std::vector<CheckProblem> check(const Config& c) {
   k.at_least("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu, 1);
   k.at_least("gradient_accumulation_steps", c.gradient_accumulation_steps, 1);
   k.finite_at_least("gradient_clipping", c.gradient_clipping, 0.0, false);
+  k.finite_at_least("gradient_predivide_factor", c.gradient_predivide_factor, 0.0, true);
   k.at_least("steps_per_print", c.steps_per_print, 0);
   check_fp16(k, c.fp16);
   if (c.fp16.enabled && c.bf16.enabled)

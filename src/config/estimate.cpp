@@ -91,12 +91,22 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   r.model_states += r.optimizer_states;
 
   // Buffers, by the rules documented in the header.
-  r.buffers.device = B * std::min(z.reduce_bucket_size, psi_t);
+  // The gradient bucket: its groups' gradients, their flattened copy and the reduced shards.
+  const std::int64_t bucket = std::min(z.reduce_bucket_size, psi_t);
+  r.buffers.device = B * (2 * bucket + (bucket + nd - 1) / nd);
+  const std::int64_t L = std::min(model.largest_layer, psi);
   if (z.stage == 3) {
-    const std::int64_t L = std::min(model.largest_layer, psi);
     const std::int64_t P = std::min(z.stage3_prefetch_bucket_size, psi);
     const std::int64_t gathered = std::min(psi, std::max(L, std::min(z.stage3_max_live_parameters, L + P)));
-    r.buffers.device += B * gathered + B * L;
+    // A coalesced all-gather stages what it gathers once more (and its shards, 1/Nd): at most
+    // the prefetch bucket and the group that passes it.
+    const std::int64_t coalesced = std::min(psi, L + P);
+    r.buffers.device += B * gathered + B * L + B * (coalesced + (coalesced + nd - 1) / nd);
+  } else if (z.stage >= 1) {
+    // allgather_bucket_size pieces of an updated shard land in a staging buffer (under two
+    // pieces' worth, all ranks') when a group holds two buckets or more.
+    // (L unknown counts 0, as at stage 3.)
+    if (L > 0 && L >= 2 * z.allgather_bucket_size) r.buffers.device += B * 2 * z.allgather_bucket_size;
   }
   // Sub-groups never span modules: the largest is bounded by the largest module's shard.
   const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
@@ -137,6 +147,27 @@ std::int64_t Cluster::usable_gpu_bytes() const {
 
 std::int64_t Cluster::usable_host_bytes() const {
   return static_cast<std::int64_t>(static_cast<double>(host_bytes_per_node) * (1.0 - host_headroom));
+}
+
+Config::AutoValues auto_values(const AutoInputs& in) {
+  if (in.precision != "bf16" && in.precision != "fp16" && in.precision != "fp32")
+    ZOE_THROW_CONFIG("--precision", "must be bf16, fp16 or fp32, got '", in.precision, "'");
+  Config::AutoValues a;
+  a.world_size = in.world_size;
+  a.micro_batch_size_per_gpu = in.micro_batch;
+  a.gradient_accumulation_steps = in.gradient_accumulation;
+  a.fp16 = in.precision == "fp16";
+  a.bf16 = in.precision == "bf16";
+  a.hidden_size = in.hidden_size;
+  // Not read by the memory estimate: fixed stand-ins.
+  a.max_grad_norm = 0.0;
+  a.lr = 1e-3;
+  a.betas = std::array<double, 2>{0.9, 0.999};
+  a.eps = 1e-8;
+  a.weight_decay = 0.0;
+  a.warmup_steps = 1000;
+  a.total_steps = 10000;
+  return a;
 }
 
 Config mixed_precision_knobs() {

@@ -73,10 +73,13 @@ struct RankEstimate {
   TierBytes model_states;
 
   /// Working buffers, by these rules (B = compute_bytes, s = shard_elements, Ψ):
-  ///  device: one gradient bucket B·min(reduce_bucket_size, Ψ); at stage 3 also the gathered
-  ///    parameters B·min(Ψ, max(L, min(stage3_max_live_parameters, L + P))) with L the
-  ///    largest layer and P = min(stage3_prefetch_bucket_size, Ψ), and the gradient of the
-  ///    layer in backward B·L.
+  ///  device: the gradient bucket B·(2b + ⌈b/Nd⌉) with b = min(reduce_bucket_size, Ψ) (its
+  ///    groups' gradients, their flattened copy, the reduced shards); at stage 3 also the
+  ///    gathered parameters B·min(Ψ, max(L, min(stage3_max_live_parameters, L + P))) with L
+  ///    the largest layer and P = min(stage3_prefetch_bucket_size, Ψ), the gradient of the
+  ///    layer in backward B·L, and a coalesced all-gather's staging B·(c + ⌈c/Nd⌉) with
+  ///    c = min(Ψ, L + P); at stages 1-2, when the largest layer holds 2·a or more with
+  ///    a = allgather_bucket_size, the gather pieces' staging B·2a (L unknown: 0).
   ///  host: offload_optimizer nvme: buffer_count pinned buffers, each the largest sub-group's
   ///    three fp32 states then its fp32 gradient, page(page(12·l) + 4·l) bytes with
   ///    l = min(sub_group_size, module shard, o) and page() rounding up to whole 4096-byte
@@ -164,5 +167,24 @@ Config mixed_precision_knobs();
 
 /// "7.50 GB" style: bytes / 1e9 with 2 decimals (the ZeRO paper's GB) or / 2^30 ("GiB").
 std::string format_bytes(std::int64_t bytes, bool binary);
+
+/// The trainer's side of a config's "auto" keys as zoe-estimate fills them (Hugging Face's
+/// meaning: the value comes from the trainer, which an estimate has not got).
+struct AutoInputs {
+  int world_size = 1;              // train_batch_size = world · micro · accumulation
+  int micro_batch = 1;             // train_micro_batch_size_per_gpu
+  int gradient_accumulation = 1;   // gradient_accumulation_steps
+  /// "bf16", "fp16" or "fp32": fp16.enabled / bf16.enabled (the compute dtype the estimate uses).
+  std::string precision = "bf16";
+  /// The model's hidden size (reduce_bucket_size = h², stage3_prefetch_bucket_size =
+  /// int(0.9 h²), stage3_param_persistence_threshold = 10 h); unknown: those "auto" stay a
+  /// problem naming the field.
+  std::optional<std::int64_t> hidden_size;
+};
+/// Config::AutoValues from `in`, with fixed stand-ins for the keys the memory estimate never
+/// reads: lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0, max_grad_norm 0 (no
+/// clipping), warmup_steps 1000, total_steps 10000. Throws ConfigError naming `--precision`
+/// for another precision.
+Config::AutoValues auto_values(const AutoInputs& in);
 
 }  // namespace zoe::estimate

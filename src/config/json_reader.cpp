@@ -189,11 +189,12 @@ void JsonReader::Section::disabled_only(std::string_view key, std::string_view w
     const Json* v = find(key);
     if (!v) return;
     if (v->is_object()) {
+      // Absent "enabled" is DeepSpeed's default, false, for every such section.
       const auto enabled = v->find("enabled");
-      if (enabled != v->end() && *enabled == false) return;
+      if (enabled == v->end() || *enabled == false) return;
     }
     ZOE_THROW_CONFIG(path(key), "DeepSpeed key not supported by zoe (value ", shown(*v), "): ", why,
-                     "; accepted only with \"enabled\": false");
+                     "; accepted only with \"enabled\": false (or no \"enabled\")");
   });
 }
 

@@ -86,13 +86,8 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
       g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
     }
     // Buffers the device part reads are freed after it.
-    auto free_after_update = [&](DeviceBuffer buffer, std::shared_ptr<void> hold) {
-      PendingFree f{std::move(buffer), device.create_event(), 0, std::move(hold)};
-      device.record(*f.after, *update_stream);
-      pending_frees.push_back(std::move(f));
-    };
-    if (snapshots[gi]) free_after_update(DeviceBuffer(), snapshots[gi]);
-    if (policy.reduces_at_step) free_after_update(std::move(g.grad_shard), nullptr);
+    if (snapshots[gi]) frees.after_stream(*update_stream, DeviceBuffer(), snapshots[gi]);
+    if (policy.reduces_at_step) frees.after_stream(*update_stream, std::move(g.grad_shard));
   }
   if (!host_parts.empty()) pipeline->start(std::move(host_parts), plan);
   if (!config.zoe.overlap_step && !delayed) finish_update();
@@ -119,11 +114,11 @@ void EngineImpl::after_update(Group& g) {
   if (g.host_done) device.host_func(*side, [done = g.host_done] { done->wait(); });
   if (g.updated) {
     if (policy.gathers_updates) {
-      all_gather(g.updated.data(), g.param_full.data(), g.layout->shard_numel(), dtype, params_tag(g));
+      gather_update(g);
     } else {  // stage 3, delayed update
       device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *side);
     }
-    free_after_side(std::move(g.updated));
+    frees.after_side(std::move(g.updated));
   }
   device.record(*g.param_ready, *side);
 }
@@ -132,6 +127,30 @@ void EngineImpl::finish_update() {
   if (pipeline) pipeline->finish();        // rethrows an error of the host part
   device.synchronize(*update_stream);       // and of the device part
   for (Group& g : groups) after_update(g);
+}
+
+void EngineImpl::gather_update(Group& g) {
+  // DeepSpeed's all_gather_dp_groups: max(1, shard · world / allgather_bucket_size) pieces of
+  // the shard, each aligned (16 elements here, zoe's alignment), the last taking the rest.
+  const std::int64_t S = g.layout->shard_numel();
+  const std::int64_t pieces = std::max<std::int64_t>(1, S * world / config.zero_optimization.allgather_bucket_size);
+  // DeepSpeed aligns a piece down (to 2 elements) and would issue empty ones below that.
+  const std::int64_t piece = std::max<std::int64_t>(FlatLayout::kAlign, S / pieces / FlatLayout::kAlign * FlatLayout::kAlign);
+  const std::int64_t count = std::min(pieces, S / piece);
+  if (count == 1) {
+    all_gather(g.updated.data(), g.param_full.data(), S, dtype, params_tag(g));
+    return;
+  }
+  const std::size_t esz = dtype_size(dtype);
+  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
+  for (std::int64_t k = 0; k < count; ++k) {
+    const std::int64_t begin = k * piece, n = k + 1 == count ? S - begin : piece;  // the last takes the rest
+    DeviceBuffer recv = alloc(MemKind::buffer, dtype, n * world);
+    all_gather(at(g.updated.data(), begin), recv.data(), n, dtype, params_tag(g));
+    for (int r = 0; r < world; ++r)
+      device.copy(at(g.param_full.data(), r * S + begin), at(recv.data(), r * n), static_cast<std::size_t>(n) * esz, *side);
+    frees.after_side(std::move(recv));
+  }
 }
 
 }  // namespace zoe::core

@@ -136,6 +136,15 @@ CollectiveTag group_tag(const EngineImpl& I, const Group& g, CollectiveTag::Kind
 CollectiveTag EngineImpl::params_tag(const Group& g) const { return group_tag(*this, g, CollectiveTag::Kind::params); }
 CollectiveTag EngineImpl::grads_tag(const Group& g) const { return group_tag(*this, g, CollectiveTag::Kind::grads); }
 
+CollectiveTag EngineImpl::coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const {
+  CollectiveTag t = group_tag(*this, groups[static_cast<std::size_t>(group_indices.front())], kind);
+  std::string names;
+  for (int gi : group_indices) names += (names.empty() ? "'" : "', '") + groups[static_cast<std::size_t>(gi)].name;
+  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", group_indices.size(),
+                           " groups (", names, "')");
+  return t;
+}
+
 void agree_on_step(EngineImpl& I) {
   if (I.world == 1) return;
   const CallRules& R = I.rules;

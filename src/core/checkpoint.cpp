@@ -1,240 +1,427 @@
-// Checkpoints: each rank writes its optimizer range of every group (fp32 master weights,
-// exp_avg, exp_avg_sq) plus the step count, learning rate and loss-scaler state to
-// <dir>/rank<R>.zoe, CRC32C-checked. Compute parameters are not stored: they are the
-// master weights cast to the compute dtype, recomputed on load. A frozen group (no master
-// weights) stores the rank's shard of its compute-dtype values instead (the trainer may have
-// written them): the record's element count is then shard_numel, its bytes shard_numel x the
-// compute dtype's size.
+// Engine checkpoints (format 2, src/core/checkpoint_manifest.hpp): each rank streams its
+// optimizer range of every group (fp32 master weights, exp_avg, exp_avg_sq), one sub-group at
+// a time, into <dir>/rank<R>.zoe; rank 0 writes manifest.json (the model, every rank's ranges,
+// the counters, the loss scaler, the caller's client state, the checksums) once every rank's
+// file is complete, and publishes the directory (checkpoint_dir.hpp: fsynced, the previous
+// checkpoint readable until the new one is). Compute parameters are not stored: they are the
+// master weights cast to the compute dtype, recomputed on load.
 //
-// Atomicity: all ranks write into <dir>.tmp (each file's space reserved up front, fsynced);
-// once all ranks agree that every file is complete rank 0 swaps it into place (the old
-// checkpoint is renamed to <dir>.old first and removed last), so a failure at any point
-// leaves the last good checkpoint readable at <dir> or <dir>.old; a failed write removes
-// <dir>.tmp.
+// A load reads the manifest, checks it against the engine's model, verifies the CRC32C of
+// every part of every rank file it will read, and only when every rank agrees writes the
+// values, chunk by chunk (write_values: the sub-groups, read from whichever saved ranks hold
+// their elements), so any world size and stage loads any other, in the memory of one
+// sub-group. Stages 0-2 read the master weights of the whole buffer (every rank keeps the full
+// compute-dtype copy) instead of all-gathering them.
+//
+// Every decision that differs between ranks (a failed write, a bad file) goes through
+// share_outcomes(): each rank learns every rank's outcome and message, so all of them throw at once,
+// each naming the failed ranks and their errors, and none waits for a collective the failed
+// one never joins.
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <sstream>
 
-#include "io/crc32c.hpp"
 #include "io/file_writer.hpp"
+#include "io/crc32c.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/core/checkpoint_dir.hpp"
+#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint_reader.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/device/host_elementwise.hpp"
 
 namespace zoe {
 namespace fs = std::filesystem;
 
 namespace {
-constexpr std::uint64_t kMagic = 0x31504b43454f5aull;  // "ZOECKP1"
-
-struct Header {
-  std::uint64_t magic = kMagic;
-  std::int32_t world = 0, stage = 0, rank = 0, groups = 0;
-  std::int64_t step = 0;
-  double lr = 0, scale = 1;
-  std::int32_t good_steps = 0, hysteresis_left = 0;
-};
 
 void barrier(core::EngineImpl& I) {
   I.comm.barrier(*I.side);
   I.device.synchronize(*I.side);
 }
 
-std::string rank_file(const fs::path& dir, int rank) { return (dir / ("rank" + std::to_string(rank) + ".zoe")).string(); }
-
-}  // namespace
-
-namespace {
-// Writes this rank's file (see the top of this file for the format).
-void write_rank_file(core::EngineImpl& I, const std::string& path) {
-  std::uint64_t total = sizeof(Header);
-  for (const core::Group& g : I.groups)
-    total += sizeof(std::int64_t) + sizeof(std::uint32_t) +
-             (g.frozen ? static_cast<std::uint64_t>(g.layout->shard_numel()) * dtype_size(I.dtype)
-                       : 3 * static_cast<std::uint64_t>(g.opt_numel) * sizeof(float));
-  io::FileWriter out(path, total);  // reserves `total` bytes: a full disk fails here
-  auto st = I.scaler.state();
-  Header h;
-  h.world = I.world;
-  h.stage = I.stage;
-  h.rank = I.rank;
-  h.groups = static_cast<std::int32_t>(I.groups.size());
-  h.step = I.step_count;
-  h.lr = I.lr;
-  h.scale = st.scale;
-  h.good_steps = st.good_steps;
-  h.hysteresis_left = st.hysteresis_left;
-  out.write(&h, sizeof(h));
-  for (core::Group& g : I.groups) {
-    if (g.frozen) {
-      std::vector<std::byte> shard = I.read_frozen_shard(g);
-      std::int64_t n = g.layout->shard_numel();
-      std::uint32_t crc = io::crc32c(shard.data(), shard.size());
-      out.write(&n, sizeof(n));
-      out.write(&crc, sizeof(crc));
-      out.write(shard.data(), shard.size());
-      continue;
-    }
-    std::vector<float> all = I.read_states(g);
-    std::int64_t n = g.opt_numel;
-    std::uint32_t crc = io::crc32c(all.data(), all.size() * sizeof(float));
-    out.write(&n, sizeof(n));
-    out.write(&crc, sizeof(crc));
-    out.write(all.data(), all.size() * sizeof(float));
+// Every rank's `mine`, in rank order (two small collectives on the side stream).
+std::vector<std::string> share_outcomes(core::EngineImpl& I, const std::string& mine) {
+  const auto world = static_cast<std::size_t>(I.world);
+  std::vector<double> lens(world, 0.0);
+  lens[static_cast<std::size_t>(I.rank)] = static_cast<double>(mine.size());
+  {
+    core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
+    I.device.copy(buf.data(), lens.data(), world * sizeof(double), *I.side);
+    I.comm.all_reduce_f64(static_cast<double*>(buf.data()), world, *I.side);
+    I.device.copy(lens.data(), buf.data(), world * sizeof(double), *I.side);
+    I.device.synchronize(*I.side);
   }
+  double longest = 1;
+  for (double l : lens) longest = std::max(longest, l);
+  const std::size_t words = (static_cast<std::size_t>(longest) + 3) / 4;
+  std::vector<char> send(words * 4, 0), recv(words * 4 * world, 0);
+  std::copy(mine.begin(), mine.end(), send.begin());
+  core::DeviceBuffer dsend = I.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words));
+  core::DeviceBuffer drecv = I.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words * world));
+  I.device.copy(dsend.data(), send.data(), send.size(), *I.side);
+  I.comm.all_gather(dsend.data(), drecv.data(), words, DType::f32, *I.side);
+  I.device.copy(recv.data(), drecv.data(), recv.size(), *I.side);
+  I.device.synchronize(*I.side);
+  std::vector<std::string> out(world);
+  for (std::size_t r = 0; r < world; ++r)
+    out[r].assign(recv.data() + r * words * 4, static_cast<std::size_t>(lens[r]));
+  return out;
+}
+
+// An outcome as exchanged: "ok <data>" or "error <message>".
+std::string ok(const std::string& data) { return "ok " + data; }
+std::string failure(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return std::string("error ") + x.what();
+  } catch (...) {
+    return "error (a non-standard exception)";
+  }
+}
+bool is_error(const std::string& s) { return s.rfind("error ", 0) == 0; }
+std::string payload(const std::string& s) { return s.substr(s.find(' ') + 1); }
+
+// "1, 3" and "rank 1: <message>; rank 3: <message>" of the ranks whose outcome is an error.
+std::pair<std::string, std::string> failed_ranks(const std::vector<std::string>& all) {
+  std::string ranks, messages;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!is_error(all[r])) continue;
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    messages += (messages.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + payload(all[r]));
+  }
+  return {ranks, messages};
+}
+
+// The engine's model as manifest groups (names, shapes, offsets; no ranges).
+std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
+  std::vector<ckpt::GroupEntry> out;
+  for (const core::Group& g : I.groups) {
+    ckpt::GroupEntry e;
+    e.name = g.name;
+    for (std::size_t i = 0; i < g.params.size(); ++i) {
+      const core::ParamInfo& p = I.params[g.params[i]];
+      e.params.push_back({p.name, p.shape, g.layout->offset(i), p.numel});
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string rank_file_name(int rank) { return "rank" + std::to_string(rank) + ".zoe"; }
+
+// Streams this rank's optimizer range of every group into `path`, one sub-group at a time
+// (one chunk of the file), and returns each group's CRC32C.
+std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Manifest& m, const std::string& path) {
+  const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.rank)];
+  io::FileWriter out(path, entry.bytes);  // reserves the bytes: a full disk fails here
+  ckpt::RankFileHeader h;
+  h.rank = I.rank;
+  h.world_size = I.world;
+  h.id = m.id;
+  h.file_bytes = entry.bytes;
+  h.crc32c = ckpt::header_crc(h);
+  out.write(&h, sizeof h);
+  std::vector<std::uint32_t> crcs;
+  std::vector<float> chunk;
+  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
+    core::Group& g = I.groups[gi];
+    const ckpt::RankRange& rr = m.groups[gi].ranks[static_cast<std::size_t>(I.rank)];
+    ZOE_CHECK(rr.begin == g.opt_begin && rr.numel == g.opt_numel && rr.file_offset == out.written(), "group '", g.name,
+              "': range [", g.opt_begin, ", +", g.opt_numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
+              ", +", rr.numel, ") at ", rr.file_offset);
+    std::uint32_t crc = 0;
+    for (const core::SubGroup& sg : g.subgroups) {
+      const std::size_t n = static_cast<std::size_t>(sg.numel);
+      chunk.resize(3 * n);
+      if (sg.offloaded()) {
+        I.states->read_all(sg.offload_id, chunk.data());
+      } else {
+        I.device.copy(chunk.data(), sg.device_states.data(), 3 * n * sizeof(float), *I.side);
+        I.device.synchronize(*I.side);
+      }
+      crc = io::crc32c(chunk.data(), 3 * n * sizeof(float), crc);
+      out.write(chunk.data(), 3 * n * sizeof(float));
+    }
+    crcs.push_back(crc);
+  }
+  out.finish();  // fsync
+  return crcs;
+}
+
+std::string hex_id(std::uint64_t id) {
+  std::ostringstream s;
+  s << std::hex << id;
+  return s.str();
+}
+
+void write_manifest(const ckpt::Manifest& m, const std::string& dir) {
+  const std::string text = ckpt::serialize(m);
+  io::FileWriter out((fs::path(dir) / ckpt::kManifestName).string(), text.size());
+  out.write(text.data(), text.size());
   out.finish();
 }
 
-// The ranks whose `failed` is true, as "0, 2" (empty if none), agreed by one small all-reduce
-// on the side stream: every rank learns every rank's outcome, so none waits for a collective
-// a failed rank never joins.
-std::string failed_ranks(core::EngineImpl& I, bool failed) {
-  std::vector<double> flags(static_cast<std::size_t>(I.world), 0.0);
-  flags[static_cast<std::size_t>(I.rank)] = failed ? 1.0 : 0.0;
-  core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
-  I.device.copy(buf.data(), flags.data(), flags.size() * sizeof(double), *I.side);
-  I.comm.all_reduce_f64(static_cast<double*>(buf.data()), flags.size(), *I.side);
-  I.device.copy(flags.data(), buf.data(), flags.size() * sizeof(double), *I.side);
-  I.device.synchronize(*I.side);
-  std::string bad;
-  for (int r = 0; r < I.world; ++r)
-    if (flags[static_cast<std::size_t>(r)] != 0.0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
-  return bad;
+// Throws on every rank when some outcome is an error: the rank's own exception where it has
+// one, else `Type` naming the failed ranks and their messages.
+// Every rank throws together here, so the failure is agreed: the engine's guard does not abort
+// the communicator for it (EngineImpl::guarded) and the engine stays usable.
+template <typename Type>
+void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, std::exception_ptr own,
+                     const std::string& what, const std::string& after) {
+  const auto [ranks, messages] = failed_ranks(all);
+  if (ranks.empty()) return;
+  I.agreed_failure = true;
+  if (own) std::rethrow_exception(own);
+  ZOE_THROW(Type, what, " on rank(s) ", ranks, " (", messages, ")", after);
+}
+// Checkpoint format 2 has no record for a frozen group (ParamOptions::frozen: compute-dtype
+// values, no master weights or moments): refused before anything is read or written, on every
+// rank alike (the parameters are the same on every rank), so no rank is left in a collective.
+void refuse_frozen(const core::EngineImpl& I, const char* call, const std::string& dir) {
+  for (const core::Group& g : I.groups)
+    if (g.frozen)
+      ZOE_THROW(UsageError, call, "('", dir, "'): module group '", g.name, "' holds frozen parameters (",
+                I.params[g.params.front()].name,
+                ", ...): checkpoint format 2 does not store frozen parameters yet; export them with "
+                "export_safetensors, or register them trainable with lr_scale 0 instead");
 }
 }  // namespace
 
-// A rank that fails to write its file (a full disk: IoError ENOSPC) fails the save on every
-// rank after they agree; the partial <dir>.tmp is removed and <dir> is left as it was.
-void Engine::save_checkpoint(const std::string& dir) {
-  core::EngineImpl& I = *impl_;
-  I.finalize();
-  synchronize();
-  const fs::path final_dir(dir), tmp = dir + ".tmp", old = dir + ".old";
-  std::exception_ptr error;
-  if (I.rank == 0) {
-    try {
-      fs::remove_all(tmp);
-      fs::create_directories(tmp);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  barrier(I);
-  const std::string path = rank_file(tmp, I.rank);
-  if (!error) {
-    try {
-      write_rank_file(I, path);
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  const std::string bad = failed_ranks(I, error != nullptr);
-  if (!bad.empty()) {
+void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
+  impl_->guarded("save_checkpoint", [&] {
+    Impl& I = *impl_;
+    I.finalize();
+    refuse_frozen(I, "save_checkpoint", dir);
+    synchronize();
+    const std::string tmp = ckpt::temp_dir_of(dir);
+    const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
+
+    // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
+    ckpt::Manifest m;
+    m.world_size = I.world;
+    m.stage = I.stage;
+    m.compute_dtype = std::string(dtype_name(I.dtype));
+    m.chunk_elements = I.sub_group_numel();
+    m.step = I.step_count;
+    m.step_calls = I.step_calls;
+    m.skipped_steps = I.skipped_calls;
+    m.lr = I.lr;
+    const auto st = I.scaler.state();
+    m.loss_scale = st.scale;
+    m.good_steps = st.good_steps;
+    m.hysteresis_left = st.hysteresis_left;
+    m.client_state = client_state;
+    m.groups = model_of(I);
+    ckpt::lay_out_ranks(m);
+    std::exception_ptr error;
+    std::string mine;
     if (I.rank == 0) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);  // every rank is past its writes
-      if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp.string(), ec.message());
+      try {
+        ckpt::recover(dir);
+        ckpt::make_temp(dir);
+        std::random_device rd;
+        const std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count);
+        mine = ok(hex_id(id));
+      } catch (...) {
+        error = std::current_exception();
+        mine = failure(error);
+      }
     }
-    barrier(I);
-    if (error) std::rethrow_exception(error);
-    ZOE_THROW(Error, "checkpoint '", dir, "' was not saved: writing failed on rank(s) ", bad,
-              " (see their error); the partial '", tmp.string(), "' was removed and '", dir, "' is unchanged");
-  }
-  if (I.rank == 0) {
-    fs::remove_all(old);
-    if (fs::exists(final_dir)) fs::rename(final_dir, old);
-    fs::rename(tmp, final_dir);
-    fs::remove_all(old);
-  }
-  barrier(I);
-  ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+    std::vector<std::string> all = share_outcomes(I, mine);
+    if (is_error(all[0])) {
+      I.agreed_failure = true;  // every rank throws here
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, not_saved, "rank 0 could not prepare '", tmp, "': ", payload(all[0]));
+    }
+    m.id = std::stoull(payload(all[0]), nullptr, 16);
+
+    // 2. Every rank streams its file into <dir>.tmp.
+    std::vector<std::uint32_t> crcs;
+    try {
+      crcs = write_rank_file(I, m, (fs::path(tmp) / rank_file_name(I.rank)).string());
+      std::string list;
+      for (std::uint32_t c : crcs) list += ckpt::crc_hex(c);
+      mine = ok(list);
+    } catch (...) {
+      error = std::current_exception();
+      mine = failure(error);
+    }
+    all = share_outcomes(I, mine);
+    if (!failed_ranks(all).first.empty()) {
+      if (I.rank == 0) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);  // every rank is past its writes
+        if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp, ec.message());
+      }
+      barrier(I);
+      throw_if_failed<Error>(I, all, error, not_saved + "writing failed",
+                             "; the partial '" + tmp + "' was removed and '" + dir + "' is unchanged");
+    }
+
+    // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
+    mine.clear();
+    if (I.rank == 0) {
+      try {
+        for (std::size_t r = 0; r < all.size(); ++r) {
+          const std::string list = payload(all[r]);
+          ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
+          for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
+            m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
+        }
+        write_manifest(m, tmp);
+        ckpt::publish(dir);
+        mine = ok("");
+      } catch (...) {
+        error = std::current_exception();
+        mine = failure(error);
+      }
+    }
+    all = share_outcomes(I, mine);
+    if (is_error(all[0])) {
+      I.agreed_failure = true;  // every rank throws here
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, not_saved, "rank 0 could not write its manifest or publish it: ", payload(all[0]));
+    }
+    ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+  });
 }
 
 namespace {
-struct LoadedCheckpoint {
-  Header header;
-  std::vector<std::vector<float>> groups;  // [master | exp_avg | exp_avg_sq] per group (frozen: empty)
-  std::vector<std::vector<std::byte>> frozen;  // a frozen group's compute-dtype shard (else empty)
-};
+// This rank's part of group g's flat buffer that write_values fills: [begin, end).
+std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const core::Group& g) {
+  if (I.policy.shards_params) return {g.layout->shard_begin(I.rank), g.layout->shard_begin(I.rank) + g.layout->shard_numel()};
+  return {0, g.layout->padded_numel()};
+}
 
-// Reads and verifies this rank's whole file; changes nothing in the engine.
-LoadedCheckpoint read_rank_file(core::EngineImpl& I, const std::string& dir) {
-  fs::path from(dir);
-  if (!fs::exists(rank_file(from, I.rank)) && fs::exists(rank_file(dir + ".old", I.rank))) from = dir + ".old";
-  const std::string path = rank_file(from, I.rank);
+// The manifest of the checkpoint in `from` (format 2, or format 1 as a manifest), checked
+// against the engine's model.
+ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from) {
+  if (ckpt::is_legacy(from)) return ckpt::read_legacy(from, model_of(I));
+  const std::string path = (fs::path(from) / ckpt::kManifestName).string();
   std::ifstream in(path, std::ios::binary);
-  if (!in) ZOE_THROW_ERRNO(ENOENT, "cannot open checkpoint file '", path, "'");
-  LoadedCheckpoint c;
-  Header& h = c.header;
-  in.read(reinterpret_cast<char*>(&h), sizeof(h));
-  if (!in || h.magic != kMagic) ZOE_THROW(CorruptionError, "'", path, "' is not a zoe checkpoint");
-  if (h.world != I.world || h.stage != I.stage || h.groups != static_cast<std::int32_t>(I.groups.size()))
-    ZOE_THROW(UsageError, "checkpoint '", path, "' has world size ", h.world, ", stage ", h.stage, ", ", h.groups,
-              " module groups; this engine has ", I.world, ", ", I.stage, ", ", I.groups.size());
-  for (core::Group& g : I.groups) {
-    std::int64_t n = 0;
-    std::uint32_t crc = 0;
-    in.read(reinterpret_cast<char*>(&n), sizeof(n));
-    in.read(reinterpret_cast<char*>(&crc), sizeof(crc));
-    const std::int64_t expected = g.frozen ? g.layout->shard_numel() : g.opt_numel;
-    if (!in || n != expected)
-      ZOE_THROW(UsageError, "checkpoint '", path, "': group '", g.name, "' holds ", n, " elements, expected ",
-                expected);
-    if (g.frozen) {
-      std::vector<std::byte> shard(static_cast<std::size_t>(n) * dtype_size(I.dtype));
-      in.read(reinterpret_cast<char*>(shard.data()), static_cast<std::streamsize>(shard.size()));
-      if (!in || io::crc32c(shard.data(), shard.size()) != crc)
-        ZOE_THROW(CorruptionError, "checkpoint '", path, "': group '", g.name, "' is truncated or corrupt");
-      c.groups.emplace_back();
-      c.frozen.push_back(std::move(shard));
-      continue;
+  if (!in) ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  ckpt::Manifest m = ckpt::parse_manifest(text.str(), path);
+  const std::string other = "checkpoint '" + path + "' is of another model: ";
+  if (m.groups.size() != I.groups.size())
+    ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.groups.size());
+  const std::vector<ckpt::GroupEntry> mine = model_of(I);
+  for (std::size_t gi = 0; gi < mine.size(); ++gi) {
+    const ckpt::GroupEntry &a = m.groups[gi], &b = mine[gi];
+    if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is '", a.name, "' there, '", b.name, "' here");
+    if (a.params.size() != b.params.size())
+      ZOE_THROW(UsageError, other, "group '", a.name, "' has ", a.params.size(), " parameters there, ", b.params.size(),
+                " here");
+    for (std::size_t pi = 0; pi < a.params.size(); ++pi) {
+      const ckpt::ParamEntry &p = a.params[pi], &q = b.params[pi];
+      auto shape = [](const std::vector<std::int64_t>& s) {
+        std::string t = "[";
+        for (std::size_t d = 0; d < s.size(); ++d) t += (d ? ", " : "") + std::to_string(s[d]);
+        return t + "]";
+      };
+      if (p.name != q.name || p.shape != q.shape)
+        ZOE_THROW(UsageError, other, "group '", a.name, "' parameter ", pi, " is '", p.name, "' ", shape(p.shape),
+                  " there, '", q.name, "' ", shape(q.shape), " here");
     }
-    std::vector<float> all(3 * static_cast<std::size_t>(n));
-    in.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
-    if (!in || io::crc32c(all.data(), all.size() * sizeof(float)) != crc)
-      ZOE_THROW(CorruptionError, "checkpoint '", path, "': group '", g.name, "' is truncated or corrupt");
-    c.groups.push_back(std::move(all));
-    c.frozen.emplace_back();
   }
-  return c;
+  return m;
+}
+
+// Opens and verifies every part of every rank file this rank will read.
+void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
+  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
+    const auto [begin, end] = kept_part(I, I.groups[gi]);
+    for (int r : reader.sources(gi, begin, end, I.rank)) {
+      reader.check_file(r);
+      reader.verify(r, gi);
+    }
+  }
 }
 }  // namespace
 
-// Every rank first reads and verifies its own file, then the ranks agree (one small
-// all-reduce) before anything is written: a bad file on any rank fails the load on every rank
-// at once (no rank waits for a collective the failed one never joins) and changes nothing.
-void Engine::load_checkpoint(const std::string& dir) {
-  core::EngineImpl& I = *impl_;
-  I.finalize();
-  synchronize();
-  LoadedCheckpoint loaded;
-  std::exception_ptr error;
-  try {
-    loaded = read_rank_file(I, dir);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  const std::string bad = failed_ranks(I, error != nullptr);
-  if (error) std::rethrow_exception(error);
-  if (!bad.empty())
-    ZOE_THROW(CorruptionError, "checkpoint '", dir, "' could not be loaded on rank(s) ", bad,
-              " (see their error); nothing was changed");
+std::string Engine::load_checkpoint(const std::string& dir) {
+  return impl_->guarded("load_checkpoint", [&]() -> std::string {
+    Impl& I = *impl_;
+    I.finalize();
+    refuse_frozen(I, "load_checkpoint", dir);
+    synchronize();
 
-  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
-    core::Group& g = I.groups[gi];
-    if (g.frozen) {
-      I.write_frozen_shard(g, loaded.frozen[gi].data());
-    } else {
-      I.write_states_and_params(g, loaded.groups[gi]);
+    // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
+    //    every rank reads the same checkpoint.
+    std::exception_ptr error;
+    std::string mine;
+    if (I.rank == 0) {
+      try {
+        mine = ok(ckpt::choose_for_load(dir));
+      } catch (...) {
+        error = std::current_exception();
+        mine = failure(error);
+      }
     }
-  }
-  const Header& h = loaded.header;
-  I.step_count = h.step;
-  I.lr = h.lr;
-  I.scaler.restore({h.scale, h.good_steps, h.hysteresis_left});
-  if (I.policy.shards_params) I.drop_all_gathered();
-  barrier(I);
+    std::vector<std::string> all = share_outcomes(I, mine);
+    if (is_error(all[0])) {
+      I.agreed_failure = true;  // every rank throws here
+      if (error) std::rethrow_exception(error);
+      ZOE_THROW(Error, "checkpoint '", dir, "' could not be loaded: rank 0: ", payload(all[0]), "; nothing was changed");
+    }
+    const std::string from = payload(all[0]);
+    if (from != dir) ZOE_LOG_WARN("checkpoint '{}' is incomplete (a save was interrupted): loading '{}'", dir, from);
+
+    // 2. Every rank reads the manifest, checks it and verifies what it will read.
+    std::unique_ptr<ckpt::CheckpointReader> reader;
+    try {
+      reader = std::make_unique<ckpt::CheckpointReader>(from, read_manifest(I, from));
+      verify_needed(I, *reader);
+      mine = ok(hex_id(reader->manifest().id));
+    } catch (...) {
+      error = std::current_exception();
+      mine = failure(error);
+    }
+    all = share_outcomes(I, mine);
+    throw_if_failed<CorruptionError>(I, all, error, "checkpoint '" + from + "' could not be loaded",
+                                     "; nothing was changed");
+    for (std::size_t r = 1; r < all.size(); ++r)
+      if (all[r] != all[0]) {
+        I.agreed_failure = true;  // every rank compares the same ids
+        ZOE_THROW(CorruptionError, "checkpoint '", from, "': rank ", r, " read a manifest of id ", payload(all[r]),
+                  ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
+      }
+
+    // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
+    //    the engine half-loaded: it is marked unusable.
+    const ckpt::Manifest& m = reader->manifest();
+    try {
+      I.write_values(
+          [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
+            const auto gi = static_cast<std::size_t>(&g - I.groups.data());
+            reader->read(gi, 0, begin, master, I.rank);
+            if (moments.empty()) return;
+            reader->read(gi, 1, begin, moments.first(master.size()), I.rank);
+            reader->read(gi, 2, begin, moments.subspan(master.size()), I.rank);
+          },
+          true);
+    } catch (const std::exception& e) {
+      I.finalized = false;
+      I.finalize_error = std::string("loading checkpoint '") + from + "' failed after it was verified: " + e.what();
+      throw;
+    }
+    I.step_count = m.step;
+    I.step_calls = m.step_calls;
+    I.skipped_calls = m.skipped_steps;
+    I.lr = m.lr;
+    I.scaler.restore({m.loss_scale, m.good_steps, m.hysteresis_left});
+    if (I.policy.shards_params) I.drop_all_gathered();
+    barrier(I);
+    if (m.world_size != I.world || m.stage != I.stage)
+      ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", I.rank, from,
+                   m.world_size, m.stage, I.world, I.stage);
+    return m.client_state;
+  });
 }
 
 }  // namespace zoe

@@ -9,7 +9,6 @@
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/device/host_device.hpp"
 
 namespace zoe {
 
@@ -25,11 +24,11 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
       world(comm.world_size()), stage(c.zero_optimization.stage), policy(stage), dtype(c.compute_dtype()),
       side(device.create_stream()), scaler(c), lr(c.optimizer.lr), delayed(c.zoe.delayed_update) {
   update_stream = device.create_stream();
-  poison = c.zoe.debug_poison;
-  // The host device's freed blocks are poisoned and quarantined too, so a stale view never
-  // reads a later buffer's values (the setting stays on the device).
-  if (auto* host = dynamic_cast<HostDevice*>(&device); poison && host) host->set_poison_freed(kPoisonQuarantineBytes);
+  // Freed blocks are poisoned and quarantined too where the device can (the host device), so a
+  // stale view never reads a later buffer's values (the setting stays on the device).
+  if (frees.poison()) device.set_poison_freed(kPoisonQuarantineBytes);
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
+  pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
   // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
   Device* dev = &device;
   auto register_fn = [dev](void* p, std::size_t bytes) { return dev->register_host_memory(p, bytes); };
@@ -42,11 +41,14 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     so.rank = rank;
     so.buffer_count = oo.buffer_count;
     so.pin_memory = oo.pin_memory;
-    so.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
+    so.pinned_budget = pinned_budget;
     so.aio = c.aio;
     so.require_direct_io = c.zoe.require_direct_io;
     so.register_fn = register_fn;
     so.unregister_fn = unregister_fn;
+    // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
+    // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
+    so.adam = adam.get();
     states = std::make_unique<offload::OptimizerStates>(so);
   }
   const auto& op = c.zero_optimization.offload_param;
@@ -58,7 +60,7 @@ EngineImpl::EngineImpl(const Config& c, RankContext r)
     po.buffer_count = op.buffer_count;
     po.buffer_bytes = static_cast<std::size_t>(op.buffer_size) * dtype_size(dtype);
     po.pin_memory = op.pin_memory;
-    po.pinned_budget_bytes = c.zoe.pinned_budget_bytes;
+    po.pinned_budget = pinned_budget;
     po.aio = c.aio;
     po.require_direct_io = c.zoe.require_direct_io;
     po.register_fn = register_fn;
@@ -80,7 +82,7 @@ EngineImpl::~EngineImpl() {
     device.synchronize(*side);
   } catch (...) {
   }
-  reap_frees(true);
+  frees.reap(true);
   if (readback_registered) device.unregister_host_memory(readback.data());
 }
 
@@ -215,6 +217,7 @@ void EngineImpl::build_update_paths() {
   // With parameter offload the outputs go into the parameter tier (host memory): no staging.
   po.staging_bytes = param_store ? 0 : static_cast<std::size_t>(largest) * dtype_size(dtype);
   po.pin_memory = oo.pin_memory;
+  po.pinned_budget = pinned_budget;
   pipeline = std::make_unique<UpdatePipeline>(device, states.get(), *adam, po);
   ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(pipeline->staging_bytes()));
   if (states && largest > 0) {
@@ -222,6 +225,7 @@ void EngineImpl::build_update_paths() {
     go.dtype = dtype;
     go.largest_numel = largest;
     go.pin_memory = oo.pin_memory;
+    go.pinned_budget = pinned_budget;
     grad_sink = std::make_unique<GradientSink>(device, *states, go);
     ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(grad_sink->staging_bytes()));
   }
@@ -247,46 +251,12 @@ void EngineImpl::side_waits_for_compute() {
   device.wait(*side, *e);
 }
 
-void EngineImpl::free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements, std::shared_ptr<void> hold) {
-  if (!buffer && !hold) return;
-  if (poison && buffer)
-    device.fill(buffer.data(), buffer.dtype(), static_cast<std::size_t>(buffer.numel()),
-                std::numeric_limits<float>::quiet_NaN(), *side);
-  releasing_elements += gathered_elements;
-  PendingFree f{std::move(buffer), device.create_event(), gathered_elements, std::move(hold)};
-  device.record(*f.after, *side);
-  pending_frees.push_back(std::move(f));
-}
-
-void EngineImpl::free_after(DeviceBuffer buffer, std::shared_ptr<Event> after) {
-  if (!buffer) return;
-  pending_frees.push_back(PendingFree{std::move(buffer), std::move(after), 0, nullptr});
-}
-
-void EngineImpl::show_poison() {
-  auto e = device.create_event();
-  device.record(*e, *side);
-  ready_for_compute(*e);
-}
-
-void EngineImpl::reap_frees(bool wait_all) {
-  while (!pending_frees.empty()) {
-    PendingFree& f = pending_frees.front();
-    if (wait_all) {
-      device.synchronize(*f.after);
-    } else if (!device.query(*f.after)) {
-      break;
-    }
-    releasing_elements -= f.gathered_elements;
-    pending_frees.pop_front();
-  }
-}
-
 void EngineImpl::all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
   rules.note_collective(tag);
   comm.tag_next(std::move(tag));
   comm.all_gather(send, recv, static_cast<std::size_t>(count), dt, *side);
   elements_sent += count * (world - 1);
+  ++all_gather_calls;
 }
 
 void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
@@ -294,6 +264,7 @@ void EngineImpl::reduce_scatter(const void* send, void* recv, std::int64_t count
   comm.tag_next(std::move(tag));
   comm.reduce_scatter(send, recv, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += count * (world - 1);
+  ++reduce_scatter_calls;
 }
 
 void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag) {
@@ -301,6 +272,7 @@ void EngineImpl::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveT
   comm.tag_next(std::move(tag));
   comm.all_reduce(buf, buf, static_cast<std::size_t>(count), dt, ReduceOp::sum, *side);
   elements_sent += world > 1 ? 2 * count * (world - 1) / world : 0;
+  ++all_reduce_calls;
 }
 
 }  // namespace core
@@ -486,42 +458,51 @@ static ModuleInfo& transition(core::EngineImpl& I, ModuleId id, ModuleInfo::Phas
 }
 
 ModuleTensors Engine::begin_forward(ModuleId id) {
-  impl_->finalize();
-  impl_->check_module(id);
-  impl_->rules.begin_forward(static_cast<int>(id.index));
-  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
-                             "while it is already active");
-  impl_->acquire(static_cast<int>(id.index), false);
-  return impl_->views(m, false);
+  return impl_->guarded("begin_forward", [&] {
+    impl_->finalize();
+    impl_->check_module(id);
+    impl_->rules.begin_forward(static_cast<int>(id.index));
+    ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
+                               "while it is already active");
+    impl_->acquire(static_cast<int>(id.index), false);
+    return impl_->views(m, false);
+  });
 }
 
 void Engine::end_forward(ModuleId id) {
-  impl_->check_module(id);
-  impl_->rules.end_forward(static_cast<int>(id.index));
-  transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward", "without begin_forward");
-  impl_->release(static_cast<int>(id.index));
-  if (impl_->poison) impl_->show_poison();
+  impl_->guarded("end_forward", [&] {
+    impl_->check_module(id);
+    impl_->rules.end_forward(static_cast<int>(id.index));
+    transition(*impl_, id, ModuleInfo::Phase::forward, ModuleInfo::Phase::idle, "end_forward",
+               "without begin_forward");
+    impl_->release(static_cast<int>(id.index));
+    if (impl_->frees.poison()) impl_->frees.show_poison();
+  });
 }
 
 ModuleTensors Engine::begin_backward(ModuleId id) {
-  impl_->check_module(id);
-  impl_->rules.begin_backward(static_cast<int>(id.index));
-  impl_->finalize();
-  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
-                             "while it is already active");
-  impl_->acquire(static_cast<int>(id.index), true);
-  impl_->prepare_grads(m);
-  return impl_->views(m, true);
+  return impl_->guarded("begin_backward", [&] {
+    impl_->check_module(id);
+    impl_->rules.begin_backward(static_cast<int>(id.index));
+    impl_->finalize();
+    ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::backward, "begin_backward",
+                               "while it is already active");
+    impl_->acquire(static_cast<int>(id.index), true);
+    impl_->prepare_grads(m);
+    return impl_->views(m, true);
+  });
 }
 
 void Engine::end_backward(ModuleId id) {
-  impl_->check_module(id);
-  impl_->rules.end_backward(static_cast<int>(id.index));
-  ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
-                             "without begin_backward");
-  impl_->finish_backward(m);
-  impl_->release(static_cast<int>(id.index));
-  if (impl_->poison) impl_->show_poison();
+  impl_->guarded("end_backward", [&] {
+    impl_->check_module(id);
+    impl_->rules.end_backward(static_cast<int>(id.index));
+    ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::backward, ModuleInfo::Phase::idle, "end_backward",
+                               "without begin_backward");
+    impl_->finish_backward(m);
+    impl_->release(static_cast<int>(id.index));
+    if (impl_->frees.poison()) impl_->frees.show_poison();
+  });
 }
 
 // The config's logging keys (DeepSpeed's steps_per_print, wall_clock_breakdown,
@@ -550,29 +531,34 @@ static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t
 }
 
 StepResult Engine::step() {
-  Impl& I = *impl_;
-  I.finalize();
-  core::agree_on_step(I);  // every rank made the same calls this step
-  // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
-  if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);
-  const auto begin = std::chrono::steady_clock::now();
-  const StepResult r = I.step();
-  const auto end = std::chrono::steady_clock::now();
-  I.rules.step_done();
-  ++I.step_calls;
-  I.skipped_calls += r.skipped ? 1 : 0;
-  using ms = std::chrono::duration<double, std::milli>;
-  log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
-  I.last_step_end = end;
-  return r;
+  return impl_->guarded("step", [&] {
+    Impl& I = *impl_;
+    I.finalize();
+    I.flush_bucket();        // the last gradients waiting in the bucket: their collective is part of the step
+    core::agree_on_step(I);  // every rank made the same calls this step
+    // DeepSpeed's configured scheduler: the lr of this step follows from the steps applied so far.
+    if (I.config.scheduler.type != SchedulerType::none) I.lr = I.config.scheduler.lr_at(I.config.optimizer.lr, I.step_count);
+    const auto begin = std::chrono::steady_clock::now();
+    const StepResult r = I.step();
+    const auto end = std::chrono::steady_clock::now();
+    I.rules.step_done();
+    ++I.step_calls;
+    I.skipped_calls += r.skipped ? 1 : 0;
+    using ms = std::chrono::duration<double, std::milli>;
+    log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
+    I.last_step_end = end;
+    return r;
+  });
 }
 
 void Engine::synchronize() {
-  impl_->finish_update();
-  if (impl_->grad_sink) impl_->grad_sink->drain();
-  impl_->device.synchronize(*impl_->side);
-  impl_->device.synchronize(impl_->device.compute_stream());
-  impl_->reap_frees(true);
+  impl_->guarded("synchronize", [&] {
+    impl_->finish_update();
+    if (impl_->grad_sink) impl_->grad_sink->drain();
+    impl_->device.synchronize(*impl_->side);
+    impl_->device.synchronize(impl_->device.compute_stream());
+    impl_->frees.reap(true);
+  });
 }
 
 void Engine::set_lr(double lr) {

@@ -5,10 +5,10 @@
 // Not thread-safe: one thread drives an Engine.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -18,11 +18,17 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/comm/communicator.hpp"
 #include "src/common/aligned_buffer.hpp"
+#include "src/common/check.hpp"
 #include "src/core/call_rules.hpp"
+#include "src/core/deferred_frees.hpp"
+#include "src/core/execution_trace.hpp"
+#include "src/core/group.hpp"
+#include "src/core/stage_policy.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/core/loss_scaler.hpp"
@@ -36,131 +42,6 @@
 #include "zoe/engine.hpp"
 
 namespace zoe::core {
-
-struct ParamInfo {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::int64_t numel = 0;
-  ParamInitializer init;       // the initial value's source; released after finalize
-  int group = -1;              // owning group
-  std::size_t slot = 0;        // index inside the owning group's layout
-  ParamOptions options;        // weight_decay resolved against the config at registration
-  std::string param_group;     // the add_param_group that set `options` ("" = registration's)
-};
-
-/// A sub-group: up to sub_group_size elements of a rank's optimizer range whose step runs as
-/// one unit, either on the device optimizer (Device::adam_step; fp32 states in
-/// `device_states`) or on the CPU optimizer (states in the offload tier, id `offload_id`).
-/// offload_optimizer.ratio chooses how many sub-groups are offloaded (the last ones).
-struct SubGroup {
-  std::int64_t begin = 0, numel = 0;  // elements, within the group's optimizer range
-  int offload_id = -1;                // OptimizerStates id; -1 = device optimizer
-  DeviceBuffer device_states;         // device: [master | exp_avg | exp_avg_sq], 3 * numel floats
-  /// Runs of equal per-parameter options covering [0, numel) (begin relative to the sub-group),
-  /// in order: both optimizers step each run with its own weight decay and lr factor.
-  std::vector<OptimRun> runs;
-  bool offloaded() const { return offload_id >= 0; }
-  float* master() const { return static_cast<float*>(device_states.data()); }
-};
-
-/// The parameters one module owns (the first module that lists them), as one flat buffer.
-struct Group {
-  std::string name;
-  std::vector<std::uint32_t> params;
-  std::optional<FlatLayout> layout;
-  std::vector<int> users;  // modules whose params live here
-  bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
-  /// The module's frozen parameters (ParamOptions::frozen) form a group of their own: compute-
-  /// dtype parameters only (no gradient buffers, no sub-groups, opt_numel 0), never reduced
-  /// or updated. Every other group holds trainable parameters only.
-  bool frozen = false;
-
-  // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
-  // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
-  // offload the shard lives in EngineImpl::param_store (id param_id), not on the device.
-  DeviceBuffer param_full, param_shard;
-  // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
-  // param_ready completes). Stage 3 moves it with the only two transitions, gather() (sharded
-  // -> gathered) and reshard() (gathered -> sharded); stages 0-2 are gathered from build on.
-  enum class ParamState { sharded, gathered } param_state = ParamState::sharded;
-  int param_id = -1;
-  std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
-  int active = 0;                      // modules between begin_* and end_* using it
-
-  // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
-  // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
-  // reduced own shard accumulated over micro-batches (grad_dtype(); only when some sub-group
-  // is on the device optimizer: offloaded sub-groups keep fp32 gradients in the offload
-  // tier). Stage 1: grad_shard holds the reduce-scatter output between the last backward and
-  // the step.
-  DeviceBuffer grad_full, grad_shard;
-  int pending_users = 0;   // users still to finish backward in this micro-batch
-  int micro_batches = 0;   // micro-batches whose gradients were reduced into grad_shard/full
-
-  // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
-  // buffer, in sub-groups of sub_group_size elements (see SubGroup).
-  std::int64_t opt_begin = 0, opt_numel = 0;
-  std::vector<SubGroup> subgroups;
-
-  // The update lifecycle (see async_update.cpp). start_update: settled -> pending;
-  // after_update: pending -> settled (the side stream is ordered after the update and, stages
-  // 1-2 / delayed update, the new parameters waiting in `updated` are applied).
-  enum class UpdateState { settled, pending } update_state = UpdateState::settled;
-  // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
-  // param_full (lazily, before the group's next use, in module order on every rank).
-  // Delayed update, every stage: the new parameters wait there until the next step().
-  DeviceBuffer updated;
-  /// Recorded on the update stream after the device sub-groups' update (the device part).
-  std::unique_ptr<Event> update_done;
-  /// The host part (CPU optimizer) of the last update: set once its new parameters are on
-  /// the device (or in the parameter tier). Null when the group has no host part.
-  std::shared_ptr<GroupDone> host_done;
-};
-
-
-/// What the ZeRO stage decides, computed once from zero_optimization.stage: the engine tests
-/// these named decisions, never the stage number.
-struct StagePolicy {
-  explicit StagePolicy(int stage)
-      : shards_optimizer(stage >= 1), shards_grads(stage >= 2), shards_params(stage == 3),
-        gathers_updates(stage == 1 || stage == 2), reduces_at_step(stage == 1) {}
-  /// Stages 1-3: each rank's optimizer range is its shard (stage 0: the whole buffer; the norm
-  /// then forms every rank's partial itself and the gradient is all-reduced).
-  bool shards_optimizer;
-  /// Stages 2-3: a group's gradient is reduce-scattered as soon as its backward ends, each
-  /// micro-batch, into a persistent shard; grad_full lives one micro-batch. Otherwise grad_full
-  /// is persistent and the trainer accumulates into it.
-  bool shards_grads;
-  /// Stage 3: the compute-dtype parameters are sharded and gathered per module.
-  bool shards_params;
-  /// Stages 1-2: the updated shard waits aside and is all-gathered into the full copy.
-  bool gathers_updates;
-  /// Stage 1: the gradient is reduce-scattered after the last micro-batch into a shard that
-  /// lives until the step's update has read it.
-  bool reduces_at_step;
-};
-
-struct ModuleInfo {
-  std::string name;
-  std::vector<std::uint32_t> params;
-  std::vector<int> groups;  // distinct groups of its params, ascending
-  enum class Phase { idle, forward, backward } phase = Phase::idle;
-  int backward_count = 0;  // since the last step
-};
-
-/// One entry of the recorded execution order (stage-3 prefetch follows it).
-struct TraceEntry {
-  int module;
-  bool backward;
-  bool operator==(const TraceEntry&) const = default;
-};
-
-struct PendingFree {
-  DeviceBuffer buffer;
-  std::shared_ptr<Event> after;
-  std::int64_t gathered_elements = 0;  // a released stage-3 gather buffer's elements
-  std::shared_ptr<void> hold;          // released with the buffer (e.g. a pinned read buffer)
-};
 
 struct EngineImpl {
   EngineImpl(const Config& config, RankContext rank);
@@ -178,6 +59,9 @@ struct EngineImpl {
   MemoryLedger ledger;
   LossScaler scaler;
   std::unique_ptr<optim::CpuAdam> adam;
+  /// zoe.pinned_budget_bytes: every pinned consumer below reserves its bytes here (built first,
+  /// destroyed last).
+  std::shared_ptr<offload::PinnedBudget> pinned_budget;
   std::unique_ptr<offload::OptimizerStates> states;  // optimizer offload (cpu / nvme)
   std::unique_ptr<Stream> update_stream;             // the optimizer update, group by group
   std::unique_ptr<offload::ParamShards> param_store;  // parameter offload (stage 3: cpu / nvme)
@@ -189,7 +73,7 @@ struct EngineImpl {
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
   CallRules rules{config.gradient_accumulation_steps};  // call order; collective identity (call_rules.hpp)
-  bool poison = false;  // zoe.debug_poison: freed buffers are filled with NaN (free_after_side)
+  DeferredFrees frees{device, *side, config.zoe.debug_poison};  // zoe.debug_poison: NaN-filled frees
 
   std::vector<ParamInfo> params;
   std::unordered_map<std::string, std::uint32_t> param_by_name;  // every registered name
@@ -200,17 +84,31 @@ struct EngineImpl {
   std::string finalize_error;  // why a finalize failed (the engine is unusable then)
 
   // Stage-3 gathering.
-  std::vector<TraceEntry> trace, last_trace;
-  std::size_t trace_pos = 0;    // position in last_trace of the current call
-  bool trace_valid = false;     // this step follows last_trace so far
-  std::int64_t live_elements = 0;       // gathered parameter elements in use or prefetched
-  std::int64_t releasing_elements = 0;  // released gather buffers not yet returned
-  std::deque<PendingFree> pending_frees;
+  ExecutionTrace trace;             // the order prefetch follows
+  std::int64_t live_elements = 0;   // gathered parameter elements in use or prefetched
+
+  GradBucket bucket;  // gradients waiting for their reduction (gradients.cpp)
 
   // Traffic of the current / last step.
   CommStats step_start_stats;
+  // The engine's collectives over parameters and gradients so far, per kind (the step's
+  // agreement and norm all-reduce are not counted): TrafficReport's *_calls.
+  std::int64_t all_gather_calls = 0, reduce_scatter_calls = 0, all_reduce_calls = 0;
+  std::int64_t calls_at_step_start[3] = {0, 0, 0};
   TrafficReport last_traffic;
   std::int64_t elements_sent = 0, elements_at_step_start = 0;
+
+  // Rank failures. guarded() runs a public call; an error that leaves this rank unable to go
+  // on aborts the communicator first (Communicator::abort, cause "<call>: <what()>"), so the
+  // peers' collectives throw RankFailedError naming this rank and the error at once instead of
+  // waiting comm_timeout_s for it (DeepSpeed on NCCL: ncclCommAbort). Not aborted: UsageError
+  // and ConfigError (the call rules and set_lr throw them before changing anything, so the
+  // trainer may go on), and errors every rank throws together after agreeing on them
+  // (checkpoint.cpp sets `agreed_failure` just before: a failed save or load leaves the engine
+  // usable).
+  bool agreed_failure = false;
+  template <class F>
+  decltype(auto) guarded(const char* call, F&& f);
 
   // engine.cpp
   /// Builds the groups, places every state and writes the initial values (at the first call
@@ -226,15 +124,6 @@ struct EngineImpl {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
-  /// Frees `buffer` once the side stream has reached this point (with zoe.debug_poison it is
-  /// first filled with NaN there).
-  void free_after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
-  /// Frees `buffer` once `after` has completed.
-  void free_after(DeviceBuffer buffer, std::shared_ptr<Event> after);
-  /// zoe.debug_poison: makes the NaN of the buffers freed so far visible to the trainer's
-  /// compute (end_forward / end_backward), so a stale view reads NaN from then on.
-  void show_poison();
-  void reap_frees(bool wait_all);
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
 
   // counted collectives (elements as nccl-tests counts bus traffic), tagged with what they are
@@ -245,6 +134,9 @@ struct EngineImpl {
   // call_rules.cpp: the tags of collectives about group g's parameters / gradients now
   CollectiveTag params_tag(const Group& g) const;
   CollectiveTag grads_tag(const Group& g) const;
+  /// The tag of one collective over several groups' parameters / gradients (a reduce bucket,
+  /// a coalesced all-gather): the first group's index and micro-batch, every group named.
+  CollectiveTag coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const;
 
   // gather.cpp
   void acquire(int module, bool backward);
@@ -252,20 +144,48 @@ struct EngineImpl {
   /// Stage 3, sharded -> gathered: allocates param_full and queues its all-gather on the side
   /// stream (after the group's update); no-op when gathered.
   void gather(Group& g);
+  /// gather() of several groups with one all-gather (DeepSpeed's all_gather_coalesced): their
+  /// shards concatenated, gathered rank-major, then copied into each param_full. Groups
+  /// already gathered are skipped; one group left is a plain gather(). With parameter offload
+  /// at most ParamShards::read_slots() groups per collective (each holds a read buffer).
+  void gather_coalesced(std::vector<int> gis);
   /// Stage 3, gathered -> sharded: param_full is freed after the side stream's work so far
   /// (the caller has ordered the trainer's reads before it: side_waits_for_compute).
   void reshard(Group& g);
   /// Parameter offload: the group's shard on its way in (waits for a free read buffer by
   /// returning finished gathers' buffers).
   std::shared_ptr<offload::ShardRead> begin_shard_read(Group& g);
-  void prefetch_after(std::size_t pos);
+  /// Gathers the groups the recorded order uses next, up to stage3_prefetch_bucket_size
+  /// elements and within stage3_max_live_parameters (nothing unless the trace predicts).
+  void prefetch();
   bool in_prefetch_window(int group) const;
   void drop_all_gathered();
 
   // gradients.cpp
   void prepare_grads(ModuleInfo& m);
   void finish_backward(ModuleInfo& m);
+  /// Puts group `gi`'s complete gradient of this round into the bucket (reducing the bucket
+  /// first when it would overflow, after when it is full).
+  void queue_reduction(int gi);
+  /// Reduces the bucket's groups with one collective (nothing when empty). With
+  /// overlap_comm false the trainer's compute then waits for the reduction.
+  void flush_bucket();
+  /// What each gradient is divided by before its reduction: the world size with
+  /// prescale_gradients, else gradient_predivide_factor (DeepSpeed's engine and ZeRO
+  /// average_tensor); the step divides the sum by world / this.
+  double pre_divisor() const { return config.prescale_gradients ? world : config.gradient_predivide_factor; }
+  /// Whether every group has reduced the round of the bucket's last group.
+  bool round_complete() const;
+  /// One group's reduction straight from its gradient buffer (a bucket of one group).
   void reduce_group(Group& g);
+  /// Several groups' reduction: their gradients flattened into one buffer (rank-major for
+  /// reduce-scatter: [rank 0's shards of every group | rank 1's | ...]), one collective, the
+  /// results copied back (all-reduce) or taken per group from the reduced shards.
+  void reduce_groups(const std::vector<int>& gis);
+  /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
+  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups. `reduced`
+  /// is read only by side-stream work queued here (free it after the side stream).
+  void absorb_shard(Group& g, const void* reduced);
   /// Adds the group's reduced shard (compute dtype, device memory; reduced on the side stream)
   /// to the fp32 gradients of its offloaded sub-groups through the GradientSink (after the
   /// group's previous update). Returns the event after which `shard` is no longer read.
@@ -306,6 +226,14 @@ struct EngineImpl {
   /// Writes every group's initial values to their homes, chunk by chunk (see the file).
   /// After the offload tiers' finalize().
   void write_initial_values();
+  /// Where write_values takes a chunk's values: the fp32 master weights of flat elements
+  /// [begin, begin + master.size()) of the group and, for a chunk of the optimizer range when
+  /// asked, its exp_avg then exp_avg_sq (`moments`: 2 * master.size() floats; else empty).
+  using ChunkSource = std::function<void(const Group& g, std::int64_t begin, std::span<float> master,
+                                         std::span<float> moments)>;
+  /// write_initial_values with the values of `source` (a checkpoint): the same chunks, the
+  /// same homes and roundings; `with_moments` also sets exp_avg / exp_avg_sq (else zero).
+  void write_values(const ChunkSource& source, bool with_moments);
   /// Fills `out` with the group's fp32 initial values of flat elements [begin, begin +
   /// out.size()) from the parameters' initializers (padding zero). Throws Error naming the
   /// parameter whose initializer failed.
@@ -325,6 +253,10 @@ struct EngineImpl {
   void start_update(const UpdatePlan& plan);
   /// Makes `side` wait for group g's update and, stages 1-2, all-gathers its new shard.
   void after_update(Group& g);
+  /// Stages 1-2: all-gathers the group's updated shard into param_full, in pieces of at most
+  /// about allgather_bucket_size elements in all (DeepSpeed's all_gather_dp_groups), each
+  /// through a staging buffer when there are several.
+  void gather_update(Group& g);
   /// Blocks until the whole update is done (rethrows its error), then all-gathers every
   /// stale group (stages 1-2).
   void finish_update();
@@ -352,6 +284,24 @@ struct EngineImpl {
   /// Counted, tagged all-gather of raw fp64 words for the trainer's scalars.
   void all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name);
 };
+
+template <class F>
+decltype(auto) EngineImpl::guarded(const char* call, F&& f) {
+  agreed_failure = false;
+  try {
+    return std::forward<F>(f)();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::exception& e) {
+    if (!std::exchange(agreed_failure, false)) comm.abort(detail::concat(call, ": ", e.what()));
+    throw;
+  } catch (...) {
+    comm.abort(detail::concat(call, ": an exception that is not a std::exception"));
+    throw;
+  }
+}
 
 }  // namespace zoe::core
 

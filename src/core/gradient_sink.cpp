@@ -10,7 +10,8 @@ GradientSink::GradientSink(Device& device, offload::OptimizerStates& states, con
     offload::PinnedPoolOptions po;
     po.buffer_count = static_cast<std::size_t>(std::max(1, options.staging_count));
     po.buffer_bytes = static_cast<std::size_t>(options.largest_numel) * dtype_size(options.dtype);
-    po.budget_bytes = static_cast<std::size_t>(options.pinned_budget_bytes);
+    po.budget = options.pinned_budget;
+    po.holder = "gradient sink staging";
     po.lock = options.pin_memory;
     po.register_fn = [&device](void* p, std::size_t bytes) { return device.register_host_memory(p, bytes); };
     po.unregister_fn = [&device](void* p) { device.unregister_host_memory(p); };

@@ -11,6 +11,11 @@
 // may still be read by it, as under the delayed update). The returned event completes when
 // the device memory has been read, so the caller may free or overwrite it after that.
 //
+// Threads: the tier write runs on the I/O worker; its arithmetic (CpuAdam::add_grad, through
+// OptimizerStates) runs in the engine's CpuAdam arena, the one the update pipeline's step runs in,
+// so a gradient add beside an update shares zoe.optimizer_threads threads with it instead of
+// adding its own.
+//
 // Units: elements unless named bytes. Thread-safety: add / zero / drain on one thread (the
 // engine's). Errors: add throws UsageError for a sub-group larger than a staging buffer; the
 // tier's errors (IoError, CorruptionError) surface in drain(), which rethrows the first.
@@ -32,7 +37,7 @@ struct GradientSinkOptions {
   std::int64_t largest_numel = 0;      // largest offloaded sub-group, elements
   int staging_count = 2;
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  std::shared_ptr<offload::PinnedBudget> pinned_budget;  // the rank's zoe.pinned_budget_bytes (null: unbudgeted)
 };
 
 class GradientSink {

@@ -46,13 +46,20 @@ void EngineImpl::fill_initial(const Group& g, std::int64_t begin, std::span<floa
 }
 
 void EngineImpl::write_initial_values() {
+  write_values([this](const Group& g, std::int64_t begin, std::span<float> master, std::span<float>) {
+    fill_initial(g, begin, master);
+  }, false);
+}
+
+void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
   const std::int64_t sub = sub_group_numel();
   const std::size_t esz = dtype_size(dtype);
   Stream& s = *side;
   std::int64_t largest = 0;  // elements of the longest chunk
   for (const Group& g : groups)
     largest = std::max(largest, std::min(sub, policy.shards_params ? g.layout->shard_numel() : g.layout->padded_numel()));
-  std::vector<float> chunk(static_cast<std::size_t>(largest));
+  // [master | exp_avg | exp_avg_sq] of one chunk (the moments only `with_moments`).
+  std::vector<float> chunk(static_cast<std::size_t>(largest) * (with_moments ? 3 : 1));
   // Device parameters in a 16-bit dtype are cast on the device from an fp32 copy (the same
   // rounding as the device's casts everywhere else).
   DeviceBuffer staging;
@@ -78,10 +85,15 @@ void EngineImpl::write_initial_values() {
       for (auto [a, b] : chunks) {
         const auto n = static_cast<std::size_t>(b - a);
         std::span<float> values(chunk.data(), n);
-        fill_initial(g, a, values);
-        if (a >= g.opt_begin && a < opt_end) {
+        const bool in_range = a >= g.opt_begin && a < opt_end;
+        source(g, a, values, in_range && with_moments ? std::span<float>(chunk.data() + n, 2 * n) : std::span<float>());
+        if (in_range) {
           const SubGroup& sg = g.subgroups[static_cast<std::size_t>((a - g.opt_begin) / sub)];
-          if (sg.offloaded()) {
+          if (with_moments && sg.offloaded()) {
+            states->write_all(sg.offload_id, chunk.data());
+          } else if (with_moments) {
+            device.copy(sg.master(), chunk.data(), 3 * n * sizeof(float), s);
+          } else if (sg.offloaded()) {
             states->write_initial(sg.offload_id, values);
           } else {
             device.copy(sg.master(), values.data(), n * sizeof(float), s);
@@ -109,7 +121,7 @@ void EngineImpl::write_initial_values() {
     }
     if (param_store) param_store->commit(g.param_id);
   }
-  if (states) states->finish_initial();
+  if (states && !with_moments) states->finish_initial();
 }
 
 }  // namespace zoe::core

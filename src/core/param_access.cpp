@@ -213,106 +213,112 @@ void EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, c
 // ---------------------------------------------------------------- public API
 
 std::vector<float> Engine::gather_parameter(ParamId id) {
-  ZOE_CHECK_USAGE(id.index < impl_->params.size(), "gather_parameter: unknown parameter id ", id.index, " (",
-                  impl_->params.size(), " parameters registered)");
-  std::vector<float> out(static_cast<std::size_t>(impl_->params[id.index].numel));
-  read_parameter(id, out);
-  return out;
+  return impl_->guarded("gather_parameter", [&] {
+    ZOE_CHECK_USAGE(id.index < impl_->params.size(), "gather_parameter: unknown parameter id ", id.index, " (",
+                    impl_->params.size(), " parameters registered)");
+    std::vector<float> out(static_cast<std::size_t>(impl_->params[id.index].numel));
+    read_parameter(id, out);
+    return out;
+  });
 }
 
 void Engine::read_parameter(ParamId id, std::span<float> out) {
-  Impl& I = *impl_;
-  ZOE_CHECK_USAGE(id.index < I.params.size(), "read_parameter: unknown parameter id ", id.index, " (",
-                  I.params.size(), " parameters registered)");
-  const core::ParamInfo& p = I.params[id.index];
-  I.check_between_steps(p, "read_parameter");
-  I.finalize();
-  I.finish_update();
-  core::Group& g = I.groups[p.group];
-  // Tagged with the parameter, so a rank reading another one fails on the host backends even
-  // when the two groups' shapes match. The collective runs before the size check, so a rank
-  // with a wrong `out` fails alone instead of leaving its peers waiting.
-  std::vector<float> full = I.gather_group(g, core::param_value_tag(I, id.index, "reading"));
-  ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
-                  out.size(), " elements, the parameter has ", p.numel);
-  std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
+  impl_->guarded("read_parameter", [&] {
+    Impl& I = *impl_;
+    ZOE_CHECK_USAGE(id.index < I.params.size(), "read_parameter: unknown parameter id ", id.index, " (",
+                    I.params.size(), " parameters registered)");
+    const core::ParamInfo& p = I.params[id.index];
+    I.check_between_steps(p, "read_parameter");
+    I.finalize();
+    I.finish_update();
+    core::Group& g = I.groups[p.group];
+    // Tagged with the parameter, so a rank reading another one fails on the host backends even
+    // when the two groups' shapes match. The collective runs before the size check, so a rank
+    // with a wrong `out` fails alone instead of leaving its peers waiting.
+    std::vector<float> full = I.gather_group(g, core::param_value_tag(I, id.index, "reading"));
+    ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
+                    out.size(), " elements, the parameter has ", p.numel);
+    std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
+  });
 }
 
 void Engine::write_parameter(ParamId id, std::span<const float> value) {
-  Impl& I = *impl_;
-  ZOE_CHECK_USAGE(id.index < I.params.size(), "write_parameter: unknown parameter id ", id.index, " (",
-                  I.params.size(), " parameters registered)");
-  const core::ParamInfo& p = I.params[id.index];
-  I.check_between_steps(p, "write_parameter");
-  I.finalize();
-  I.finish_update();
-  // Every rank must write the same finite value of the right size: the ranks exchange (hash,
-  // size, first non-finite index) and all of them throw, before anything is written, when any
-  // rank's differs, so no rank is left waiting in a collective its peer skipped.
-  struct Summary {
-    std::uint64_t hash;
-    std::int64_t size, nonfinite;  // nonfinite: first index of a non-finite element, or -1
-  };
-  Summary mine{core::fnv1a(value.data(), value.size() * sizeof(float)), static_cast<std::int64_t>(value.size()), -1};
-  for (std::size_t i = 0; i < value.size() && mine.nonfinite < 0; ++i)
-    if (!std::isfinite(value[i])) mine.nonfinite = static_cast<std::int64_t>(i);
-  const std::size_t W = static_cast<std::size_t>(I.world);
-  constexpr std::int64_t kWords = sizeof(Summary) / sizeof(float);
-  std::vector<Summary> all(W);
-  {
-    core::DeviceBuffer send = I.alloc(core::MemKind::buffer, DType::f32, kWords);
-    core::DeviceBuffer recv = I.alloc(core::MemKind::buffer, DType::f32, kWords * I.world);
-    auto* area = reinterpret_cast<Summary*>(I.readback_area(sizeof(Summary) * (1 + W)));
-    area[0] = mine;
-    I.device.copy(send.data(), area, sizeof(Summary), *I.side);
-    I.all_gather(send.data(), recv.data(), kWords, DType::f32, core::param_value_tag(I, id.index, "writing"));
-    I.device.copy(area + 1, recv.data(), W * sizeof(Summary), *I.side);
-    I.device.synchronize(*I.side);
-    std::copy_n(area + 1, W, all.begin());
-  }
-  ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter('", p.name, "'): value has ", value.size(),
-                  " elements, the parameter has ", p.numel);
-  if (mine.nonfinite >= 0)
-    ZOE_THROW(UsageError, "write_parameter('", p.name, "'): element ", mine.nonfinite, " is ",
-              value[static_cast<std::size_t>(mine.nonfinite)], " (values must be finite)");
-  for (std::size_t r = 0; r < W; ++r) {
-    ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter('", p.name, "'): rank ", r,
-                    "'s value is wrong (", all[r].size, " elements",
-                    all[r].nonfinite >= 0 ? detail::concat(", element ", all[r].nonfinite, " not finite") : "",
-                    "; see its error); nothing was written");
-    ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter('", p.name, "'): rank ", r,
-                    " passes a different value than rank ", I.rank,
-                    " (every rank writes the same full value); nothing was written");
-  }
-  core::Group& g = I.groups[p.group];
-  const core::FlatLayout& L = *g.layout;
-  const std::int64_t off = L.offset(p.slot);
-  if (g.frozen) {
-    // The compute-dtype copy only: this rank's shard of it, rounded as at initialisation.
-    std::vector<std::byte> shard = I.read_frozen_shard(g);
-    const std::int64_t base = L.shard_begin(I.rank), S = L.shard_numel();
-    const std::int64_t a = std::max(base, off), b = std::min(base + S, off + p.numel);
-    const std::size_t esz = dtype_size(I.dtype);
-    if (a < b)
-      host_ops::cast(value.data() + (a - off), DType::f32, shard.data() + static_cast<std::size_t>(a - base) * esz,
-                     I.dtype, static_cast<std::size_t>(b - a));
-    I.write_frozen_shard(g, shard.data());
-  } else {
-    // The master weights of the parameter's elements in this rank's range; the moments stay.
-    std::vector<float> states = I.read_states(g);
-    const std::int64_t a = std::max(g.opt_begin, off), b = std::min(g.opt_begin + g.opt_numel, off + p.numel);
-    if (a < b) std::copy(value.begin() + (a - off), value.begin() + (b - off), states.begin() + (a - g.opt_begin));
-    I.write_states_and_params(g, states);
-  }
-  if (I.policy.shards_params) I.drop_all_gathered();  // a gathered copy would be stale
+  impl_->guarded("write_parameter", [&] {
+    Impl& I = *impl_;
+    ZOE_CHECK_USAGE(id.index < I.params.size(), "write_parameter: unknown parameter id ", id.index, " (",
+                    I.params.size(), " parameters registered)");
+    const core::ParamInfo& p = I.params[id.index];
+    I.check_between_steps(p, "write_parameter");
+    I.finalize();
+    I.finish_update();
+    // Every rank must write the same finite value of the right size: the ranks exchange (hash,
+    // size, first non-finite index) and all of them throw, before anything is written, when any
+    // rank's differs, so no rank is left waiting in a collective its peer skipped.
+    struct Summary {
+      std::uint64_t hash;
+      std::int64_t size, nonfinite;  // nonfinite: first index of a non-finite element, or -1
+    };
+    Summary mine{core::fnv1a(value.data(), value.size() * sizeof(float)), static_cast<std::int64_t>(value.size()), -1};
+    for (std::size_t i = 0; i < value.size() && mine.nonfinite < 0; ++i)
+      if (!std::isfinite(value[i])) mine.nonfinite = static_cast<std::int64_t>(i);
+    const std::size_t W = static_cast<std::size_t>(I.world);
+    constexpr std::int64_t kWords = sizeof(Summary) / sizeof(float);
+    std::vector<Summary> all(W);
+    {
+      core::DeviceBuffer send = I.alloc(core::MemKind::buffer, DType::f32, kWords);
+      core::DeviceBuffer recv = I.alloc(core::MemKind::buffer, DType::f32, kWords * I.world);
+      auto* area = reinterpret_cast<Summary*>(I.readback_area(sizeof(Summary) * (1 + W)));
+      area[0] = mine;
+      I.device.copy(send.data(), area, sizeof(Summary), *I.side);
+      I.all_gather(send.data(), recv.data(), kWords, DType::f32, core::param_value_tag(I, id.index, "writing"));
+      I.device.copy(area + 1, recv.data(), W * sizeof(Summary), *I.side);
+      I.device.synchronize(*I.side);
+      std::copy_n(area + 1, W, all.begin());
+    }
+    ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter('", p.name, "'): value has ", value.size(),
+                    " elements, the parameter has ", p.numel);
+    if (mine.nonfinite >= 0)
+      ZOE_THROW(UsageError, "write_parameter('", p.name, "'): element ", mine.nonfinite, " is ",
+                value[static_cast<std::size_t>(mine.nonfinite)], " (values must be finite)");
+    for (std::size_t r = 0; r < W; ++r) {
+      ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter('", p.name, "'): rank ", r,
+                      "'s value is wrong (", all[r].size, " elements",
+                      all[r].nonfinite >= 0 ? detail::concat(", element ", all[r].nonfinite, " not finite") : "",
+                      "; see its error); nothing was written");
+      ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter('", p.name, "'): rank ", r,
+                      " passes a different value than rank ", I.rank,
+                      " (every rank writes the same full value); nothing was written");
+    }
+    core::Group& g = I.groups[p.group];
+    const core::FlatLayout& L = *g.layout;
+    const std::int64_t off = L.offset(p.slot);
+    if (g.frozen) {
+      // The compute-dtype copy only: this rank's shard of it, rounded as at initialisation.
+      std::vector<std::byte> shard = I.read_frozen_shard(g);
+      const std::int64_t base = L.shard_begin(I.rank), S = L.shard_numel();
+      const std::int64_t a = std::max(base, off), b = std::min(base + S, off + p.numel);
+      const std::size_t esz = dtype_size(I.dtype);
+      if (a < b)
+        host_ops::cast(value.data() + (a - off), DType::f32, shard.data() + static_cast<std::size_t>(a - base) * esz,
+                       I.dtype, static_cast<std::size_t>(b - a));
+      I.write_frozen_shard(g, shard.data());
+    } else {
+      // The master weights of the parameter's elements in this rank's range; the moments stay.
+      std::vector<float> states = I.read_states(g);
+      const std::int64_t a = std::max(g.opt_begin, off), b = std::min(g.opt_begin + g.opt_numel, off + p.numel);
+      if (a < b) std::copy(value.begin() + (a - off), value.begin() + (b - off), states.begin() + (a - g.opt_begin));
+      I.write_states_and_params(g, states);
+    }
+    if (I.policy.shards_params) I.drop_all_gathered();  // a gathered copy would be stale
+  });
 }
 
 void Engine::all_reduce(std::span<double> values, ScalarReduce op, const std::string& name) {
-  impl_->all_reduce_scalars(values, op, name);
+  impl_->guarded("all_reduce", [&] { impl_->all_reduce_scalars(values, op, name); });
 }
 
 double Engine::all_reduce(double value, ScalarReduce op, const std::string& name) {
-  impl_->all_reduce_scalars(std::span<double>(&value, 1), op, name);
+  impl_->guarded("all_reduce", [&] { impl_->all_reduce_scalars(std::span<double>(&value, 1), op, name); });
   return value;
 }
 

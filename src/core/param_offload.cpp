@@ -15,10 +15,7 @@ std::shared_ptr<offload::ShardRead> EngineImpl::begin_shard_read(Group& g) {
   for (;;) {
     if (auto read = param_store->try_begin_read(g.param_id, final_now)) return *read;
     // Every read buffer belongs to a gather still on the side stream: wait for the oldest.
-    ZOE_CHECK(!pending_frees.empty(), "parameter offload: no pinned read buffer free and none in flight");
-    device.synchronize(*pending_frees.front().after);
-    releasing_elements -= pending_frees.front().gathered_elements;
-    pending_frees.pop_front();
+    ZOE_CHECK(frees.reap_oldest(), "parameter offload: no pinned read buffer free and none in flight");
   }
 }
 

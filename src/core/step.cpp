@@ -44,6 +44,7 @@ StepResult EngineImpl::step() {
     ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group '", g.name, "' had ",
                     g.micro_batches, " backward passes this step, expected ", gas);
   }
+  flush_bucket();  // the last round's gradients still waiting
   Stream& s = *side;
   const DType gdt = grad_dtype();
   // Groups no module ran backward for this step have zero gradients.
@@ -141,7 +142,8 @@ StepResult EngineImpl::step() {
   StepResult result;
   result.loss_scale = scaler.scale();
   const bool overflow = nonfinite > 0 || !std::isfinite(total);
-  const double inv = 1.0 / (scaler.scale() * world * gas);
+  // The reduced sums are of gradients already divided by pre_divisor() (prescale_gradients).
+  const double inv = pre_divisor() / (scaler.scale() * world * gas);
   result.grad_norm = std::sqrt(total) * inv;
   const double max_norm = config.gradient_clipping;
   if (!overflow && max_norm > 0) result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
@@ -163,19 +165,16 @@ StepResult EngineImpl::step() {
   for (Group& g : groups) {
     if (g.frozen) continue;
     if (overflow && !policy.shards_grads) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
-    if (overflow && policy.reduces_at_step) free_after_side(std::move(g.grad_shard));
+    if (overflow && policy.reduces_at_step) frees.after_side(std::move(g.grad_shard));
     g.micro_batches = 0;
     g.pending_users = static_cast<int>(g.users.size());
   }
   for (ModuleInfo& m : modules) m.backward_count = 0;
   if (policy.shards_params) {
-    last_trace = std::move(trace);
-    trace.clear();
-    trace_pos = 0;
-    trace_valid = !last_trace.empty();
+    trace.end_step();
   }
   device.synchronize(s);
-  reap_frees(false);
+  frees.reap(false);
 
   CommStats now = comm.stats();
   last_traffic.all_gather_bytes = now.all_gather_bytes - step_start_stats.all_gather_bytes;
@@ -183,6 +182,13 @@ StepResult EngineImpl::step() {
   last_traffic.all_reduce_bytes = now.all_reduce_bytes - step_start_stats.all_reduce_bytes;
   last_traffic.bytes_sent = now.total() - step_start_stats.total();
   last_traffic.elements_sent = elements_sent - elements_at_step_start;
+  last_traffic.all_gather_calls = all_gather_calls - calls_at_step_start[0];
+  last_traffic.reduce_scatter_calls = reduce_scatter_calls - calls_at_step_start[1];
+  last_traffic.all_reduce_calls = all_reduce_calls - calls_at_step_start[2];
+  last_traffic.calls = now.calls - step_start_stats.calls;
+  calls_at_step_start[0] = all_gather_calls;
+  calls_at_step_start[1] = reduce_scatter_calls;
+  calls_at_step_start[2] = all_reduce_calls;
   step_start_stats = now;
   elements_at_step_start = elements_sent;
   result.step = step_count;

@@ -29,7 +29,8 @@ UpdatePipeline::UpdatePipeline(Device& device, offload::OptimizerStates* states,
     offload::PinnedPoolOptions po;
     po.buffer_count = static_cast<std::size_t>(std::max(1, options.staging_count));
     po.buffer_bytes = options.staging_bytes;
-    po.budget_bytes = static_cast<std::size_t>(options.pinned_budget_bytes);
+    po.budget = options.pinned_budget;
+    po.holder = "update pipeline output staging";
     po.lock = options.pin_memory;
     // Registered with the device, so its copies are the pinned (asynchronous) kind.
     po.register_fn = [&device](void* p, std::size_t bytes) { return device.register_host_memory(p, bytes); };

@@ -112,7 +112,7 @@ struct UpdatePipelineOptions {
   std::size_t staging_bytes = 0;
   int staging_count = 2;  // staging buffers (double-buffered: Adam of k+1 overlaps the copy of k)
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  std::shared_ptr<offload::PinnedBudget> pinned_budget;  // the rank's zoe.pinned_budget_bytes (null: unbudgeted)
 };
 
 class UpdatePipeline {

@@ -73,6 +73,11 @@ class Device {
   /// memcpy) calls it on every pointer it is handed, so a missing Device copy fails loudly on
   /// the CPU suite. No-op where host code may touch device memory (the unified host device).
   virtual void check_host_accessible(const void* ptr, std::size_t bytes, const char* what) const {}
+  /// zoe.debug_poison: from now on freed blocks are filled with NaN and held back (up to
+  /// `quarantine_bytes`, oldest returned first) instead of being reused at once, so a stale view
+  /// reads NaN rather than a later buffer's values. No-op where the allocator cannot do it (CUDA:
+  /// the engine's own NaN fill of freed buffers still applies). Call before allocating.
+  virtual void set_poison_freed(std::size_t quarantine_bytes) {}
 
   // ---- streams and events ----
   /// The stream the trainer's compute runs on.

@@ -94,7 +94,7 @@ class HostDevice final : public Device {
   /// quarantine of at most `quarantine_bytes` (older blocks go back to the system; the newest
   /// always stays), so a read through a pointer kept past its free reads NaN, never the
   /// values of a buffer allocated later. Releases the cached blocks. Thread-safe.
-  void set_poison_freed(std::size_t quarantine_bytes);
+  void set_poison_freed(std::size_t quarantine_bytes) override;
   /// Bytes held by the quarantine (0 unless set_poison_freed was called).
   std::size_t quarantined_bytes() const;
   void reset_peak() override;

@@ -7,6 +7,7 @@
 #include <tbb/parallel_for.h>
 
 #include "kernels/elementwise.hpp"
+#include "src/common/sanitizers.hpp"
 
 namespace zoe::host_ops {
 namespace k = zoe::kernels;
@@ -80,12 +81,16 @@ void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, floa
   constexpr std::size_t kGrain = 1 << 15;  // elements per task: ~0.5 MiB of states
   with_dtype(grad_dtype, [&](auto gt) {
     with_dtype(out_dtype, [&](auto ot) {
+      sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, kGrain), [&](const tbb::blocked_range<std::size_t>& r) {
+        edges.body_begins();
         for (std::size_t i = r.begin(); i < r.end(); ++i) {
           k::adam_update(c, k::load_f32(grad, gt, i), master[i], exp_avg[i], exp_avg_sq[i]);
           if (out) k::store_f32(out, ot, i, master[i]);
         }
+        edges.body_ends();
       });
+      edges.joined();
     });
   });
 }

@@ -89,6 +89,8 @@ NvmeStoreOptions NvmeStoreOptions::from_aio(const AioConfig& aio, bool require_d
   o.aio.block_size = static_cast<std::size_t>(aio.block_size);
   o.aio.queue_depth = static_cast<unsigned>(aio.queue_depth);
   o.aio.threads = static_cast<unsigned>(aio.intra_op_parallelism);
+  o.aio.single_submit = aio.single_submit;
+  o.aio.overlap_events = aio.overlap_events;
   o.require_direct_io = require_direct_io;
   return o;
 }

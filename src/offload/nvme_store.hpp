@@ -65,8 +65,8 @@ struct NvmeStoreOptions {
   /// Test hook: behave as if the filesystem refused O_DIRECT.
   bool simulate_direct_refusal = false;
 
-  /// Options from the engine config: `aio` (block_size, queue_depth, intra_op_parallelism;
-  /// single_submit and overlap_events do not apply to io_uring and are ignored),
+  /// Options from the engine config: `aio` (block_size, queue_depth, intra_op_parallelism,
+  /// single_submit, overlap_events: io::EngineOptions),
   /// zoe.require_direct_io, and `nvme_path` (offload_optimizer's or offload_param's).
   /// Throws ConfigError naming the aio key whose value the engine cannot use.
   static NvmeStoreOptions from_config(const Config& config, const std::string& nvme_path, int rank);

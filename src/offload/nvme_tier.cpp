@@ -9,14 +9,14 @@ NvmeTier open_nvme_tier(const NvmeTierOptions& o) {
   PinnedPoolOptions po;
   po.buffer_count = o.buffer_count;
   po.buffer_bytes = o.buffer_bytes;
-  po.budget_bytes = static_cast<std::size_t>(o.pinned_budget_bytes);
+  po.budget = o.pinned_budget;
+  po.holder = o.holder;
   po.lock = o.pin_memory;
   po.register_fn = o.register_fn;
   po.unregister_fn = o.unregister_fn;
   t.pool = std::make_unique<PinnedPool>(po);
   po.buffer_count = 1;
   po.buffer_bytes = o.extra_buffer_bytes;
-  if (po.budget_bytes) po.budget_bytes -= std::min(po.budget_bytes, t.pool->total_bytes());
   t.extra = std::make_unique<PinnedPool>(po);
 
   NvmeStoreOptions so = NvmeStoreOptions::from_aio(o.aio, o.require_direct_io, o.nvme_path, o.rank);

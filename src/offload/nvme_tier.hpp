@@ -21,7 +21,8 @@ struct NvmeTierOptions {
   std::size_t buffer_count = 4;        // staging buffers (>= 1)
   std::size_t buffer_bytes = 4096;     // per staging buffer
   std::size_t extra_buffer_bytes = 4096;
-  std::int64_t pinned_budget_bytes = 0;  // both pools together; 0 = unlimited
+  std::shared_ptr<PinnedBudget> pinned_budget;  // both pools are reserved in it (null: unbudgeted)
+  std::string holder = "NVMe staging";  // the pools' name in the budget's messages
   bool pin_memory = true;
   std::string nvme_path;
   int rank = 0;
@@ -39,7 +40,7 @@ struct NvmeTierOptions {
 template <class StoreOptions>
 NvmeTierOptions nvme_tier_options(const StoreOptions& o) {
   NvmeTierOptions to;
-  to.pinned_budget_bytes = o.pinned_budget_bytes;
+  to.pinned_budget = o.pinned_budget;
   to.pin_memory = o.pin_memory;
   to.nvme_path = o.nvme_path;
   to.rank = o.rank;

@@ -9,14 +9,16 @@
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/device/host_access.hpp"
-#include "src/device/host_elementwise.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/nvme_tier.hpp"
 #include "src/offload/pinned_pool.hpp"
 
 namespace zoe::offload {
 
-OptimizerStates::OptimizerStates(const OptimizerStatesOptions& options) : options_(options) {
+OptimizerStates::OptimizerStates(const OptimizerStatesOptions& options)
+    : options_(options),
+      own_adam_(options.adam ? nullptr : std::make_unique<optim::CpuAdam>(1)),
+      adam_(options.adam ? options.adam : own_adam_.get()) {
   ZOE_CHECK_USAGE(options.device != OffloadDevice::none, "OptimizerStates needs offload device cpu or nvme");
   if (options.device == OffloadDevice::nvme) {
     if (options.buffer_count < 2)
@@ -58,6 +60,7 @@ void OptimizerStates::finalize() {
   to.buffer_count = static_cast<std::size_t>(options_.buffer_count);
   to.buffer_bytes = largest;
   to.extra_buffer_bytes = largest_grad;  // the gradient buffer
+  to.holder = "optimizer NVMe staging";
   NvmeTier tier = open_nvme_tier(to);
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);
@@ -216,14 +219,12 @@ void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first,
   const auto n = static_cast<std::size_t>(numels_[id]);
   check_host_accessible_in_process(src, n * dtype_size(dtype), "OptimizerStates::add_grad (src)");
   auto apply = [&](float* grad) {
-    if (first) {
-      host_ops::cast(src, dtype, grad, DType::f32, n);
-    } else {
-      host_ops::accumulate(src, dtype, grad, n);
-    }
+    // One pass: the cast or fp32 add, and its sum of squares and finiteness (kept on the last
+    // micro-batch only; the earlier ones' cost nothing extra: they come from the same pass).
+    const optim::CpuAdam::GradStats st = adam_->add_grad(src, dtype, grad, n, first);
     if (last) {
-      grad_sum_squares_[id] = host_ops::sum_squares(grad, DType::f32, n);
-      grad_finite_[id] = host_ops::all_finite(grad, DType::f32, n) ? 1 : 0;
+      grad_sum_squares_[id] = st.sum_squares;
+      grad_finite_[id] = st.finite ? 1 : 0;
     }
   };
   if (options_.device == OffloadDevice::cpu) {

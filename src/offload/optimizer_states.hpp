@@ -20,9 +20,17 @@
 // host memory (cpu) or in its own NVMe tensor through a pinned gradient buffer (nvme), and
 // for_each hands it to the optimizer with the states. add_grad's last call of a step also
 // records the gradient's sum of squares and finiteness, so the global norm needs no extra pass.
+// The gradient add is optim::CpuAdam::add_grad (cast or fp32 add, sum of squares and finiteness
+// in one pass over the CpuAdam's threads; bitwise what host_ops cast / accumulate, sum_squares
+// and all_finite give): the engine hands the tier its own CpuAdam (OptimizerStatesOptions::adam),
+// so the gradient add and the update share one oneTBB arena of zoe.optimizer_threads.
 //
 // Units: elements (floats) unless named bytes. Thread-safety: one thread drives an
-// OptimizerStates; its I/O runs on the store's io_uring threads.
+// OptimizerStates, except that add_grad / zero_grad may run on a second thread (the gradient
+// sink's I/O worker) while the driving thread runs for_each on other sub-groups: add_grad
+// touches only that sub-group's gradient and sums, its own gradient buffer pool and the NvmeStore
+// (callable from any thread), and CpuAdam::add_grad may run beside CpuAdam::step (cpu_adam.hpp).
+// Its I/O runs on the store's io_uring threads.
 // Errors: IoError / CorruptionError from the NVMe store (naming file, offset, tensor),
 // OutOfMemoryError from the pinned pool.
 #pragma once
@@ -39,6 +47,7 @@
 #include "src/common/aligned_buffer.hpp"
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "src/optim/cpu_adam.hpp"
 #include "zoe/config.hpp"
 #include "zoe/dtype.hpp"
 
@@ -50,13 +59,18 @@ struct OptimizerStatesOptions {
   int rank = 0;
   int buffer_count = 4;
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  /// The rank's zoe.pinned_budget_bytes, shared with its other pinned consumers (null: unbudgeted).
+  std::shared_ptr<PinnedBudget> pinned_budget;
   AioConfig aio;
   bool require_direct_io = false;
   /// Registers host memory with the device so copies from / to it are the pinned kind
   /// (e.g. Device::register_host_memory, cudaHostRegister); null: not registered.
   std::function<bool(void*, std::size_t)> register_fn;
   std::function<void(void*)> unregister_fn;
+  /// Runs add_grad's arithmetic (CpuAdam::add_grad on its threads); must outlive the
+  /// OptimizerStates. Null: the OptimizerStates makes its own CpuAdam of one thread (tests,
+  /// benches; same results bitwise, cpu_adam.hpp).
+  optim::CpuAdam* adam = nullptr;
 };
 
 /// The fp32 arrays of one sub-group, valid inside a for_each callback.
@@ -100,9 +114,12 @@ class OptimizerStates {
   void for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn);
   /// Gradient of sub-group `id` from a reduced shard slice: numel elements of `dtype` at `src`
   /// (host memory), cast to fp32 (first micro-batch of a step) or added in fp32 (later ones),
-  /// exactly as Device::cast / Device::accumulate. On the `last` micro-batch it also records
+  /// exactly as Device::cast / Device::accumulate (bitwise; one exception, cpu_adam.hpp: an fp16
+  /// signalling NaN arrives as a quiet NaN on the AVX-512 path). On the `last` micro-batch it also records
   /// grad_sum_squares / grad_finite. NVMe: read-modify-write through the gradient buffer.
-  /// One thread at a time; not during for_each.
+  /// Runs in one pass on the CpuAdam of OptimizerStatesOptions::adam (its arena's threads).
+  /// One thread at a time; may run beside for_each only on a sub-group for_each does not visit
+  /// (the engine orders them by the sub-group's previous update, GroupDone).
   void add_grad(int id, const void* src, DType dtype, bool first, bool last);
   /// Sets sub-group `id`'s gradient to zero (a step in which no backward reached it).
   void zero_grad(int id);
@@ -138,6 +155,8 @@ class OptimizerStates {
   std::size_t grad_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 4095) / 4096 * 4096; }
 
   OptimizerStatesOptions options_;
+  std::unique_ptr<optim::CpuAdam> own_adam_;  // when options_.adam is null
+  optim::CpuAdam* adam_;                      // add_grad's arithmetic
   std::vector<std::int64_t> numels_;
   /// An initial-state write in flight (nvme tier): its staging buffer returns when it is done.
   struct InitialWrite {

@@ -1,3 +1,4 @@
+#include <limits>
 #include "src/offload/param_shards.hpp"
 
 #include <algorithm>
@@ -9,6 +10,9 @@
 #include "src/offload/nvme_tier.hpp"
 
 namespace zoe::offload {
+namespace {
+constexpr const char* kCpuHolder = "parameter cpu tier (registered shards)";
+}  // namespace
 
 void ShardRead::wait() {
   if (!buffer) return;  // cpu tier: the shard is its home
@@ -28,6 +32,7 @@ ParamShards::~ParamShards() {
   if (options_.unregister_fn)
     for (std::size_t i = 0; i < registered_.size(); ++i)
       if (registered_[i]) options_.unregister_fn(host_[i].data());
+  if (options_.pinned_budget) options_.pinned_budget->release(registered_bytes_, kCpuHolder);
   writing_.reset();
   store_.reset();  // waits for outstanding swaps before the buffers go away
 }
@@ -50,6 +55,13 @@ void ParamShards::finalize() {
   finalized_ = true;
   if (options_.device == OffloadDevice::cpu) {
     registered_.assign(host_.size(), 0);
+    if (options_.register_fn && options_.pinned_budget) {
+      // Registering pins the shards' homes (cudaHostRegister): they are in the pinned budget.
+      std::size_t total = 0;
+      for (std::size_t b : bytes_) total += std::max<std::size_t>(b, 1);
+      options_.pinned_budget->reserve(total, kCpuHolder);
+      registered_bytes_ = total;
+    }
     if (options_.register_fn)
       for (std::size_t i = 0; i < host_.size(); ++i)
         registered_[i] = options_.register_fn(host_[i].data(), std::max<std::size_t>(bytes_[i], 1)) ? 1 : 0;
@@ -59,6 +71,7 @@ void ParamShards::finalize() {
   to.buffer_count = static_cast<std::size_t>(options_.buffer_count - 1);  // reads
   to.buffer_bytes = std::max<std::size_t>(options_.buffer_bytes, 1);
   to.extra_buffer_bytes = to.buffer_bytes;  // the optimizer's write-back
+  to.holder = "parameter NVMe staging";
   NvmeTier tier = open_nvme_tier(to);
   read_pool_ = std::move(tier.pool);
   write_pool_ = std::move(tier.extra);
@@ -83,6 +96,10 @@ std::optional<std::shared_ptr<ShardRead>> ParamShards::try_begin_read(int id, bo
   r->buffer = std::move(*b);
   if (issue_now) issue(*r);
   return r;
+}
+
+int ParamShards::read_slots() const {
+  return options_.device == OffloadDevice::cpu ? std::numeric_limits<int>::max() : options_.buffer_count - 1;
 }
 
 void ParamShards::issue(ShardRead& read) {

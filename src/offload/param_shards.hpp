@@ -41,7 +41,8 @@ struct ParamShardsOptions {
   int buffer_count = 5;               // offload_param.buffer_count (>= 2 for nvme)
   std::size_t buffer_bytes = 1 << 20;  // offload_param.buffer_size × dtype size
   bool pin_memory = true;
-  std::int64_t pinned_budget_bytes = 0;
+  /// The rank's zoe.pinned_budget_bytes, shared with its other pinned consumers (null: unbudgeted).
+  std::shared_ptr<PinnedBudget> pinned_budget;
   AioConfig aio;
   bool require_direct_io = false;
   /// As OptimizerStatesOptions; the cpu tier registers each shard's host memory too (the
@@ -102,6 +103,9 @@ class ParamShards {
   void read(int id, void* dst);
   void write(int id, const void* src);
 
+  /// How many reads may be held at once: nvme, the buffer_count - 1 read buffers; cpu, any
+  /// number (INT_MAX: a read is the shard's home itself).
+  int read_slots() const;
   std::size_t bytes(int id) const { return bytes_[id]; }
   std::int64_t host_bytes() const;     // shards in host memory (cpu tier)
   std::int64_t nvme_bytes() const;     // shards on NVMe
@@ -114,6 +118,7 @@ class ParamShards {
   std::vector<std::size_t> bytes_;
   std::vector<AlignedBuffer> host_;  // cpu tier: the shards
   std::vector<char> registered_;     // cpu tier: host_[i] registered with register_fn
+  std::size_t registered_bytes_ = 0;  // cpu tier: what the registered homes hold of the pinned budget
   std::unique_ptr<PinnedPool> read_pool_, write_pool_;
   std::unique_ptr<NvmeStore> store_;
   std::optional<PinnedBuffer> writing_;

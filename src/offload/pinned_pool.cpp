@@ -67,9 +67,15 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options)
   ZOE_CHECK_USAGE(count_ >= 1 && options.buffer_bytes >= 1, "pinned pool needs buffer_count >= 1 and ",
                   "buffer_bytes >= 1, got ", count_, " x ", options.buffer_bytes);
   std::size_t total = count_ * buffer_bytes_;
-  if (options.budget_bytes && total > options.budget_bytes)
-    ZOE_THROW(OutOfMemoryError, "pinned pool of ", count_, " x ", buffer_bytes_, " = ", total,
-              " bytes exceeds the pinned budget of ", options.budget_bytes, " bytes (zoe.pinned_budget_bytes)");
+  if (options.budget) options.budget->reserve(total, options.holder);
+  struct Unreserve {  // gives the reservation back if the constructor throws below
+    const PinnedPoolOptions& o;
+    std::size_t bytes;
+    bool armed = true;
+    ~Unreserve() {
+      if (armed && o.budget) o.budget->release(bytes, o.holder);
+    }
+  } unreserve{options, total};
 
   // Map with 2 MiB of slack so the region can start on a huge-page boundary.
   mapped_bytes_ = total + kHuge;
@@ -103,6 +109,7 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options)
   }
   for (std::size_t i = count_; i-- > 0;) free_.push_back(i);
   count(g_region, g_peak_region, total);
+  unreserve.armed = false;
 }
 
 PinnedPool::~PinnedPool() {
@@ -115,6 +122,7 @@ PinnedPool::~PinnedPool() {
   if (locked_) ::munlock(region_, mapped_bytes_);
   ::munmap(region_, mapped_bytes_);
   g_region.fetch_sub(mapped_bytes_);
+  if (options_.budget) options_.budget->release(mapped_bytes_, options_.holder);
 }
 
 PinnedBuffer PinnedPool::lease_locked() {

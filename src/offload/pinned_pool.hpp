@@ -11,20 +11,26 @@
 // (e.g. a lambda calling Device::register_host_memory, i.e. cudaHostRegister): this file
 // includes no CUDA header.
 //
-// Budget: count × rounded buffer_bytes must fit `budget_bytes` (0 = unlimited) or the
-// constructor throws OutOfMemoryError, so the pool never exceeds it; acquiring a buffer
+// Budget: the region (count × rounded buffer_bytes) is reserved in `budget` (the rank's
+// zoe.pinned_budget_bytes, shared with its other pinned consumers) before it is mapped and
+// returned when the pool is destroyed; when it does not fit, the constructor throws
+// OutOfMemoryError (PinnedBudget::reserve's message), so the pools never exceed it; acquiring a buffer
 // when all are leased throws OutOfMemoryError (try_acquire returns nullopt).
 //
 // Thread-safety: acquire/try_acquire/acquire_wait and buffer release may be called from
 // any thread. Leases (PinnedBuffer) must not outlive the pool.
 #pragma once
 
+#include "src/offload/pinned_budget.hpp"
+
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace zoe::offload {
@@ -34,8 +40,9 @@ struct PinnedPoolOptions {
   std::size_t buffer_count = 4;
   /// Bytes per buffer (>= 1), rounded up to a multiple of 4096.
   std::size_t buffer_bytes = 1 << 20;
-  /// Total bytes the pool may hold; 0 = unlimited (zoe.pinned_budget_bytes).
-  std::size_t budget_bytes = 0;
+  /// The budget the region is reserved in (null: unbudgeted), under the name `holder`.
+  std::shared_ptr<PinnedBudget> budget;
+  std::string holder = "pinned pool";
   /// Page-lock with mlock (offload_*.pin_memory). false: pageable, no warning.
   bool lock = true;
   /// Called once with (region, bytes) after allocation, e.g. to cudaHostRegister it;

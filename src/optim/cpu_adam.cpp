@@ -18,6 +18,7 @@
 
 #include "kernels/elementwise.hpp"
 #include "src/common/check.hpp"
+#include "src/common/sanitizers.hpp"
 #include "src/optim/adam_kernels.hpp"
 #include "src/optim/isa_detect.hpp"
 
@@ -124,12 +125,17 @@ struct CpuAdam::Impl {
     const int c = candidate_count(op), k = t.calls - 1;
     return (k + k / c) % c;  // round r = k / c starts at candidate r % c
   }
+  // `s` for an operation: one without a half copy has nothing to stream there (a measured
+  // candidate with a streaming half copy then stands for its other stores only).
+  static Stores for_op(Stores s, Op op) {
+    if (op != kStepHalf) s.half_out = StoreKind::ordinary;
+    return s;
+  }
   static Stores forced(StorePolicy p, Op op) {
     Stores s = kOrdinary;
     if (p == StorePolicy::nontemporal) s = kNontemporal;
     if (p == StorePolicy::nontemporal_half) s = kNontemporalHalf;
-    if (op != kStepHalf) s.half_out = StoreKind::ordinary;  // nothing to stream there
-    return s;
+    return for_op(s, op);
   }
   // Runs run(stores) once with the stores the policy gives this call; under measure, times the
   // call if it is a trial. can_stream: the arrays allow every candidate (else ordinary, untimed).
@@ -137,14 +143,14 @@ struct CpuAdam::Impl {
   void with_stores(Op op, std::size_t bytes, bool can_stream, const Run& run) {
     if (policy != StorePolicy::measure) return run(forced(policy, op));
     StoreTrials& t = trials[op][size_class(bytes)];
-    if (t.chosen >= 0 || !can_stream) return run(t.chosen >= 0 ? kCandidates[t.chosen] : kOrdinary);
+    if (t.chosen >= 0 || !can_stream) return run(t.chosen >= 0 ? for_op(kCandidates[t.chosen], op) : kOrdinary);
     const int c = next_candidate(t, op);
     // One thread runs the call inline: its CPU clock leaves out time the scheduler gave to
     // other processes (a loaded machine then still picks what is faster for this kernel).
     // More threads: the wall clock (the workers' CPU time includes their idle spinning).
     const bool inline_call = arena.max_concurrency() == 1;
     const double t0 = inline_call ? thread_cpu_seconds() : wall_seconds();
-    run(kCandidates[c]);
+    run(for_op(kCandidates[c], op));
     // Never 0 (a call shorter than the clock's tick), which would read as "not yet timed".
     const double s_per_byte =
         std::max(1e-300, ((inline_call ? thread_cpu_seconds() : wall_seconds()) - t0) / static_cast<double>(bytes));
@@ -165,7 +171,7 @@ struct CpuAdam::Impl {
     }
     const StoreTrials& t = trials[op][size_class(bytes)];
     r.decided = t.chosen >= 0;
-    r.stores = kCandidates[next_candidate(t, op)];
+    r.stores = for_op(kCandidates[next_candidate(t, op)], op);
     for (int k = 0; k < kMaxCandidates; ++k) r.gbps[k] = t.best[k] > 0 ? 1e-9 / t.best[k] : 0.0;
     return r;
   }
@@ -180,11 +186,15 @@ struct CpuAdam::Impl {
       for (std::size_t c = 0; c < chunks; ++c) run(c);
       return;
     }
+    sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
     arena.execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, chunks, 1), [&](const tbb::blocked_range<std::size_t>& r) {
+        edges.body_begins();
         for (std::size_t c = r.begin(); c != r.end(); ++c) run(c);
+        edges.body_ends();
       });
     });
+    edges.joined();
   }
 
   tbb::task_arena arena;
@@ -312,11 +322,15 @@ CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* gr
       for (std::size_t blk = 0; blk < blocks; ++blk) run(blk);
       return;
     }
+    sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
     impl_->arena.execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, blocks, 1), [&](const tbb::blocked_range<std::size_t>& rg) {
+        edges.body_begins();
         for (std::size_t blk = rg.begin(); blk != rg.end(); ++blk) run(blk);
+        edges.body_ends();
       });
     });
+    edges.joined();
   });
   for (double x : sums) r.sum_squares += x;  // chunk order, as host_ops::sum_squares
   // The AVX-512 kernel reports its vector part finite; an inf or NaN there made the sum inf / NaN.

@@ -29,8 +29,14 @@
 // class with a half copy, 13 without). Store kinds and prefetch never change a result bit
 // (tested), so the choice affects speed only.
 //
-// Thread-safety: a CpuAdam may be used from one thread at a time; it runs its own oneTBB arena
-// of the size given. Distinct CpuAdam objects may be used concurrently.
+// Thread-safety: a CpuAdam runs its own oneTBB arena of the size given. step, sum_squares and
+// all_finite may be called from one thread at a time, and add_grad from one thread at a time,
+// which may be another one running beside them (the engine: the gradient sink's I/O worker adds
+// gradients while the update pipeline's worker runs step; they touch disjoint measurement
+// state). Both then run in the one arena, so together they use at most threads() threads (with
+// threads() == 1 each runs inline on its calling thread); StorePolicy::measure's trials of one
+// may then be slowed by the other, which can only change a speed pick, never a result.
+// set_store_policy must not run beside any call. Distinct CpuAdam objects may be used concurrently.
 #pragma once
 
 #include <cstddef>

@@ -8,10 +8,10 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 export WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ZOE_DEVICE=host
-RANK=1 LOCAL_RANK=1 timeout 60 "$worker" >"$dir/1" 2>&1 &
+RANK=1 LOCAL_RANK=1 timeout $((60 * ${ZOE_TEST_TIMEOUT_SCALE:-1})) "$worker" >"$dir/1" 2>&1 &
 pid1=$!
 sleep 0.3
-RANK=0 LOCAL_RANK=0 timeout 60 "$worker" >"$dir/0" 2>&1 &
+RANK=0 LOCAL_RANK=0 timeout $((60 * ${ZOE_TEST_TIMEOUT_SCALE:-1})) "$worker" >"$dir/0" 2>&1 &
 pid0=$!
 wait $pid0; rc0=$?
 wait $pid1; rc1=$?

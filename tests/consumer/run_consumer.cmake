@@ -1,7 +1,9 @@
 # ctest consumer_installed (see CMakeLists.txt here): installs the build tree into a temp
 # prefix, runs the installed zoe-estimate, builds tests/consumer/project against the prefix as
 # a trainer would, runs it and compares its output with REFERENCE byte for byte.
-# -D: SOURCE_DIR, BUILD_DIR, WORK_DIR, REFERENCE, GENERATOR, BINDIR.
+# -D: SOURCE_DIR, BUILD_DIR, WORK_DIR, REFERENCE, GENERATOR, BINDIR, SANITIZE_FLAGS (the
+# tree's sanitizer flags, a ;-list, empty without one: the consumer is built with them too, as
+# a program linking a sanitized libzoe must be; ASan refuses to start otherwise).
 function(run what)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message(STATUS "${what}: ${out}${err}")
@@ -22,8 +24,13 @@ if(NOT out MATCHES "recommendation")
   message(FATAL_ERROR "installed zoe-estimate printed no recommendation")
 endif()
 
+set(sanitize)
+if(SANITIZE_FLAGS)
+  string(REPLACE ";" " " flags "${SANITIZE_FLAGS}")
+  set(sanitize "-DCMAKE_CXX_FLAGS=${flags}" "-DCMAKE_EXE_LINKER_FLAGS=${flags}")
+endif()
 run("consumer configure" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer/project -B ${WORK_DIR}/build
-  -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix})
+  -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} ${sanitize})
 run("consumer build" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run("consumer run" ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
   ${WORK_DIR}/build/consumer ${WORK_DIR}/installed.bin ${WORK_DIR}/nvme)

@@ -156,6 +156,9 @@ TEST(CheckpointFullDisk, OneRankOutOfSpaceFailsEveryRankPromptly) {
                                  std::to_string(failed)),
             std::string::npos)
       << errors[healthy];
+  // The healthy rank shows the failed rank's own error too.
+  EXPECT_NE(errors[healthy].find("rank " + std::to_string(failed) + ": "), std::string::npos) << errors[healthy];
+  EXPECT_NE(errors[healthy].find("No space left on device"), std::string::npos) << errors[healthy];
   EXPECT_FALSE(std::filesystem::exists(ckpt + ".tmp")) << "the partial checkpoint is removed";
   EXPECT_TRUE(std::filesystem::exists(ckpt + "/rank0.zoe") && std::filesystem::exists(ckpt + "/rank1.zoe"));
 }

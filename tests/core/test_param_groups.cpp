@@ -16,6 +16,7 @@
 #include <map>
 
 #include "tests/core/test_net.hpp"
+#include "zoe/safetensors.hpp"
 
 using namespace zoe;
 
@@ -349,21 +350,63 @@ TEST(ParamGroups, WriteParameterThenTrainEqualsStartingFromThatValue) {
   }
 }
 
-TEST(ParamGroups, FrozenValuesSurviveACheckpoint) {
+TEST(ParamGroups, CheckpointOfFrozenParametersIsRefusedAndWritesNothing) {
+  // Checkpoint format 2 has no record for a frozen group: save and load refuse on every rank,
+  // before any file or collective, and the engine stays usable.
   const std::string dir = zoe::test::temp_dir("param-groups-ckpt");
   for (int stage : {0, 3}) {
     run_ranks(make_local_ranks(2, 60.0), [&](RankContext& ctx) {
       Engine e(base(stage, DType::bf16), ctx);
       Model m = build(e);
       train_step(e, m, 0);
-      std::vector<float> v(20, 0.25f), other(20, -1.0f), back(20);
-      e.write_parameter(m.params[5], v);
-      e.save_checkpoint(dir + "/ck");
-      e.write_parameter(m.params[5], other);
-      e.load_checkpoint(dir + "/ck");
-      e.read_parameter(m.params[5], back);
-      EXPECT_EQ(back, v) << "stage " << stage;
+      for (bool save : {true, false}) {
+        try {
+          if (save) {
+            e.save_checkpoint(dir + "/ck");
+          } else {
+            e.load_checkpoint(dir + "/ck");
+          }
+          ADD_FAILURE() << (save ? "save" : "load") << " of an engine with frozen parameters was accepted";
+        } catch (const UsageError& x) {
+          const std::string what = x.what();
+          EXPECT_NE(what.find(save ? "save_checkpoint" : "load_checkpoint"), std::string::npos) << what;
+          EXPECT_NE(what.find("frozen parameters"), std::string::npos) << what;
+          EXPECT_NE(what.find(kParams[3].name), std::string::npos) << what;  // B.ln: the first frozen group's
+        }
+      }
+      train_step(e, m, 1);  // still usable
     });
+    EXPECT_FALSE(std::filesystem::exists(dir + "/ck")) << "stage " << stage;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/ck.tmp")) << "stage " << stage;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ParamGroups, SafetensorsExportHoldsFrozenAndTrainableValues) {
+  // export_safetensors reads a frozen group through gather_group: every tensor of the file
+  // equals gather_parameter's value, bitwise, at every stage (a written frozen value included).
+  const std::string dir = zoe::test::temp_dir("param-groups-export");
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string path = dir + "/m" + std::to_string(stage) + ".safetensors";
+    std::vector<std::vector<float>> expected;
+    run_ranks(make_local_ranks(2, 60.0), [&](RankContext& ctx) {
+      Engine e(base(stage, DType::bf16), ctx);
+      Model m = build(e);
+      train_step(e, m, 0);
+      e.write_parameter(m.params[5], std::vector<float>(static_cast<std::size_t>(kParams[5].numel), 0.375f));
+      e.export_safetensors(path, DType::f32);
+      std::vector<std::vector<float>> values;
+      for (ParamId p : m.params) values.push_back(e.gather_parameter(p));
+      if (ctx.rank == 0) expected = std::move(values);
+    });
+    auto file = zoe::SafetensorsFile::open(path);
+    ASSERT_EQ(file->tensors().size(), kParams.size()) << "stage " << stage;
+    for (std::size_t p = 0; p < kParams.size(); ++p) {
+      std::vector<float> got(static_cast<std::size_t>(kParams[p].numel));
+      file->read_f32(kParams[p].name, 0, got);
+      EXPECT_EQ(got, expected[p]) << "stage " << stage << " " << kParams[p].name;
+    }
+    EXPECT_EQ(expected[5], std::vector<float>(static_cast<std::size_t>(kParams[5].numel), 0.375f)) << "stage " << stage;
   }
   std::filesystem::remove_all(dir);
 }

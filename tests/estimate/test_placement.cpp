@@ -62,21 +62,29 @@ TEST(EstimatePlacement, Fp32ComputeUsesFourByteParamsAndGradients) {
 }
 
 TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
-  // Stages 0-2: one gradient bucket, capped by the model.
+  // Stages 0-2: the gradient bucket (gradients, flattened copy, reduced shards), capped by
+  // the model; kNd ranks.
   auto c = knobs(2);
   c.zero_optimization.reduce_bucket_size = 200'000'000;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers, (TierBytes{2 * 200'000'000, 0, 0}));
-  EXPECT_EQ(estimate_rank({1000, 0}, kNd, c).buffers, (TierBytes{2 * 1000, 0, 0}));
-  // Stage 3: bucket + gathered (largest layer + prefetch) + the gradient of the largest layer.
+  auto bucket = [](std::int64_t b) { return 2 * (2 * b + (b + kNd - 1) / kNd); };
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers, (TierBytes{bucket(200'000'000), 0, 0}));
+  EXPECT_EQ(estimate_rank({1000, 0}, kNd, c).buffers, (TierBytes{bucket(1000), 0, 0}));
+  // Stages 1-2: allgather_bucket_size pieces stage 2a once a layer holds 2a.
+  c.zero_optimization.allgather_bucket_size = 1000;
+  EXPECT_EQ(estimate_rank({kPsi, 1999}, kNd, c).buffers.device, bucket(200'000'000));
+  EXPECT_EQ(estimate_rank({kPsi, 2000}, kNd, c).buffers.device, bucket(200'000'000) + 2 * 2000);
+  // Stage 3: bucket + gathered (largest layer + prefetch) + the gradient of the largest layer
+  // + a coalesced gather's staging of L + P and its shards.
   c = knobs(3);
   c.zero_optimization.reduce_bucket_size = 100;
   c.zero_optimization.stage3_prefetch_bucket_size = 30'000'000;
   const std::int64_t L = 20'000'000;
-  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + (L + 30'000'000) + L));
+  const std::int64_t staging = 2 * ((L + 30'000'000) + (L + 30'000'000 + kNd - 1) / kNd);
+  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, bucket(100) + 2 * ((L + 30'000'000) + L) + staging);
   c.zero_optimization.stage3_max_live_parameters = 25'000'000;  // caps the gathered part, not below L
-  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + 25'000'000 + L));
+  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, bucket(100) + 2 * (25'000'000 + L) + staging);
   c.zero_optimization.stage3_max_live_parameters = 1;
-  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, 2 * (100 + L + L));
+  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, bucket(100) + 2 * (L + L) + staging);
   // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element in
   // whole pages (120,000,000 bytes -> 120,000,512), then its 4-byte gradient, in whole pages
   // (160,002,048), plus one gradient buffer (40,000,000 -> 40,001,536).

@@ -55,5 +55,11 @@ TEST(GptOptions, TheFileWinsOverDefaultsAndFlagsWinOverTheFile) {
   std::filesystem::remove(path);
 }
 
+// --profile is off unless given (it adds timers to every engine call of the step).
+TEST(GptOptions, ProfileIsOffUnlessAsked) {
+  EXPECT_FALSE(parse({}).profile);
+  EXPECT_TRUE(parse({"--profile"}).profile);
+}
+
 }  // namespace
 }  // namespace gpt

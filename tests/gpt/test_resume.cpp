@@ -162,8 +162,8 @@ TEST(GptResume, BadCheckpointsFailNamingThePath) {
   fs::resize_file(rank_file, fs::file_size(rank_file) - 100);
   TrainOptions bad_engine = o;
   bad_engine.checkpoint_dir = dir / "bad_engine";
-  // Rank 1's file is intact: it waits for rank 0 in the engine's barrier until this timeout
-  // (Engine::load_checkpoint does not tell the other ranks that one failed).
+  // Rank 1's file is intact; the ranks agree on the outcome before anything is loaded, so it
+  // fails at once too (the short timeout would show a rank left waiting).
   bad_engine.engine.zoe.comm_timeout_s = 3;
   const std::string engine_error = error_of([&] { train(bad_engine, data, no_tokenizer, false); });
   EXPECT_NE(engine_error.find(rank_file), std::string::npos) << engine_error;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cerrno>
 #include <filesystem>
+#include <iostream>
 #include <vector>
 
 #include "io/direct_file.hpp"
@@ -319,4 +320,47 @@ TEST(DirectFile, NeverClobbersAndReportsMissingSpaceUpFront) {
     EXPECT_NE(std::string(e.what()).find("bytes free"), std::string::npos) << e.what();
   }
   EXPECT_EQ(a.size(), 8192u);
+}
+
+// DeepSpeed's aio.single_submit and aio.overlap_events on the io_uring path: 64 requests of
+// 4096 bytes, 8 in flight at most. Batched (default): the first 8 go to the kernel in one
+// submission. single_submit: one submission per request. overlap_events false: batches of 8,
+// the next only after every request of the last completed, so no refill is ever issued while
+// requests are in flight, and exactly 64 / 8 submissions per transfer. (With overlap_events
+// true, refills while in flight happen when completions trickle in: timing, not asserted.)
+TEST(Engine, SingleSubmitAndOverlapEventsShapeTheSubmissions) {
+  constexpr std::size_t kBytes = 64 * 4096;
+  struct Mode {
+    bool single_submit, overlap_events;
+  };
+  for (Mode m : {Mode{false, true}, Mode{true, true}, Mode{false, false}, Mode{true, false}}) {
+    Fixture fx(kBytes);
+    EngineOptions eo;
+    eo.block_size = 4096;
+    eo.queue_depth = 8;
+    eo.single_submit = m.single_submit;
+    eo.overlap_events = m.overlap_events;
+    Engine engine(eo);
+    FileRef ref = engine.register_file(fx.file);
+    auto src = pattern_buffer(kBytes, 7);
+    AlignedBuffer dst(kBytes);
+    engine.write(ref, src.data(), 0, kBytes).wait();
+    engine.read(ref, dst.data(), 0, kBytes).wait();
+    EXPECT_EQ(first_difference(src.data(), dst.data(), kBytes), -1);
+    const EngineStats st = engine.stats();
+    const std::string mode = std::string("single_submit ") + (m.single_submit ? "true" : "false") +
+                             ", overlap_events " + (m.overlap_events ? "true" : "false");
+    std::cout << mode << ": " << st.requests << " requests, " << st.submit_calls << " submissions, "
+              << st.overlapped_requests << " issued while others were in flight\n";
+    ASSERT_EQ(st.resubmitted, 0u) << mode;  // tmpfs/ext4 transfer 4096 bytes whole
+    EXPECT_EQ(st.requests, 128u) << mode;
+    if (m.single_submit) {
+      EXPECT_EQ(st.submit_calls, st.requests) << mode;
+    } else if (!m.overlap_events) {
+      EXPECT_EQ(st.submit_calls, 2u * 64 / 8) << mode;
+    } else {
+      EXPECT_LE(st.submit_calls, st.requests - 2 * 7) << mode;  // each transfer's first 8 in one
+    }
+    if (!m.overlap_events) EXPECT_EQ(st.overlapped_requests, 0u) << mode;
+  }
 }

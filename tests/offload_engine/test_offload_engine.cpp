@@ -92,6 +92,29 @@ TEST(OptimizerOffload, StatesAreAccountedPerTier) {
   std::filesystem::remove_all(dir);
 }
 
+// zoe.pinned_budget_bytes bounds every pinned consumer of a rank together: the NVMe tier's
+// staging, the update pipeline's and the gradient sink's. Each pool alone fits a budget one byte
+// short of their sum, so only a shared budget refuses it.
+TEST(OptimizerOffload, PinnedBudgetBoundsAllPoolsTogether) {
+  std::string dir = temp_dir("budget");
+  Config c = config(3, OffloadDevice::nvme, dir);
+  RunResult free_run = train(c, kNet, 1, 3, 16);
+  const std::int64_t pinned = free_run.memory[0].host_pinned_peak;
+  EXPECT_EQ(pinned, 3 * 8192 + 4096 + 4 * 4096);  // as StatesAreAccountedPerTier counts them
+  c.zoe.pinned_budget_bytes = pinned;
+  EXPECT_TRUE(bitwise_equal(train(c, kNet, 1, 3, 16), free_run));
+  c.zoe.pinned_budget_bytes = pinned - 1;
+  try {
+    train(c, kNet, 1, 3, 16);
+    ADD_FAILURE() << "a budget of " << pinned - 1 << " bytes was accepted";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("zoe.pinned_budget_bytes"), std::string::npos) << what;
+    EXPECT_NE(what.find("budget of " + std::to_string(pinned - 1) + " bytes"), std::string::npos) << what;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(OptimizerOffload, TwoEnginesOnOneNvmePathDoNotClobberEachOther) {
   std::string dir = temp_dir("two");
   Config c = config(2, OffloadDevice::nvme, dir);
@@ -161,7 +184,7 @@ TEST(OptimizerOffload, OffloadedGradientsGiveTheSameNormOverflowAndClipping) {
     int skipped = 0;
     for (const StepResult& st : ref.steps) skipped += st.skipped ? 1 : 0;
     EXPECT_EQ(skipped, 1) << "the poisoned step is skipped";
-    EXPECT_LT(ref.steps[0].clip_coef, 1.0) << "clipping is active";
+    EXPECT_LT(ref.steps[0].clip_coef, 1.0) << "clipping is active, norm " << ref.steps[0].grad_norm;
     for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
       Config c = none;
       c.zero_optimization.offload_optimizer.device = d;
@@ -175,5 +198,37 @@ TEST(OptimizerOffload, OffloadedGradientsGiveTheSameNormOverflowAndClipping) {
       }
     }
   }
+  std::filesystem::remove_all(dir);
+}
+
+// The tier's gradient add runs CpuAdam::add_grad in the optimizer's arena (zoe.optimizer_threads),
+// on the gradient sink's I/O worker, beside the update pipeline's step of other groups. With 2
+// threads and sub-groups of several 32768-element add_grad blocks (so the add is split over the
+// threads), with clipping and 2 accumulated micro-batches (cast, then fp32 add), host and NVMe
+// offload still equal the device optimizer bit for bit, norms included.
+TEST(OptimizerOffload, MultithreadedGradientAddKeepsTheBits) {
+  std::string dir = temp_dir("mt");
+  const NetSpec wide{{256, 320, 256, 8}, false, 7};  // 81920 + 81920 + ... elements per weight
+  for (int gas : {1, 2}) {
+    Config none = config(3, OffloadDevice::none, dir);
+    none.zoe.optimizer_threads = 2;
+    none.zero_optimization.sub_group_size = 70000;  // 2 sub-groups per large shard, 3 blocks each
+    none.gradient_clipping = 0.1;
+    none.gradient_accumulation_steps = gas;
+    const RunResult ref = train(none, wide, 1, 6, 8 * gas);
+    EXPECT_LT(ref.steps[0].clip_coef, 1.0) << "clipping is active, norm " << ref.steps[0].grad_norm;
+    for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+      Config c = none;
+      c.zero_optimization.offload_optimizer.device = d;
+      const RunResult r = train(c, wide, 1, 6, 8 * gas);
+      EXPECT_TRUE(bitwise_equal(r, ref)) << "gas " << gas << " offload " << static_cast<int>(d);
+      ASSERT_EQ(r.steps.size(), ref.steps.size());
+      for (std::size_t i = 0; i < r.steps.size(); ++i) {
+        EXPECT_EQ(r.steps[i].grad_norm, ref.steps[i].grad_norm) << "gas " << gas << " step " << i;
+        EXPECT_EQ(r.steps[i].clip_coef, ref.steps[i].clip_coef) << "gas " << gas << " step " << i;
+      }
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "src/common/check.hpp"
+#include "src/common/sanitizers.hpp"
 #include "tests/core/test_net.hpp"
 #include "tests/offload_memory/child_process.hpp"
 
@@ -72,6 +73,9 @@ Config config(OffloadDevice tier, const std::string& dir) {
   c.zero_optimization.sub_group_size = 1 << 18;  // 3 MiB of states: 3 staging buffers per rank
   c.zero_optimization.stage3_prefetch_bucket_size = 2 * kModuleNumel;
   c.zero_optimization.stage3_max_live_parameters = 3 * kModuleNumel;
+  // One module per gradient bucket: the default (5e8 elements) would hold every module's
+  // gradient until the end of backward, and their flattened copy, far past the cap.
+  c.zero_optimization.reduce_bucket_size = kModuleNumel;
   c.zero_optimization.offload_optimizer.device = tier;
   c.zero_optimization.offload_optimizer.nvme_path = dir;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
@@ -257,6 +261,15 @@ std::string make_dir(const std::string& base, const std::string& name) {
 }  // namespace
 
 TEST(AllocationCap, NvmeStatesLargerThanTheCapTrainAndEqualUncappedHostStatesBitwise) {
+  // The cap is RLIMIT_DATA on VmData: a sanitizer's shadow memory (and ASan's quarantine) are
+  // private writable mappings and count too, so the cap would measure the sanitizer, not zoe;
+  // and an allocation refused under the cap aborts the process in the sanitizer's allocator
+  // (which is how a TSan run "crashed in OptimizerStates::add": its host arrays are the first
+  // allocation the cap refuses) instead of throwing the OutOfMemoryError this test expects.
+  if (sanitizers::address || sanitizers::thread)
+    GTEST_SKIP() << "under " << (sanitizers::address ? "AddressSanitizer" : "ThreadSanitizer")
+                 << " the shadow memory counts against RLIMIT_DATA and a refused allocation aborts in the "
+                    "sanitizer's allocator: the cap cannot be measured (runs in the plain build)";
   const std::string base =
       (std::filesystem::temp_directory_path() / ("zoe-allocation-cap-" + std::to_string(getpid()))).string();
   struct RemoveAtExit {

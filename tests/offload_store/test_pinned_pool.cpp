@@ -59,14 +59,27 @@ TEST(PinnedPool, ExhaustionIsAnErrorAndReleaseRefills) {
 }
 
 TEST(PinnedPool, BudgetIsNeverExceeded) {
-  try {
-    PinnedPool pool({.buffer_count = 4, .buffer_bytes = 1 << 20, .budget_bytes = (4 << 20) - 1});
-    FAIL() << "no error";
-  } catch (const OutOfMemoryError& e) {
-    EXPECT_NE(std::string(e.what()).find("zoe.pinned_budget_bytes"), std::string::npos) << e.what();
+  auto budget = std::make_shared<PinnedBudget>((6u << 20) - 1);
+  {
+    PinnedPool first({.buffer_count = 2, .buffer_bytes = 1 << 20, .budget = budget, .holder = "first"});
+    EXPECT_EQ(budget->reserved_bytes(), 2u << 20);
+    try {  // 2 MiB held + 4 MiB asked > 6 MiB - 1
+      PinnedPool second({.buffer_count = 4, .buffer_bytes = 1 << 20, .budget = budget, .holder = "second"});
+      FAIL() << "no error";
+    } catch (const OutOfMemoryError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("zoe.pinned_budget_bytes"), std::string::npos) << what;
+      EXPECT_NE(what.find("second needs 4194304 bytes"), std::string::npos) << what;
+      EXPECT_NE(what.find("held: first 2097152"), std::string::npos) << what;
+    }
+    EXPECT_EQ(budget->reserved_bytes(), 2u << 20);  // the refused pool reserved nothing
+    PinnedPool fits({.buffer_count = 3, .buffer_bytes = 1 << 20, .budget = budget, .holder = "third"});
+    EXPECT_EQ(budget->reserved_bytes(), 5u << 20);
   }
-  PinnedPool exact({.buffer_count = 4, .buffer_bytes = 1 << 20, .budget_bytes = 4 << 20});
-  EXPECT_EQ(exact.total_bytes(), 4u << 20);
+  EXPECT_EQ(budget->reserved_bytes(), 0u);  // destroyed pools give their bytes back
+  auto exact = std::make_shared<PinnedBudget>(4u << 20);
+  PinnedPool pool({.buffer_count = 4, .buffer_bytes = 1 << 20, .budget = exact});
+  EXPECT_EQ(pool.total_bytes(), 4u << 20);
   EXPECT_THROW(PinnedPool({.buffer_count = 0, .buffer_bytes = 4096}), UsageError);
 }
 

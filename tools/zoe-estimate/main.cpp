@@ -20,13 +20,14 @@ namespace {
 using namespace zoe::estimate;
 
 // "48,1600,50257,1024" -> layers, hidden, vocab, sequence length.
-ModelShape parse_gpt(const std::string& text) {
+ModelShape parse_gpt(const std::string& text, std::int64_t* hidden) {
   std::vector<std::int64_t> v;
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) v.push_back(parse_count(item, "--gpt"));
   if (v.size() != 4)
     throw zoe::ConfigError("--gpt", "expected LAYERS,HIDDEN,VOCAB,SEQ (4 numbers), got '" + text + "'", __FILE__, __LINE__);
+  if (hidden) *hidden = v[1];
   return gpt_model(v[0], v[1], v[2], v[3]);
 }
 }  // namespace
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
   std::string params, gpt, largest, frozen, gpu_mem, host_mem, nvme = "0", config_path;
   std::vector<std::string> safetensors;
   int world_size = 1, gpus_per_node = 8;
+  AutoInputs auto_inputs;  // a config's "auto" keys (Hugging Face's trainer values)
+  std::int64_t hidden_size = 0;
   double gpu_headroom = 0.2, host_headroom = 0.1;
   bool json = false, decimal = false;
 
@@ -60,6 +63,16 @@ int main(int argc, char** argv) {
   app.add_option("--host-headroom", host_headroom, "fraction of host memory kept for the OS and data")->capture_default_str();
   app.add_option("-c,--config", config_path,
                  "DeepSpeed-style JSON config: buffer knobs and compute dtype from it, and its own estimate");
+  // What a Hugging Face trainer would fill into the config's "auto" keys.
+  app.add_option("--micro-batch", auto_inputs.micro_batch, "\"auto\" train_micro_batch_size_per_gpu")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--grad-accum", auto_inputs.gradient_accumulation, "\"auto\" gradient_accumulation_steps")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--precision", auto_inputs.precision, "\"auto\" fp16.enabled / bf16.enabled: bf16, fp16 or fp32")
+      ->capture_default_str();
+  app.add_option("--hidden-size", hidden_size,
+                 "\"auto\" bucket sizes and persistence threshold from the hidden size (default: from --gpt)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--json", json, "print one JSON object instead of the table");
   app.add_flag("--gb", decimal, "sizes in GB (1e9 bytes, the ZeRO paper's unit) instead of GiB");
   CLI11_PARSE(app, argc, argv);
@@ -69,7 +82,7 @@ int main(int argc, char** argv) {
     if (!params.empty()) {
       shape.parameters = parse_count(params, "--params");
     } else if (!gpt.empty()) {
-      shape = parse_gpt(gpt);
+      shape = parse_gpt(gpt, hidden_size == 0 ? &hidden_size : nullptr);
     } else {
       const auto s = read_safetensors_headers(safetensors);
       shape.parameters = s.elements;
@@ -96,7 +109,9 @@ int main(int argc, char** argv) {
     zoe::Config knobs = mixed_precision_knobs();
     std::optional<RankEstimate> config_row;
     if (!config_path.empty()) {
-      knobs = zoe::Config::from_json_file(config_path);
+      auto_inputs.world_size = world_size;
+      if (hidden_size > 0) auto_inputs.hidden_size = hidden_size;
+      knobs = zoe::Config::from_json_file(config_path, auto_values(auto_inputs));
       config_row = estimate_rank(shape, world_size, knobs);
     }
     const Plan p = plan(shape, cluster, knobs, !decimal);
@@ -105,6 +120,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const zoe::Error& e) {
     std::cerr << "zoe-estimate: " << e.message() << "\n";
+    if (e.message().find("AutoValues::hidden_size") != std::string::npos)
+      std::cerr << "zoe-estimate: give --hidden-size (or --gpt) for those \"auto\" keys\n";
     return 2;
   }
 }
