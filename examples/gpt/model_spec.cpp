@@ -29,6 +29,12 @@ std::int64_t ModelSpec::parameter_count() const {
   return n;
 }
 
+bool decays(const std::string& name) {
+  const bool bias = name.ends_with(".bias");
+  const bool layer_norm = name.starts_with("ln_") || name.find(".ln_") != std::string::npos;
+  return !bias && !layer_norm;
+}
+
 ModelSpec make_model_spec(const GptConfig& cfg) {
   cfg.validate();
   const std::int64_t C = cfg.n_embd;

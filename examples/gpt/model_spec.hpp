@@ -59,6 +59,11 @@ enum BlockParam {
 };
 enum HeadParam { kLnfW = 0, kLnfB = 1, kHeadWte = 2 };
 
+/// Whether the parameter named `name` (make_model_spec's names) takes weight decay: GPT-2
+/// practice (nanoGPT's "dim >= 2", Hugging Face's no_decay = bias, LayerNorm weight) decays the
+/// matrices and the embeddings, not the biases (*.bias) and LayerNorm gains (ln_*.weight).
+bool decays(const std::string& name);
+
 /// The spec of `cfg` (validated). GPT-2 init: weights N(0, 0.02^2); the residual projections
 /// attn.c_proj.weight and mlp.c_proj.weight N(0, (0.02/sqrt(2*n_layer))^2) (GPT-2 paper §2.3);
 /// biases 0; LayerNorm weights 1, biases 0.

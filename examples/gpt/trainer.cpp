@@ -18,7 +18,6 @@
 #include "examples/gpt/model.hpp"
 #include "examples/gpt/module_copies.hpp"
 #include "examples/gpt/progress.hpp"
-#include "examples/gpt/rank_means.hpp"
 #include "examples/gpt/schedule.hpp"
 #include "examples/gpt/step_profile.hpp"
 #include "zoe/engine.hpp"
@@ -48,6 +47,11 @@ class EngineProvider final : public ParamProvider<float> {
       const std::vector<float> init = initial_value(p, seed);
       ids_.push_back(engine.add_parameter(p.name, p.shape, init));
     }
+    // GPT-2 practice (and nanoGPT's, Hugging Face's): no weight decay for biases and LayerNorm
+    // gains; the matrices and the embeddings take optimizer.params.weight_decay.
+    zoe::ParamOptions no_decay;
+    no_decay.weight_decay = 0.0;
+    engine.add_param_group({"no_decay", [](const std::string& name) { return !decays(name); }, no_decay});
     for (const ModuleSpec& m : spec.modules) {
       std::vector<zoe::ParamId> params;
       for (int i : m.params) params.push_back(ids_[i]);
@@ -165,8 +169,7 @@ struct RunShared {
   bool verbose;
   bool gather_parameters;
   std::shared_ptr<const InitFile> init_file;  // --init-from, shared by the rank threads
-  RankMeans means;
-  TrainSummary summary;
+  TrainSummary summary;  // filled by each process's first rank (with threads: rank 0)
   std::vector<StepProfile> profiles;  // --profile: one per local rank, printed after training
 };
 
@@ -223,7 +226,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
       const Batch b = sequential_batch(sh.data.val, B, T, static_cast<std::int64_t>(i) * world + rank);
       sum += model.forward(pp, b.inputs.data(), b.targets.data(), B, T);
     }
-    return sh.means.mean(local_rank, sum / per_rank);
+    return engine.all_reduce(sum / per_rank, zoe::ScalarReduce::mean, "val loss");
   };
 
   ProgressBar bar(start, opt.steps, opt.log_every);
@@ -265,7 +268,8 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     prof.add(StepProfile::engine_step, step_call, step_end);
     prof.add_step(step_begin, step_end);
     prof.active = false;
-    loss = sh.means.mean(local_rank, loss / GA);
+    // The mean over every rank (all processes under a launcher), as the metrics file says.
+    loss = engine.all_reduce(loss / GA, zoe::ScalarReduce::mean, "train loss");
     tokens += tokens_per_step;
     state.step = step + 1;
     state.tokens += tokens_per_step;
@@ -304,7 +308,8 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   if (lead && !opt.checkpoint_dir.empty() && stop > start)
     std::printf("checkpoint of step %d saved to '%s'%s\n", stop, opt.checkpoint_dir.c_str(),
                 stop < opt.steps ? " (continue with --resume)" : "");
-  if (rank == 0) {
+  // Every process's first rank: the losses are means over all ranks, the same on every process.
+  if (local_rank == 0) {
     sh.summary.start_step = start;
     sh.summary.losses = state.losses;
     sh.summary.loss_scales = loss_scales;
@@ -413,7 +418,7 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
 TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokenizer& tokenizer,
                    bool verbose, bool gather_parameters) {
   const bool launcher = opt.from_environment;
-  const int local_ranks = launcher ? 1 : opt.world_size;
+  const int local_ranks = launcher ? 1 : opt.world_size;  // rank threads in this process
   if (opt.resume)
     GPT_CHECK(fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir)) ||
                   fs::is_directory(engine_checkpoint_dir(opt.checkpoint_dir) + ".old"),
@@ -422,24 +427,15 @@ TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokeni
   // Checked once against the model before any engine exists: a wrong file fails here, naming the tensor.
   std::shared_ptr<const InitFile> init_file;
   if (!opt.init_from.empty()) init_file = std::make_shared<const InitFile>(opt.init_from, make_model_spec(opt.model));
-  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, init_file,
-               RankMeans(local_ranks, opt.engine.zoe.comm_timeout_s), {},
-               std::vector<StepProfile>(local_ranks)};
+  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, init_file, {}, std::vector<StepProfile>(local_ranks)};
   if (launcher) {
-    // One rank per process: losses shown are this process's (rank 0's) own.
+    // One rank per process; the losses shown are means over all ranks (Engine::all_reduce).
     zoe::RankContext ctx = zoe::rank_from_environment(opt.engine.zoe.comm_timeout_s);
     sh.verbose = verbose && ctx.rank == 0;
     run_rank(ctx, sh, 0);
   } else {
     auto ranks = zoe::make_local_ranks(opt.world_size, opt.engine.zoe.comm_timeout_s);
-    zoe::run_ranks(ranks, [&](zoe::RankContext& ctx) {
-      try {
-        run_rank(ctx, sh, ctx.rank);
-      } catch (...) {
-        sh.means.abort();
-        throw;
-      }
-    });
+    zoe::run_ranks(ranks, [&](zoe::RankContext& ctx) { run_rank(ctx, sh, ctx.rank); });
   }
   if (opt.profile && sh.verbose)
     for (int r = 0; r < local_ranks; ++r) sh.profiles[r].print(r);

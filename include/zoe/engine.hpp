@@ -11,6 +11,12 @@
 // exceed RAM can be built with its states on NVMe (the add_parameter overload taking a span
 // keeps a copy of the values instead, as the caller already holds them).
 //
+// Parameter groups as torch and DeepSpeed users know them: each parameter trains with its own
+// weight decay and lr factor, or is frozen (ParamOptions, at add_parameter or by a named
+// ParamGroup whose matcher picks parameters by name); the trainer can reduce its own scalars
+// over the ranks (all_reduce), look parameters up by name and read or write their values
+// between steps.
+//
 // One Engine per data-parallel rank. All ranks must make the same calls in the same
 // order (like collectives). An Engine is not thread-safe: one thread drives it.
 #pragma once
@@ -20,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -100,6 +107,44 @@ struct ModuleId {
   std::uint32_t index = 0;
 };
 
+/// How the optimizer treats one parameter: torch's per-group options (`AdamW([{"params": ...,
+/// "weight_decay": 0.0}, ...])`, DeepSpeed's model_parameters groups) and `requires_grad_(False)`.
+/// Given at registration (Engine::add_parameter) or to every parameter whose name matches
+/// (Engine::add_param_group). Plain value.
+struct ParamOptions {
+  /// This parameter's weight decay (AdamW: decoupled, Adam: L2, as optimizer.type says); finite,
+  /// >= 0. nullopt: optimizer.params.weight_decay. GPT-2 practice: 0 for biases and LayerNorm gains.
+  std::optional<double> weight_decay;
+  /// Factor on the learning rate for this parameter: its step uses lr * lr_scale, where lr is
+  /// Engine::lr() (set_lr's or the scheduler's). torch's per-group "lr" is lr_scale = group lr /
+  /// base lr (a scheduler scales every group by the same factor). Finite, >= 0. 1: the lr as is.
+  double lr_scale = 1.0;
+  /// Frozen (torch's requires_grad = False, the fine-tuning case): the parameter is gathered and
+  /// used in forward and backward as any other, but it has no gradient buffer (its entry in
+  /// ModuleTensors::grads has data == nullptr), no fp32 master weight, no exp_avg / exp_avg_sq,
+  /// takes no part in gradient reduction, the norm or clipping, and never changes unless the
+  /// trainer writes it (Engine::write_parameter). Its only bytes are its compute-dtype value
+  /// (full at stages 0-2, the shard at stage 3, on offload_param's tier). weight_decay and
+  /// lr_scale are ignored for it.
+  bool frozen = false;
+};
+
+/// A named set of parameters sharing ParamOptions, chosen by name (torch users build these
+/// from `named_parameters()`, e.g. no decay for names ending in ".bias").
+struct ParamGroup {
+  std::string name;                                   // for errors and reports; not empty
+  std::function<bool(const std::string& param_name)> match;  // true: the parameter belongs here
+  ParamOptions options;
+};
+
+/// How Engine::all_reduce combines one value over the ranks.
+enum class ScalarReduce : std::uint8_t {
+  sum,   // the fp64 sum, added in rank order 0, 1, ..., N-1
+  mean,  // that sum divided by the world size (once, in fp64)
+  max,   // the largest (NaN if any rank's is NaN)
+  min,   // the smallest (NaN if any rank's is NaN)
+};
+
 /// How a module's forward is bracketed (Engine::add_module).
 enum class ForwardMode : std::uint8_t {
   /// begin_forward/end_forward(m) run in each micro-batch before begin_backward(m) (default).
@@ -122,7 +167,8 @@ struct TensorView {
 
 /// A module's parameters (full, gathered) in the order given to add_module; during
 /// backward also its gradient buffers, same shapes and order, dtype = compute dtype,
-/// zero-filled at begin_backward: the trainer ADDS its gradients into them.
+/// zero-filled at begin_backward: the trainer ADDS its gradients into them. A frozen
+/// parameter's gradient view has data == nullptr (its shape and dtype are set): add nothing.
 /// Valid until the matching end_forward / end_backward; keep no pointer past it (to reuse
 /// forward weights in backward, take them from begin_backward's views). Otherwise:
 ///  - stage 3: the gathered parameter buffer is freed (or kept for a later module, then
@@ -203,10 +249,15 @@ class Engine {
   /// unusable (every later call throws UsageError) and should be destroyed.
   /// `init` is any callable as ParamInitializer (a lambda, a function, a ParamInitializer);
   /// the template only keeps `add_parameter(name, shape, {})` meaning an empty span.
+  /// `options`: weight decay, lr factor, frozen (ParamOptions; default: the config's optimizer
+  /// for a trainable parameter). Names are unique: a second parameter of the same name throws
+  /// UsageError (find_parameter looks them up). Throws ConfigError for a weight_decay or lr_scale
+  /// that is negative or not finite (key "param '<name>'.weight_decay" / ".lr_scale").
   template <class Init>
     requires std::is_invocable_r_v<void, Init&, std::int64_t, std::span<float>>
-  ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape, Init&& init) {
-    return add_parameter_from(name, std::move(shape), ParamInitializer(std::forward<Init>(init)));
+  ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape, Init&& init,
+                        const ParamOptions& options = {}) {
+    return add_parameter_from(name, std::move(shape), ParamInitializer(std::forward<Init>(init)), options);
   }
   /// Registers a parameter of `shape` with its full fp32 value `initial` (numel elements,
   /// identical on every rank). The engine copies `initial` now (numel x 4 bytes of host
@@ -214,7 +265,28 @@ class Engine {
   /// initializer returning those values. Throws UsageError after the first forward, for a
   /// negative dimension, or if initial.size() != numel.
   ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape,
-                        std::span<const float> initial);
+                        std::span<const float> initial, const ParamOptions& options = {});
+  /// Gives `group.options` to every parameter registered so far whose name `group.match`
+  /// accepts (torch's optimizer param groups; parameters in no group keep the options they were
+  /// registered with). Returns how many matched. Before the first forward. Throws UsageError
+  /// after the first forward, for an empty name or matcher, a group name used before, when no
+  /// parameter matches (a typo in the matcher would otherwise train with the wrong decay), or
+  /// when a matched parameter is already in another group (naming the parameter and both
+  /// groups); ConfigError as add_parameter for the options. Nothing changes when it throws.
+  int add_param_group(const ParamGroup& group);
+  /// The options a parameter trains with (weight_decay resolved against the config). Throws
+  /// UsageError for an unknown id.
+  ParamOptions param_options(ParamId param) const;
+  /// The parameter registered under `name`, or nullopt. Any time; no collective.
+  std::optional<ParamId> find_parameter(const std::string& name) const;
+  /// The parameter registered under `name`. Throws UsageError naming it when there is none
+  /// (with the closest registered names).
+  ParamId parameter(const std::string& name) const;
+  /// Registration name and shape of a parameter. Throw UsageError for an unknown id.
+  const std::string& parameter_name(ParamId param) const;
+  const std::vector<std::int64_t>& parameter_shape(ParamId param) const;
+  /// Parameters registered so far.
+  std::size_t parameter_count() const;
   /// Groups parameters into a module, the unit of all-gather and of gradient reduction.
   /// A parameter may appear in several modules (tied weights); its gradients add up.
   /// `mode`: whether the module's forward has its own begin/end calls (see ForwardMode).
@@ -278,8 +350,40 @@ class Engine {
   std::int64_t global_step() const;
 
   /// The full fp32 master value of a parameter (gathered from all ranks; a collective:
-  /// every rank must call it). numel elements.
+  /// every rank must call it). numel elements. read_parameter into a new vector.
   std::vector<float> gather_parameter(ParamId param);
+  /// Reads the full value of `param` (numel fp32 elements, row-major) into `out` (host memory):
+  /// its fp32 master weights (a frozen parameter: its compute-dtype value widened). Between
+  /// steps: waits for a running update first (the delayed update is applied). A collective in
+  /// every stage (every rank calls it, in the same order; stages 1-3 all-gather the shards),
+  /// tagged, so a rank reading another parameter fails on the host communicators. Throws
+  /// UsageError naming the parameter for an unknown id, out.size() != numel, or a module between
+  /// begin_* and end_*.
+  void read_parameter(ParamId param, std::span<float> out);
+  /// Sets the full value of `param` to `value` (numel fp32 elements, identical on every rank),
+  /// between steps: the fp32 master weights (its elements in this rank's optimizer range) and
+  /// the compute-dtype parameters (`value` rounded to the compute dtype, as at initialisation)
+  /// both take it; exp_avg / exp_avg_sq are kept (torch's `p.data.copy_(v)`). A frozen
+  /// parameter has only the compute-dtype value. A collective in every stage: the ranks first
+  /// compare a hash of `value` and, if any differs, every rank throws UsageError before anything
+  /// is written. Throws UsageError naming the parameter for an unknown id, value.size() != numel,
+  /// a non-finite element (its index), ranks that disagree, or a module between begin_* and
+  /// end_*. Before the first forward it initialises the engine first (the value replaces the
+  /// initializer's).
+  void write_parameter(ParamId param, std::span<const float> value);
+
+  /// The trainer's own scalars (loss, eval metrics) combined over all ranks, in place: values[i]
+  /// on every rank becomes op over the ranks' values[i] (ScalarReduce: fp64, rank order, so every
+  /// rank gets the same bits). A collective: every rank calls it with the same `name`, op and
+  /// values.size(), in the same order as its other engine calls. It carries a tag (name, op),
+  /// as the engine's own collectives do, so on the host communicators a rank that reduces
+  /// another name, op or count at that position makes every rank throw CommError naming both
+  /// sides; on NCCL the next step()'s agreement fails instead (the tag is in the step's
+  /// fingerprint). Any time (also inside a module's scope); blocks until the result is there.
+  /// Throws UsageError for an empty name; CommError / TimeoutError of a failed collective.
+  void all_reduce(std::span<double> values, ScalarReduce op, const std::string& name);
+  /// One value: all_reduce({value}).
+  double all_reduce(double value, ScalarReduce op, const std::string& name);
 
   /// Exports every registered parameter's fp32 master value to a safetensors file at `path`
   /// (Hugging Face's format), rounded to `dtype` (f32: the master weights bit for bit; bf16 /
@@ -297,7 +401,8 @@ class Engine {
   /// they agree (no collective waits for a failed rank) and leaves `path` as it was: the
   /// failing rank throws its own error (IoError with ENOSPC for a full disk, naming the file),
   /// the others an Error naming the failed ranks. Throws UsageError (before any collective)
-  /// while a module is between begin_* and end_*.
+  /// while a module is between begin_* and end_*. Frozen parameters (ParamOptions::frozen)
+  /// are exported too: their compute-dtype values widened to fp32 (they have no master weights).
   void export_safetensors(const std::string& path, DType dtype = DType::f32,
                           const std::map<std::string, std::string>& metadata = {});
 
@@ -320,7 +425,9 @@ class Engine {
   /// If any rank cannot write its file, every rank throws once they agree (no collective
   /// timeout) and the temp dir is removed: the failing rank its own error (a full disk:
   /// IoError ENOSPC, naming the file and the bytes it needs), the others an Error naming the
-  /// failed ranks and their messages.
+  /// failed ranks and their messages. Throws UsageError, on every rank before any file or
+  /// collective, when the engine has frozen parameters (ParamOptions::frozen): format 2 has no
+  /// record for them yet.
   void save_checkpoint(const std::string& dir, const std::string& client_state = {});
   /// Loads what save_checkpoint wrote, at any world size, stage, sub_group_size and offload
   /// settings (the states are re-partitioned from the saved unpadded layout), or a checkpoint
@@ -330,12 +437,14 @@ class Engine {
   /// group and parameter names and shapes: UsageError for another model) and every part of
   /// the rank files it will read (header, rank, save id, size, CRC32C: CorruptionError naming
   /// the file); if any rank fails every rank throws, naming the failed ranks and their errors,
-  /// and the engine is unchanged. Host memory: one sub-group's states.
+  /// and the engine is unchanged. Host memory: one sub-group's states. Throws UsageError (as
+  /// save_checkpoint) when the engine has frozen parameters.
   std::string load_checkpoint(const std::string& dir);
 
  private:
   /// add_parameter with an initializer (see there).
-  ParamId add_parameter_from(const std::string& name, std::vector<std::int64_t> shape, ParamInitializer init);
+  ParamId add_parameter_from(const std::string& name, std::vector<std::int64_t> shape, ParamInitializer init,
+                             const ParamOptions& options);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -16,7 +16,9 @@ std::int64_t bus_share(std::size_t full, int world) {
 
 std::string CollectiveTag::describe() const {
   if (kind == Kind::untagged) return "";
-  std::string s = ", " + (label.empty() ? std::string(kind == Kind::params ? "parameters" : kind == Kind::grads ? "gradients" : "step agreement") +
+  static constexpr const char* kNames[] = {"untagged", "parameters", "gradients", "step agreement", "parameter value",
+                                            "trainer's all-reduce"};
+  std::string s = ", " + (label.empty() ? std::string(kNames[static_cast<int>(kind)]) +
                                               (group >= 0 ? detail::concat(" of group ", group) : std::string())
                                         : label);
   if (step >= 0) s += detail::concat(", step ", step);

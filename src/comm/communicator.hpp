@@ -64,9 +64,12 @@ struct CommStats {
 /// are equal (kind, group, step, micro_batch; `label` is for messages only). The default tag
 /// (kind untagged) is what collectives issued without tag_next carry.
 struct CollectiveTag {
-  enum class Kind : std::uint8_t { untagged, params, grads, step_agreement };
+  /// param_value: the trainer reading or writing a parameter (group = the parameter's index);
+  /// trainer: the trainer's own scalars (Engine::all_reduce; group = a 31-bit hash of its name
+  /// and op, so two different reductions never pair).
+  enum class Kind : std::uint8_t { untagged, params, grads, step_agreement, param_value, trainer };
   Kind kind = Kind::untagged;
-  std::int32_t group = -1;        // the engine's group index; -1 when not about one group
+  std::int32_t group = -1;        // the engine's group index (see Kind); -1 when not about one group
   std::int64_t step = -1;         // step() calls completed when issued; -1 = not tied to a step
   std::int32_t micro_batch = -1;  // gradients: micro-batches of the group reduced before; else -1
   std::string label;              // e.g. "gradients of 'B'": names the module in errors

@@ -44,6 +44,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   if (model.parameters < 1) ZOE_THROW_CONFIG("parameters", "must be >= 1, got ", model.parameters);
   if (model.largest_layer < 0) ZOE_THROW_CONFIG("largest_layer", "must be >= 0, got ", model.largest_layer);
   if (world_size < 1) ZOE_THROW_CONFIG("world_size", "must be >= 1, got ", world_size);
+  if (model.frozen_parameters < 0 || model.frozen_parameters > model.parameters)
+    ZOE_THROW_CONFIG("frozen_parameters", "must be in [0, parameters = ", model.parameters, "], got ",
+                     model.frozen_parameters);
   config.validate();
   const auto& z = config.zero_optimization;
   const std::int64_t psi = model.parameters;
@@ -56,16 +59,19 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   r.offload_param = z.offload_param.device;
   r.compute_bytes = static_cast<int>(B);
   r.shard_elements = (psi + nd - 1) / nd;
-  const std::int64_t s = r.shard_elements;
+  // Gradients, optimizer states and gradient traffic: the trainable parameters only.
+  const std::int64_t psi_t = psi - model.frozen_parameters;
+  r.trainable_shard_elements = (psi_t + nd - 1) / nd;
+  const std::int64_t t = r.trainable_shard_elements;
 
   // Parameters: full at stages 0-2, the shard at 3 (where offload_param may move it).
-  if (z.stage == 3) put(r.params, z.offload_param.device, B * s);
+  if (z.stage == 3) put(r.params, z.offload_param.device, B * r.shard_elements);
   else r.params.device = B * psi;
 
   // Optimizer states: the whole model at stage 0, else the shard; `ratio` of it offloaded.
   const bool offloaded = z.stage >= 1 && z.offload_optimizer.device != OffloadDevice::none;
-  const std::int64_t state_elements = z.stage == 0 ? psi : s;
-  const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(s)) : 0;
+  const std::int64_t state_elements = z.stage == 0 ? psi_t : t;
+  const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(t)) : 0;
   put(r.optimizer_states, z.offload_optimizer.device, kOptimizerBytes * off);
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
@@ -74,9 +80,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // every sub-group is offloaded; the offloaded elements' fp32 gradients on the offload tier.
   const std::int64_t grad_bytes = z.stage >= 2 && config.gradient_accumulation_steps > 1 ? 4 : B;
   if (z.stage <= 1) {
-    r.gradients.device = B * psi;
-  } else if (off < s) {
-    r.gradients.device = grad_bytes * s;
+    r.gradients.device = B * psi_t;
+  } else if (off < t) {
+    r.gradients.device = grad_bytes * t;
   }
   put(r.gradients, z.offload_optimizer.device, kGradientBytes * off);
 
@@ -86,7 +92,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
 
   // Buffers, by the rules documented in the header.
   // The gradient bucket: its groups' gradients, their flattened copy and the reduced shards.
-  const std::int64_t bucket = std::min(z.reduce_bucket_size, psi);
+  const std::int64_t bucket = std::min(z.reduce_bucket_size, psi_t);
   r.buffers.device = B * (2 * bucket + (bucket + nd - 1) / nd);
   const std::int64_t L = std::min(model.largest_layer, psi);
   if (z.stage == 3) {
@@ -105,7 +111,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // Sub-groups never span modules: the largest is bounded by the largest module's shard.
   const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
   const std::int64_t module_shard =
-      model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : s;
+      model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : t;
   const std::int64_t largest = std::min({sub_group, module_shard, off});
   if (offloaded && largest > 0) {
     // The update pipeline's pinned staging of one sub-group each (src/core/gradient_sink.hpp,
@@ -127,7 +133,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     r.buffers.host += std::int64_t{z.offload_param.buffer_count} *
                       round_up(std::max(kPage, z.offload_param.buffer_size * B), kPage);
 
-  r.traffic_elements = (z.stage == 3 ? 3 : 2) * psi;
+  r.traffic_elements = z.stage == 3 ? 2 * psi + psi_t : 2 * psi_t;
   // elements * B * (Nd-1)/Nd without overflow for Ψ up to ~1e15.
   r.traffic_bytes_sent = static_cast<std::int64_t>(
       std::llround(static_cast<double>(r.traffic_elements) * static_cast<double>(B) * static_cast<double>(nd - 1) /

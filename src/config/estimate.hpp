@@ -34,11 +34,16 @@ struct TierBytes {
   bool operator==(const TierBytes&) const = default;
 };
 
-/// What is trained: parameter count Ψ (elements) and the largest module's parameter count
-/// (elements; 0 = unknown, then stage 3's gathered-layer buffers are not counted).
+/// What is trained: parameter count Ψ (elements), the largest module's parameter count
+/// (elements; 0 = unknown, then stage 3's gathered-layer buffers are not counted), and how many
+/// of the Ψ are frozen (Ψf, ParamOptions::frozen: the fine-tuning case). Frozen parameters
+/// cost only their compute-dtype value (full at stages 0-2, the shard at stage 3, on
+/// offload_param's tier) and their stage-3 gathers; gradients, optimizer states and gradient
+/// traffic count only the trainable Ψt = Ψ - Ψf.
 struct ModelShape {
   std::int64_t parameters = 0;
   std::int64_t largest_layer = 0;
+  std::int64_t frozen_parameters = 0;
 };
 
 /// One rank's bytes for one configuration.
@@ -50,8 +55,13 @@ struct RankEstimate {
   int compute_bytes = 2;
   /// Elements of this rank's shard: ceil(Ψ / Nd).
   std::int64_t shard_elements = 0;
+  /// Elements of this rank's shard of the trainable parameters: ceil(Ψt / Nd) (= shard_elements
+  /// without frozen parameters). Gradients and optimizer states are counted on it.
+  std::int64_t trainable_shard_elements = 0;
 
-  /// Model states, each by tier. params: compute-dtype parameters (full at stages 0-2, the
+  /// Model states, each by tier. Gradients and optimizer states are of the trainable
+  /// parameters (Ψt, its shard t = trainable_shard_elements; Ψ and s without frozen ones).
+  /// params: compute-dtype parameters, frozen ones included (full at stages 0-2, the
   /// shard at stage 3, on offload_param's tier). gradients: on the device, compute-dtype (full
   /// at stages 0-1, the shard at 2-3, fp32 at 2-3 with gradient_accumulation_steps > 1, none
   /// at 2-3 when every sub-group is offloaded); with offload_optimizer, 4 bytes per offloaded
@@ -85,6 +95,8 @@ struct RankEstimate {
   /// Collective traffic per rank per step of one micro-batch, in elements, as the paper
   /// counts it (§7): 2Ψ at stages 0-2 (reduce-scatter + all-gather, or all-reduce), 3Ψ at
   /// stage 3 (parameters all-gathered in forward and in backward, gradients reduce-scattered).
+  /// With frozen parameters: 2Ψt at stages 0-2, 2Ψ + Ψt at stage 3 (frozen ones are gathered,
+  /// never reduced or updated).
   std::int64_t traffic_elements = 0;
   /// traffic_elements · B · (Nd-1)/Nd: the bytes a ring sends (what TrafficReport counts).
   std::int64_t traffic_bytes_sent = 0;
@@ -92,8 +104,8 @@ struct RankEstimate {
 
 /// Estimate for an engine configuration: stage, offload devices, ratio, buffer knobs and
 /// compute dtype are taken from `config` (validated first). Throws ConfigError if `config` is
-/// invalid or if
-/// model.parameters < 1, model.largest_layer < 0 or world_size < 1.
+/// invalid or if model.parameters < 1, model.largest_layer < 0, model.frozen_parameters
+/// outside [0, model.parameters] or world_size < 1.
 RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config);
 
 /// The machines: `world_size` ranks, `gpus_per_node` per node. Memory sizes in bytes.

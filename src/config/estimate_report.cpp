@@ -42,6 +42,7 @@ OJson rank_to_json(const RankEstimate& r) {
           {"offload_param", device_name(r.offload_param)},
           {"compute_bytes", r.compute_bytes},
           {"shard_elements", r.shard_elements},
+          {"trainable_shard_elements", r.trainable_shard_elements},
           {"params", tiers(r.params)},
           {"gradients", tiers(r.gradients)},
           {"optimizer_states", tiers(r.optimizer_states)},
@@ -55,6 +56,7 @@ OJson plan_to_json(const Plan& plan, const std::optional<RankEstimate>& config_r
   const Cluster& c = plan.cluster;
   OJson j;
   j["model"] = {{"parameters", plan.model.parameters},
+                {"frozen_parameters", plan.model.frozen_parameters},
                 {"largest_layer", plan.model.largest_layer > 0 ? OJson(plan.model.largest_layer) : OJson(nullptr)}};
   j["cluster"] = {{"world_size", c.world_size},
                   {"gpus_per_node", c.gpus_per_node},
@@ -93,11 +95,22 @@ OJson plan_to_json(const Plan& plan, const std::optional<RankEstimate>& config_r
   return j;
 }
 
+// traffic / psi as "3" when whole, else with two decimals ("2.10": frozen parameters).
+std::string psi_multiple(std::int64_t traffic, std::int64_t psi) {
+  if (traffic % psi == 0) return std::to_string(traffic / psi);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(traffic) / static_cast<double>(psi));
+  return buf;
+}
+
 std::string plan_to_table(const Plan& plan, const std::optional<RankEstimate>& config_row, bool binary) {
   const Cluster& c = plan.cluster;
   const char* unit = binary ? "GiB" : "GB";
   std::ostringstream os;
-  os << "model: " << with_commas(plan.model.parameters) << " parameters; largest layer "
+  os << "model: " << with_commas(plan.model.parameters) << " parameters";
+  if (plan.model.frozen_parameters > 0)
+    os << " (" << with_commas(plan.model.frozen_parameters) << " frozen: no gradients, no optimizer states)";
+  os << "; largest layer "
      << (plan.model.largest_layer > 0 ? with_commas(plan.model.largest_layer) : std::string("unknown")) << "\n";
   os << "cluster: " << c.world_size << " ranks, " << c.ranks_per_node() << " per node; GPU "
      << format_bytes(c.gpu_bytes, binary) << " (" << format_bytes(c.usable_gpu_bytes(), binary) << " usable), host "
@@ -125,7 +138,7 @@ std::string plan_to_table(const Plan& plan, const std::optional<RankEstimate>& c
         number(row.device_bytes, binary),
         number(row.host_bytes_per_node, binary),
         number(row.nvme_bytes_per_node, binary),
-        std::to_string(r.traffic_elements / plan.model.parameters) + " Psi",
+        psi_multiple(r.traffic_elements, plan.model.parameters) + " Psi",
         row.fits() ? "yes" : "no: " + row.shortfall};
     for (std::size_t i = 0; i < cells.size(); ++i)
       os << pad(cells[i], cols[i].second, i == 0) << (i + 1 < cells.size() ? " " : "\n");

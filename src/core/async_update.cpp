@@ -42,6 +42,7 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
   if (delayed) {
     for (std::size_t gi = 0; gi < groups.size(); ++gi) {
       Group& g = groups[gi];
+      if (g.frozen) continue;
       // (Validated: the delayed update needs optimizer offload, hence a sharded optimizer.)
       if (policy.shards_grads) {
         if (!g.grad_shard) continue;  // every sub-group offloaded: offload_grads waits for the update
@@ -56,6 +57,7 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
   std::vector<PipelineGroup> host_parts;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     Group& g = groups[gi];
+    if (g.frozen) continue;  // nothing to update: it stays settled
     ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
     if (policy.gathers_updates || delayed) {
       // The new parameters wait in `updated` until after_update applies them.
@@ -99,7 +101,8 @@ PipelineGroup EngineImpl::host_part(Group& g, int index, void* out) {
   const std::size_t esz = dtype_size(dtype);
   for (const SubGroup& sg : g.subgroups)
     if (sg.offloaded())
-      pg.subgroups.push_back(PipelineSubGroup{sg.offload_id, sg.numel, static_cast<std::size_t>(sg.begin) * esz});
+      pg.subgroups.push_back(
+          PipelineSubGroup{sg.offload_id, sg.numel, static_cast<std::size_t>(sg.begin) * esz, sg.runs});
   return pg;
 }
 

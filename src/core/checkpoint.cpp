@@ -178,12 +178,24 @@ void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, s
   if (own) std::rethrow_exception(own);
   ZOE_THROW(Type, what, " on rank(s) ", ranks, " (", messages, ")", after);
 }
+// Checkpoint format 2 has no record for a frozen group (ParamOptions::frozen: compute-dtype
+// values, no master weights or moments): refused before anything is read or written, on every
+// rank alike (the parameters are the same on every rank), so no rank is left in a collective.
+void refuse_frozen(const core::EngineImpl& I, const char* call, const std::string& dir) {
+  for (const core::Group& g : I.groups)
+    if (g.frozen)
+      ZOE_THROW(UsageError, call, "('", dir, "'): module group '", g.name, "' holds frozen parameters (",
+                I.params[g.params.front()].name,
+                ", ...): checkpoint format 2 does not store frozen parameters yet; export them with "
+                "export_safetensors, or register them trainable with lr_scale 0 instead");
+}
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
   impl_->guarded("save_checkpoint", [&] {
     Impl& I = *impl_;
     I.finalize();
+    refuse_frozen(I, "save_checkpoint", dir);
     synchronize();
     const std::string tmp = ckpt::temp_dir_of(dir);
     const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
@@ -336,6 +348,7 @@ std::string Engine::load_checkpoint(const std::string& dir) {
   return impl_->guarded("load_checkpoint", [&]() -> std::string {
     Impl& I = *impl_;
     I.finalize();
+    refuse_frozen(I, "load_checkpoint", dir);
     synchronize();
 
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so

@@ -115,17 +115,24 @@ void EngineImpl::build() {
     });
     ZOE_CHECK_USAGE(used, "parameter '", p.name, "' is not used by any module");
   }
-  // Each module owns the parameters it lists first; its group is their flat buffer.
+  // Each module owns the parameters it lists first; its group is their flat buffer. Its
+  // frozen parameters form a second group (compute-dtype values only), made only when it has
+  // some, so a model without frozen parameters has exactly one group per module.
   for (std::size_t mi = 0; mi < modules.size(); ++mi) {
-    Group g;
-    g.name = modules[mi].name;
+    Group trainable, frozen;
+    trainable.name = modules[mi].name;
+    frozen.name = modules[mi].name + " (frozen)";
+    frozen.frozen = true;
+    const int at = static_cast<int>(groups.size());
     for (std::uint32_t pi : modules[mi].params) {
       if (params[pi].group >= 0) continue;
-      params[pi].group = static_cast<int>(groups.size());
+      Group& g = params[pi].options.frozen ? frozen : trainable;
+      params[pi].group = params[pi].options.frozen ? at + 1 : at;
       params[pi].slot = g.params.size();
       g.params.push_back(pi);
     }
-    groups.push_back(std::move(g));
+    groups.push_back(std::move(trainable));
+    if (!frozen.params.empty()) groups.push_back(std::move(frozen));
   }
   for (std::size_t mi = 0; mi < modules.size(); ++mi) {
     auto& gs = modules[mi].groups;
@@ -143,7 +150,7 @@ void EngineImpl::build() {
     g.pending_users = static_cast<int>(g.users.size());
     g.persistent = policy.shards_params && L.live_numel() < config.zero_optimization.stage3_param_persistence_threshold;
     g.opt_begin = policy.shards_optimizer ? L.shard_begin(rank) : 0;
-    g.opt_numel = policy.shards_optimizer ? L.shard_numel() : L.padded_numel();
+    g.opt_numel = g.frozen ? 0 : policy.shards_optimizer ? L.shard_numel() : L.padded_numel();
   }
 
   // Every state's home, sizes only: the offload tiers must know all their tensors before
@@ -162,7 +169,9 @@ void EngineImpl::build() {
       (policy.shards_params ? g.param_shard : g.param_full) =
           alloc(MemKind::model_state, dtype, policy.shards_params ? L.shard_numel() : L.padded_numel());
     }
-    if (!policy.shards_grads) {
+    if (g.frozen) {
+      // no gradient buffer, no optimizer state
+    } else if (!policy.shards_grads) {
       g.grad_full = alloc(MemKind::model_state, dtype, L.padded_numel());
       device.fill(g.grad_full.data(), dtype, L.padded_numel(), 0.0f, s);
     } else if (has_device_sub_groups(g)) {
@@ -229,7 +238,7 @@ ModuleTensors EngineImpl::views(const ModuleInfo& m, bool with_grads) {
     Group& g = groups[p.group];
     std::int64_t off = g.layout->offset(p.slot);
     t.params.push_back(TensorView{g.param_full.at(off), dtype, p.shape});
-    if (with_grads) t.grads.push_back(TensorView{g.grad_full.at(off), dtype, p.shape});
+    if (with_grads) t.grads.push_back(TensorView{g.frozen ? nullptr : g.grad_full.at(off), dtype, p.shape});
   }
   return t;
 }
@@ -301,28 +310,125 @@ static std::int64_t checked_numel(const core::EngineImpl& I, const std::string& 
   return numel;
 }
 
-ParamId Engine::add_parameter_from(const std::string& name, std::vector<std::int64_t> shape, ParamInitializer init) {
+// `options` with weight_decay resolved against the config; throws ConfigError naming the
+// parameter for a negative or non-finite weight_decay / lr_scale.
+static ParamOptions resolved_options(const core::EngineImpl& I, const std::string& who, ParamOptions o) {
+  const double wd = o.weight_decay.value_or(I.config.optimizer.weight_decay);
+  if (!(wd >= 0.0) || !std::isfinite(wd)) ZOE_THROW_CONFIG(who + ".weight_decay", "must be finite and >= 0, got ", wd);
+  if (!(o.lr_scale >= 0.0) || !std::isfinite(o.lr_scale))
+    ZOE_THROW_CONFIG(who + ".lr_scale", "must be finite and >= 0, got ", o.lr_scale);
+  o.weight_decay = wd;
+  return o;
+}
+
+ParamId Engine::add_parameter_from(const std::string& name, std::vector<std::int64_t> shape, ParamInitializer init,
+                                   const ParamOptions& options) {
   Impl& I = *impl_;
   const std::int64_t numel = checked_numel(I, name, shape);
   ZOE_CHECK_USAGE(static_cast<bool>(init), "parameter '", name, "': empty initializer");
+  ZOE_CHECK_USAGE(!I.param_by_name.contains(name), "parameter '", name,
+                  "' is registered twice: parameter names are unique (find_parameter looks them up)");
   core::ParamInfo p;
   p.name = name;
   p.shape = std::move(shape);
   p.numel = numel;
   p.init = std::move(init);
+  p.options = resolved_options(I, "param '" + name + "'", options);
+  I.param_by_name.emplace(name, static_cast<std::uint32_t>(I.params.size()));
   I.params.push_back(std::move(p));
   return ParamId{static_cast<std::uint32_t>(I.params.size() - 1)};
 }
 
+int Engine::add_param_group(const ParamGroup& group) {
+  Impl& I = *impl_;
+  ZOE_CHECK_USAGE(!group.name.empty(), "add_param_group: the group needs a name");
+  ZOE_CHECK_USAGE(!I.finalized, "add_param_group('", group.name, "') after the first forward");
+  ZOE_CHECK_USAGE(static_cast<bool>(group.match), "add_param_group('", group.name, "'): empty matcher");
+  ZOE_CHECK_USAGE(std::find(I.param_groups.begin(), I.param_groups.end(), group.name) == I.param_groups.end(),
+                  "add_param_group('", group.name, "'): a group of that name exists already");
+  const ParamOptions options = resolved_options(I, "param group '" + group.name + "'", group.options);
+  std::vector<std::uint32_t> matched;
+  for (std::uint32_t i = 0; i < I.params.size(); ++i) {
+    const core::ParamInfo& p = I.params[i];
+    if (!group.match(p.name)) continue;
+    ZOE_CHECK_USAGE(p.param_group.empty(), "add_param_group('", group.name, "'): parameter '", p.name,
+                    "' is already in group '", p.param_group, "' (a parameter belongs to one group)");
+    matched.push_back(i);
+  }
+  ZOE_CHECK_USAGE(!matched.empty(), "add_param_group('", group.name, "') matched none of the ", I.params.size(),
+                  " parameters registered so far (register them first; check the matcher)");
+  for (std::uint32_t i : matched) {
+    I.params[i].options = options;
+    I.params[i].param_group = group.name;
+  }
+  I.param_groups.push_back(group.name);
+  return static_cast<int>(matched.size());
+}
+
+ParamOptions Engine::param_options(ParamId id) const {
+  ZOE_CHECK_USAGE(id.index < impl_->params.size(), "unknown parameter id ", id.index, " (", impl_->params.size(),
+                  " parameters registered)");
+  return impl_->params[id.index].options;
+}
+
+std::optional<ParamId> Engine::find_parameter(const std::string& name) const {
+  auto it = impl_->param_by_name.find(name);
+  if (it == impl_->param_by_name.end()) return std::nullopt;
+  return ParamId{it->second};
+}
+
+// Edit distance (insertions, deletions, substitutions), for "did you mean" in errors.
+static std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  std::iota(row.begin(), row.end(), std::size_t{0});
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+ParamId Engine::parameter(const std::string& name) const {
+  if (auto id = find_parameter(name)) return *id;
+  const auto& ps = impl_->params;
+  std::vector<std::pair<std::size_t, std::string>> near;
+  for (const core::ParamInfo& p : ps) near.emplace_back(edit_distance(name, p.name), p.name);
+  std::sort(near.begin(), near.end());
+  std::string closest;
+  for (std::size_t i = 0; i < near.size() && i < 3; ++i) closest += (i ? ", '" : "'") + near[i].second + "'";
+  ZOE_THROW(UsageError, "no parameter named '", name, "' (", ps.size(), " registered",
+            closest.empty() ? std::string() : "; closest: " + closest, ")");
+}
+
+const std::string& Engine::parameter_name(ParamId id) const {
+  ZOE_CHECK_USAGE(id.index < impl_->params.size(), "unknown parameter id ", id.index, " (", impl_->params.size(),
+                  " parameters registered)");
+  return impl_->params[id.index].name;
+}
+const std::vector<std::int64_t>& Engine::parameter_shape(ParamId id) const {
+  ZOE_CHECK_USAGE(id.index < impl_->params.size(), "unknown parameter id ", id.index, " (", impl_->params.size(),
+                  " parameters registered)");
+  return impl_->params[id.index].shape;
+}
+std::size_t Engine::parameter_count() const { return impl_->params.size(); }
+
 ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t> shape,
-                              std::span<const float> initial) {
+                              std::span<const float> initial, const ParamOptions& options) {
   const std::int64_t numel = checked_numel(*impl_, name, shape);
   ZOE_CHECK_USAGE(static_cast<std::int64_t>(initial.size()) == numel, "parameter '", name, "': initial has ",
                   initial.size(), " elements, shape has ", numel);
   auto values = std::make_shared<const std::vector<float>>(initial.begin(), initial.end());
-  return add_parameter_from(name, std::move(shape), [values](std::int64_t offset, std::span<float> out) {
-    std::copy_n(values->begin() + offset, out.size(), out.begin());
-  });
+  return add_parameter_from(
+      name, std::move(shape),
+      [values](std::int64_t offset, std::span<float> out) {
+        std::copy_n(values->begin() + offset, out.size(), out.begin());
+      },
+      options);
 }
 
 ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params, ForwardMode mode) {
@@ -469,32 +575,6 @@ double Engine::lr() const {
 }
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 std::int64_t Engine::global_step() const { return impl_->step_count; }
-
-std::vector<float> Engine::gather_parameter(ParamId id) {
-  return impl_->guarded("gather_parameter", [&] {
-    Impl& I = *impl_;
-    I.finalize();
-    ZOE_CHECK_USAGE(id.index < I.params.size(), "unknown parameter id ", id.index);
-    I.finish_update();
-    const core::ParamInfo& p = I.params[id.index];
-    core::Group& g = I.groups[p.group];
-    const core::FlatLayout& L = *g.layout;
-    Stream& s = *I.side;
-    std::vector<float> range = I.master_range(g);
-    std::vector<float> out(static_cast<std::size_t>(p.numel));
-    if (!I.policy.shards_optimizer) {
-      std::copy_n(range.begin() + L.offset(p.slot), out.size(), out.begin());
-      return out;
-    }
-    core::DeviceBuffer shard = I.alloc(core::MemKind::buffer, DType::f32, L.shard_numel());
-    core::DeviceBuffer full = I.alloc(core::MemKind::buffer, DType::f32, L.padded_numel());
-    I.device.copy(shard.data(), range.data(), shard.bytes(), s);
-    I.comm.all_gather(shard.data(), full.data(), static_cast<std::size_t>(L.shard_numel()), DType::f32, s);
-    I.device.copy(out.data(), static_cast<const float*>(full.data()) + L.offset(p.slot), out.size() * sizeof(float), s);
-    I.device.synchronize(s);
-    return out;
-  });
-}
 
 MemoryReport Engine::memory_report() const {
   const Impl& I = *impl_;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -75,6 +76,8 @@ struct EngineImpl {
   DeferredFrees frees{device, *side, config.zoe.debug_poison};  // zoe.debug_poison: NaN-filled frees
 
   std::vector<ParamInfo> params;
+  std::unordered_map<std::string, std::uint32_t> param_by_name;  // every registered name
+  std::vector<std::string> param_groups;                          // add_param_group names, in order
   std::vector<ModuleInfo> modules;
   std::vector<Group> groups;
   bool finalized = false;
@@ -259,6 +262,27 @@ struct EngineImpl {
   void finish_update();
   /// This rank's fp32 master weights of the group's range (opt_numel floats), host memory.
   std::vector<float> master_range(Group& g);
+
+  // param_access.cpp
+  /// Runs of equal optimizer options over the group's flat buffer [0, padded_numel): parameter
+  /// i covers [offset(i), offset(i + 1)) (its padding with it), neighbours with equal options merged.
+  std::vector<OptimRun> option_runs(const Group& g) const;
+  /// Writes all three states of the group's range from `all` and recomputes its compute-
+  /// dtype parameters from the master weights (stages 1-2: all-gathered into the full copy).
+  void write_states_and_params(Group& g, const std::vector<float>& all);
+  /// This rank's compute-dtype part of a frozen group: its shard [shard_begin(rank),
+  /// + shard_numel) (stages 0-2: that slice of the full copy), host memory, shard_numel x
+  /// dtype_size bytes. read_frozen_shard / write_frozen_shard (stages 0-2: all-gathered into
+  /// the full copy, tagged).
+  std::vector<std::byte> read_frozen_shard(Group& g);
+  void write_frozen_shard(Group& g, const std::byte* shard);
+  /// The group's whole padded flat buffer in fp32 (the master weights; frozen: the compute-
+  /// dtype values widened), gathered from every rank (tagged collective). Host memory.
+  std::vector<float> gather_group(Group& g, const CollectiveTag& tag);
+  /// UsageError naming `param` and `call` if a module is between begin_* and end_*.
+  void check_between_steps(const ParamInfo& param, const char* call) const;
+  /// Counted, tagged all-gather of raw fp64 words for the trainer's scalars.
+  void all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name);
 };
 
 template <class F>

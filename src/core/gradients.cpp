@@ -34,7 +34,7 @@ void EngineImpl::prepare_grads(ModuleInfo& m) {
   bool filled = false;
   for (int gi : m.groups) {
     Group& g = groups[gi];
-    if (g.grad_full) continue;
+    if (g.frozen || g.grad_full) continue;  // frozen: no gradient buffer
     g.grad_full = alloc(MemKind::buffer, dtype, g.layout->padded_numel());
     device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *side);
     filled = true;
@@ -51,6 +51,7 @@ void EngineImpl::finish_backward(ModuleInfo& m) {
   side_waits_for_compute();
   for (int gi : m.groups) {
     Group& g = groups[gi];
+    if (g.frozen) continue;  // no gradients: never reduced
     if (--g.pending_users > 0) continue;
     g.pending_users = static_cast<int>(g.users.size());
     ++g.micro_batches;
@@ -72,7 +73,9 @@ bool EngineImpl::round_complete() const {
   if (bucket.groups.empty()) return false;
   int round = 0;
   for (int gi : bucket.groups) round = std::max(round, groups[static_cast<std::size_t>(gi)].micro_batches);
-  return std::all_of(groups.begin(), groups.end(), [round](const Group& g) { return g.micro_batches >= round; });
+  // Frozen groups have no gradients (micro_batches stays 0): they take no part in a round.
+  return std::all_of(groups.begin(), groups.end(),
+                     [round](const Group& g) { return g.frozen || g.micro_batches >= round; });
 }
 
 void EngineImpl::flush_bucket() {

@@ -28,6 +28,8 @@ struct ParamInfo {
   ParamInitializer init;       // the initial value's source; released after finalize
   int group = -1;              // owning group
   std::size_t slot = 0;        // index inside the owning group's layout
+  ParamOptions options;        // weight_decay resolved against the config at registration
+  std::string param_group;     // the add_param_group that set `options` ("" = registration's)
 };
 
 /// A sub-group: up to sub_group_size elements of a rank's optimizer range whose step runs as
@@ -38,6 +40,9 @@ struct SubGroup {
   std::int64_t begin = 0, numel = 0;  // elements, within the group's optimizer range
   int offload_id = -1;                // OptimizerStates id; -1 = device optimizer
   DeviceBuffer device_states;         // device: [master | exp_avg | exp_avg_sq], 3 * numel floats
+  /// Runs of equal per-parameter options covering [0, numel) (begin relative to the sub-group),
+  /// in order: both optimizers step each run with its own weight decay and lr factor.
+  std::vector<OptimRun> runs;
   bool offloaded() const { return offload_id >= 0; }
   float* master() const { return static_cast<float*>(device_states.data()); }
 };
@@ -49,6 +54,10 @@ struct Group {
   std::optional<FlatLayout> layout;
   std::vector<int> users;  // modules whose params live here
   bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
+  /// The module's frozen parameters (ParamOptions::frozen) form a group of their own: compute-
+  /// dtype parameters only (no gradient buffers, no sub-groups, opt_numel 0), never reduced
+  /// or updated. Every other group holds trainable parameters only.
+  bool frozen = false;
 
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
   // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter

@@ -26,7 +26,8 @@ PipelineGroup EngineImpl::param_host_part(Group& g, int index, std::shared_ptr<D
   const std::size_t esz = dtype_size(dtype);
   for (const SubGroup& sg : g.subgroups)
     if (sg.offloaded())
-      pg.subgroups.push_back(PipelineSubGroup{sg.offload_id, sg.numel, static_cast<std::size_t>(sg.begin) * esz});
+      pg.subgroups.push_back(
+          PipelineSubGroup{sg.offload_id, sg.numel, static_cast<std::size_t>(sg.begin) * esz, sg.runs});
   // On the worker: take the tier's write buffer and copy the device sub-groups' output into it
   // (after their update on the update stream, recorded before the pipeline started).
   Event* device_part = g.update_done.get();

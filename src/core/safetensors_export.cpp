@@ -108,6 +108,17 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
     if (appender) attempt([&] { appender->append(*g.layout, flat_begin, values); });
   };
 
+  // A frozen group has no master weights (no sub-groups): its compute-dtype values, widened to
+  // fp32, gathered from every rank (EngineImpl::gather_group), are what is exported.
+  auto export_frozen = [&](core::Group& g) {
+    CollectiveTag tag;
+    tag.kind = CollectiveTag::Kind::params;
+    tag.group = static_cast<std::int32_t>(&g - I.groups.data());
+    tag.label = detail::concat("exporting the frozen parameters of '", g.name, "'");
+    const std::vector<float> full = I.gather_group(g, tag);
+    emit(g, 0, std::span<const float>(full.data(), full.size()));
+  };
+
   std::int64_t largest = 0;
   for (const core::Group& g : I.groups)
     for (const core::SubGroup& sg : g.subgroups) largest = std::max(largest, sg.numel);
@@ -126,15 +137,24 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
   if (!I.policy.shards_optimizer) {
     // Stage 0: every rank holds every state; rank 0 writes its own.
     if (I.rank == 0)
-      for (const core::Group& g : I.groups)
+      for (core::Group& g : I.groups) {
+        if (g.frozen) {
+          export_frozen(g);
+          continue;
+        }
         for (const core::SubGroup& sg : g.subgroups) {
           const auto n = static_cast<std::size_t>(sg.numel);
           attempt([&] { read_master(sg, host.data()); });
           emit(g, g.opt_begin + sg.begin, std::span<const float>(host.data(), n));
         }
+      }
   } else {
     core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, std::max<std::int64_t>(largest, 1));
-    for (const core::Group& g : I.groups) {
+    for (core::Group& g : I.groups) {
+      if (g.frozen) {
+        export_frozen(g);  // a collective at stage 3: every rank joins
+        continue;
+      }
       // Every rank's optimizer range of g has the same size and the same sub-groups.
       for (int r = 0; r < I.world; ++r) {
         for (const core::SubGroup& sg : g.subgroups) {

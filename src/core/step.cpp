@@ -26,11 +26,21 @@ StepResult EngineImpl::step() {
     ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module '", m.name, "' is still in ",
                     m.phase == ModuleInfo::Phase::forward ? "forward" : "backward");
   }
+  // Frozen groups have no gradients: they are never reduced and take no part in the step.
   int micro = 0;
-  for (const Group& g : groups) micro = std::max(micro, g.micro_batches);
+  bool any_trainable = false;
+  for (const Group& g : groups) {
+    if (g.frozen) continue;
+    any_trainable = true;
+    micro = std::max(micro, g.micro_batches);
+  }
+  if (!any_trainable) {  // every parameter frozen: the backward count alone says the step is complete
+    for (const ModuleInfo& m : modules) micro = std::max(micro, m.backward_count);
+  }
   ZOE_CHECK_USAGE(micro == gas, "step() after ", micro, " micro-batch(es) of backward; gradient_accumulation_steps is ",
                   gas);
   for (const Group& g : groups) {
+    if (g.frozen) continue;
     ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group '", g.name, "' had ",
                     g.micro_batches, " backward passes this step, expected ", gas);
   }
@@ -39,7 +49,7 @@ StepResult EngineImpl::step() {
   const DType gdt = grad_dtype();
   // Groups no module ran backward for this step have zero gradients.
   for (Group& g : groups) {
-    if (g.micro_batches != 0) continue;
+    if (g.frozen || g.micro_batches != 0) continue;
     if (policy.reduces_at_step) g.grad_shard = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
     if (policy.shards_optimizer && g.grad_shard) device.fill(g.grad_shard.data(), gdt, g.layout->shard_numel(), 0.0f, s);
     if (has_offloaded_sub_groups(g)) zero_offloaded_grads(g);
@@ -59,6 +69,7 @@ StepResult EngineImpl::step() {
   const std::size_t G = groups.size();
   std::vector<Piece> pieces;
   for (const Group& g : groups) {
+    if (g.frozen) continue;
     const std::int64_t S = g.layout->shard_numel();
     for (int r = 0; r < parts; ++r) {
       for (std::int64_t c = 0; c < S; c += sub_group_numel()) {
@@ -152,6 +163,7 @@ StepResult EngineImpl::step() {
 
   // ---- reset for the next step (the update, if running, owns the groups until it is done)
   for (Group& g : groups) {
+    if (g.frozen) continue;
     if (overflow && !policy.shards_grads) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, s);
     if (overflow && policy.reduces_at_step) frees.after_side(std::move(g.grad_shard));
     g.micro_batches = 0;
@@ -189,18 +201,24 @@ const void* EngineImpl::grad_of(const Group& g) const {
 
 void EngineImpl::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
                                   Stream& s) {
-  const auto& h = plan.hyper;
-  const kernels::AdamCoeffs c = kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled,
-                                                     plan.step, plan.grad_scale, h.bias_correction);
   const std::size_t esz = dtype_size(dtype);
+  const DType gdt = policy.reduces_at_step ? dtype : grad_dtype();
   for (const SubGroup& sg : g.subgroups) {
     if (sg.offloaded()) continue;
     const auto n = static_cast<std::size_t>(sg.numel);
     float* master = sg.master();
-    const DType gdt = policy.reduces_at_step ? dtype : grad_dtype();
-    device.adam_step(c, master, master + n, master + 2 * n,
-                     static_cast<const char*>(grad_data) + sg.begin * dtype_size(gdt), gdt,
-                     static_cast<char*>(out_data) + sg.begin * esz, dtype, n, s);
+    // Each run of equal per-parameter options (weight decay, lr factor) with its coefficients,
+    // from the same double hyper-parameters the CPU optimizer gets (hyper_for): same bits.
+    for (const OptimRun& r : sg.runs) {
+      const optim::AdamHyper h = hyper_for(plan.hyper, r);
+      const kernels::AdamCoeffs c = kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled,
+                                                         plan.step, plan.grad_scale, h.bias_correction);
+      const std::int64_t at = sg.begin + r.begin;
+      const auto b = static_cast<std::size_t>(r.begin);
+      device.adam_step(c, master + b, master + n + b, master + 2 * n + b,
+                       static_cast<const char*>(grad_data) + at * dtype_size(gdt), gdt,
+                       static_cast<char*>(out_data) + at * esz, dtype, static_cast<std::size_t>(r.numel), s);
+    }
   }
 }
 

@@ -22,10 +22,17 @@ int EngineImpl::device_sub_group_count() const {
 }
 
 void EngineImpl::place_sub_groups(Group& g, int& device_left) {
+  const std::vector<OptimRun> flat = option_runs(g);  // over the whole flat buffer
   for (std::int64_t c = 0; c < g.opt_numel; c += sub_group_numel()) {
     SubGroup sg;
     sg.begin = c;
     sg.numel = std::min(sub_group_numel(), g.opt_numel - c);
+    // The sub-group's part of each run, relative to its first element.
+    const std::int64_t a = g.opt_begin + c, b = a + sg.numel;
+    for (const OptimRun& r : flat) {
+      const std::int64_t lo = std::max(a, r.begin), hi = std::min(b, r.begin + r.numel);
+      if (lo < hi) sg.runs.push_back(OptimRun{lo - a, hi - lo, r.weight_decay, r.lr_scale});
+    }
     if (device_left > 0) {
       --device_left;
       sg.device_states = alloc(MemKind::model_state, DType::f32, 3 * sg.numel);

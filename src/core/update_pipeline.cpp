@@ -135,8 +135,16 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
       } else {
         device_.check_host_accessible(out, bytes, "the CPU optimizer's parameter output");
       }
-      adam_.step(plan.hyper, plan.step, plan.grad_scale, st.master, st.exp_avg, st.exp_avg_sq, st.grad, DType::f32, n,
-                 options_.out_dtype == DType::f32 ? nullptr : out, options_.out_dtype);
+      // Each run of equal per-parameter options with its own weight decay and lr (Adam is
+      // elementwise: splitting the call changes no bit).
+      const std::vector<OptimRun> whole{OptimRun{0, st.numel, plan.hyper.weight_decay, 1.0}};
+      for (const OptimRun& r : sg.runs.empty() ? whole : sg.runs) {
+        const auto b = static_cast<std::size_t>(r.begin);
+        adam_.step(hyper_for(plan.hyper, r), plan.step, plan.grad_scale, st.master + b, st.exp_avg + b,
+                   st.exp_avg_sq + b, st.grad + b, DType::f32, static_cast<std::size_t>(r.numel),
+                   options_.out_dtype == DType::f32 ? nullptr : static_cast<char*>(out) + b * esz,
+                   options_.out_dtype);
+      }
       if (options_.out_dtype == DType::f32) std::memcpy(out, st.master, bytes);
       if (pg.out_on_device) {
         device_.copy(dst, out, bytes, *copy_);

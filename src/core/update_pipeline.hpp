@@ -47,6 +47,25 @@ struct UpdatePlan {
   float grad_scale;  // 1 / (loss_scale * world * micro_batches) * clip_coef
 };
 
+/// A run of elements of one sub-group whose parameters share their optimizer options
+/// (ParamOptions: weight decay, lr factor). `begin` in elements from the sub-group's start.
+/// Both optimizers step each run with hyper_for(plan.hyper, run), so they agree bitwise.
+struct OptimRun {
+  std::int64_t begin = 0, numel = 0;
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;
+  bool same_options(const OptimRun& o) const { return weight_decay == o.weight_decay && lr_scale == o.lr_scale; }
+};
+
+/// The hyper-parameters of one run: lr * lr_scale (in double; exact for lr_scale 1) and the
+/// run's weight decay.
+inline optim::AdamHyper hyper_for(const optim::AdamHyper& base, const OptimRun& run) {
+  optim::AdamHyper h = base;
+  h.lr = base.lr * run.lr_scale;
+  h.weight_decay = run.weight_decay;
+  return h;
+}
+
 /// A one-shot latch: a group's host part of the update is done and its new parameters are
 /// where they belong. Thread-safe.
 class GroupDone {
@@ -71,6 +90,8 @@ struct PipelineSubGroup {
   int offload_id = -1;
   std::int64_t numel = 0;
   std::size_t out_offset = 0;
+  /// Runs of equal optimizer options covering [0, numel); empty: one run with plan.hyper.
+  std::vector<OptimRun> runs;
 };
 
 /// One group's host part of a step.

@@ -95,6 +95,42 @@ TEST_F(EngineAccounting, ModelStatesEqualTheEstimateWithoutPadding) {
   }
 }
 
+TEST_F(EngineAccounting, FrozenParametersEqualTheEstimateExactly) {
+  // 4 modules of a trainable 4096-element weight and a frozen 2048-element one on 4 ranks (no
+  // padding): the estimate with frozen_parameters = 4 x 2048 is the engine's ledger exactly.
+  const int world = 4;
+  const ModelShape shape{4 * (4096 + 2048), 4096 + 2048, 4 * 2048};
+  struct Case { int stage; OffloadDevice optimizer; };
+  const Case cases[] = {{0, OffloadDevice::none}, {1, OffloadDevice::none}, {2, OffloadDevice::none},
+                        {3, OffloadDevice::none}, {2, OffloadDevice::cpu},  {3, OffloadDevice::nvme}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "stage " << c.stage << ", offload_optimizer " << static_cast<int>(c.optimizer));
+    const Config cfg = config(c.stage, c.optimizer, dir_);
+    const RankEstimate est = estimate::estimate_rank(shape, world, cfg);
+    std::vector<MemoryReport> reports(world);
+    run_ranks(make_local_ranks(world, 60.0), [&](RankContext& ctx) {
+      Engine e(cfg, ctx);
+      std::vector<ModuleId> modules;
+      for (int i = 0; i < 4; ++i) {
+        const std::string n = std::to_string(i);
+        const ParamId w = e.add_parameter("w" + n, {4096}, std::vector<float>(4096, 0.01f));
+        const ParamId f = e.add_parameter("f" + n, {2048}, std::vector<float>(2048, 0.5f), ParamOptions{{}, 1.0, true});
+        modules.push_back(e.add_module("m" + n, {w, f}));
+      }
+      for (ModuleId m : modules) ForwardScope f(e, m);
+      for (auto it = modules.rbegin(); it != modules.rend(); ++it) BackwardScope bw(e, *it);
+      e.step();
+      e.synchronize();
+      reports[ctx.rank] = e.memory_report();
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(reports[r].device_model_states, est.model_states.device) << "rank " << r;
+      EXPECT_EQ(reports[r].host_model_states, est.model_states.host) << "rank " << r;
+      EXPECT_EQ(reports[r].nvme_model_states, est.model_states.nvme) << "rank " << r;
+    }
+  }
+}
+
 TEST_F(EngineAccounting, ModelStatesWithinOnePercentWithPadding) {
   // Sizes that are not multiples of world x 16: each module's flat buffer is padded.
   const int world = 3;

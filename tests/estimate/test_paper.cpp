@@ -2,6 +2,8 @@
 // bytes; expected bytes below are worked out by hand from (2+2+K)Ψ, K = 12.
 #include <gtest/gtest.h>
 
+#include "zoe/error.hpp"
+
 #include <cmath>
 
 #include "tests/estimate/estimate_test_util.hpp"
@@ -85,5 +87,23 @@ TEST(EstimatePaper, TrafficIsTwoPsiOrThreePsi) {
     EXPECT_EQ(r.traffic_bytes_sent, r.traffic_elements * 2 / 64 * 63) << "stage " << stage;
   }
   EXPECT_EQ(estimate_rank({psi, 0}, 1, knobs(1)).traffic_bytes_sent, 0);  // one rank sends nothing
+}
+
+TEST(EstimatePaper, FrozenParametersCostOnlyTheirComputeDtypeBytes) {
+  // Fine-tuning 0.5B of a 7.5B model on 64 ranks: Ψ = 7.5e9 (s = 117,187,500), Ψt = 5e8
+  // (t = 7,812,500). Parameters stay 2Ψ (2s at stage 3); gradients and states follow Ψt.
+  const std::int64_t psi = 7'500'000'000, psi_t = 500'000'000, s = 117'187'500, t = 7'812'500;
+  const std::int64_t expect[4] = {2 * psi + 2 * psi_t + 12 * psi_t, 2 * psi + 2 * psi_t + 12 * t,
+                                  2 * psi + 2 * t + 12 * t, 2 * s + 2 * t + 12 * t};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const auto r = estimate_rank({psi, 0, psi - psi_t}, 64, knobs(stage));
+    EXPECT_EQ(r.model_states.device, expect[stage]) << "stage " << stage;
+    EXPECT_EQ(r.trainable_shard_elements, t);
+    EXPECT_EQ(r.traffic_elements, stage == 3 ? 2 * psi + psi_t : 2 * psi_t) << "stage " << stage;
+  }
+  // The optimizer on the CPU: 16 bytes per trainable shard element there.
+  EXPECT_EQ(estimate_rank({psi, 0, psi - psi_t}, 64, knobs(3, zoe::OffloadDevice::cpu)).model_states.host, 16 * t);
+  EXPECT_THROW(estimate_rank({psi, 0, psi + 1}, 64, knobs(0)), zoe::ConfigError);
+  EXPECT_THROW(estimate_rank({psi, 0, -1}, 64, knobs(0)), zoe::ConfigError);
 }
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "tests/gpt/tiny_run.hpp"
 
@@ -33,6 +34,37 @@ TEST(GptEngineRun, StagesAndOffloadGiveTheSameLossCurve) {
   EXPECT_NEAR(s3.final_val_loss, s0.final_val_loss, 1e-4 * s0.final_val_loss);
 }
 
+// GPT-2 practice through the engine's parameter groups: the biases and LayerNorm gains (the
+// 1-D parameters, nanoGPT's rule, an independent statement of it) take no weight decay. One
+// step (lr > 0 at step 0) with weight decay 0.5 and 0 from the same start: the 1-D parameters
+// end bitwise equal, every matrix and embedding differs.
+TEST(GptEngineRun, BiasesAndLayerNormGainsTakeNoWeightDecay) {
+  const TokenSplit data = synthetic_tokens();
+  const Tokenizer no_tokenizer;
+  const test::TempDir dir("engine_run_decay");
+  TrainOptions a = tiny(2, zoe::OffloadDevice::none, dir.str(), /*steps=*/1);
+  a.engine.optimizer.weight_decay = 0.5;
+  TrainOptions b = a;
+  b.engine.optimizer.weight_decay = 0.0;
+  const TrainSummary sa = train(a, data, no_tokenizer, false, /*gather_parameters=*/true);
+  const TrainSummary sb = train(b, data, no_tokenizer, false, /*gather_parameters=*/true);
+  const ModelSpec spec = make_model_spec(a.model);
+  int decayed = 0, kept = 0;
+  for (const ParamSpec& p : spec.params) {
+    const bool matrix = p.shape.size() >= 2;
+    EXPECT_EQ(decays(p.name), matrix) << p.name;
+    const auto& va = sa.parameters.at(p.name);
+    const auto& vb = sb.parameters.at(p.name);
+    ASSERT_EQ(va.size(), vb.size());
+    const bool same = std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)) == 0;
+    EXPECT_EQ(same, !matrix) << p.name << (matrix ? " was not decayed" : " was decayed");
+    (matrix ? decayed : kept) += 1;
+  }
+  // Per block 2 LayerNorms x (gain, bias) and 4 linear biases; ln_f's gain and bias. (A zero
+  // bias stays equal even if decayed; the gains, ones at init, would not.)
+  EXPECT_EQ(kept, 8 * a.model.n_layer + 2);
+  EXPECT_GT(decayed, 0);
+}
 
 // The CUDA backend's math (KernelOps, `--host-ops kernels`) trains through the engine like the
 // CPU ops: ZeRO-3 with NVMe optimizer states, the same loss curve to fp32 summation order.
