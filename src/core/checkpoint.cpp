@@ -85,6 +85,31 @@ std::string failure(std::exception_ptr e) {
 bool is_error(const std::string& s) { return s.rfind("error ", 0) == 0; }
 std::string payload(const std::string& s) { return s.substr(s.find(' ') + 1); }
 
+// Rank 0 alone runs `decide` (its result: the data every rank needs); every rank learns the
+// outcome. When rank 0 failed, every rank throws together (an agreed failure: the engine stays
+// usable), rank 0 its own exception, the others Error "<failed><rank 0's message><after>".
+// Returns rank 0's data on every rank.
+template <class F>
+std::string rank0_decides(core::EngineImpl& I, F&& decide, const std::string& failed, const std::string& after = "") {
+  std::exception_ptr error;
+  std::string mine;
+  if (I.rank == 0) {
+    try {
+      mine = ok(decide());
+    } catch (...) {
+      error = std::current_exception();
+      mine = failure(error);
+    }
+  }
+  const std::vector<std::string> all = share_outcomes(I, mine);
+  if (is_error(all[0])) {
+    I.agreed_failure = true;  // every rank throws here
+    if (error) std::rethrow_exception(error);
+    ZOE_THROW(Error, failed, payload(all[0]), after);
+  }
+  return payload(all[0]);
+}
+
 // "1, 3" and "rank 1: <message>; rank 3: <message>" of the ranks whose outcome is an error.
 std::pair<std::string, std::string> failed_ranks(const std::vector<std::string>& all) {
   std::string ranks, messages;
@@ -217,27 +242,19 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
     m.client_state = client_state;
     m.groups = model_of(I);
     ckpt::lay_out_ranks(m);
+    const std::string id = rank0_decides(
+        I,
+        [&] {
+          ckpt::recover(dir);
+          ckpt::make_temp(dir);
+          std::random_device rd;
+          return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count));
+        },
+        not_saved + "rank 0 could not prepare '" + tmp + "': ");
+    m.id = std::stoull(id, nullptr, 16);
     std::exception_ptr error;
     std::string mine;
-    if (I.rank == 0) {
-      try {
-        ckpt::recover(dir);
-        ckpt::make_temp(dir);
-        std::random_device rd;
-        const std::uint64_t id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count);
-        mine = ok(hex_id(id));
-      } catch (...) {
-        error = std::current_exception();
-        mine = failure(error);
-      }
-    }
-    std::vector<std::string> all = share_outcomes(I, mine);
-    if (is_error(all[0])) {
-      I.agreed_failure = true;  // every rank throws here
-      if (error) std::rethrow_exception(error);
-      ZOE_THROW(Error, not_saved, "rank 0 could not prepare '", tmp, "': ", payload(all[0]));
-    }
-    m.id = std::stoull(payload(all[0]), nullptr, 16);
+    std::vector<std::string> all;
 
     // 2. Every rank streams its file into <dir>.tmp.
     std::vector<std::uint32_t> crcs;
@@ -263,29 +280,20 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
     }
 
     // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
-    mine.clear();
-    if (I.rank == 0) {
-      try {
-        for (std::size_t r = 0; r < all.size(); ++r) {
-          const std::string list = payload(all[r]);
-          ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
-          for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
-            m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
-        }
-        write_manifest(m, tmp);
-        ckpt::publish(dir);
-        mine = ok("");
-      } catch (...) {
-        error = std::current_exception();
-        mine = failure(error);
-      }
-    }
-    all = share_outcomes(I, mine);
-    if (is_error(all[0])) {
-      I.agreed_failure = true;  // every rank throws here
-      if (error) std::rethrow_exception(error);
-      ZOE_THROW(Error, not_saved, "rank 0 could not write its manifest or publish it: ", payload(all[0]));
-    }
+    rank0_decides(
+        I,
+        [&] {
+          for (std::size_t r = 0; r < all.size(); ++r) {
+            const std::string list = payload(all[r]);
+            ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
+            for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
+              m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
+          }
+          write_manifest(m, tmp);
+          ckpt::publish(dir);
+          return std::string();
+        },
+        not_saved + "rank 0 could not write its manifest or publish it: ");
     ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
   });
 }
@@ -353,23 +361,12 @@ std::string Engine::load_checkpoint(const std::string& dir) {
 
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
     //    every rank reads the same checkpoint.
+    const std::string from = rank0_decides(
+        I, [&] { return ckpt::choose_for_load(dir); }, "checkpoint '" + dir + "' could not be loaded: rank 0: ",
+        "; nothing was changed");
     std::exception_ptr error;
     std::string mine;
-    if (I.rank == 0) {
-      try {
-        mine = ok(ckpt::choose_for_load(dir));
-      } catch (...) {
-        error = std::current_exception();
-        mine = failure(error);
-      }
-    }
-    std::vector<std::string> all = share_outcomes(I, mine);
-    if (is_error(all[0])) {
-      I.agreed_failure = true;  // every rank throws here
-      if (error) std::rethrow_exception(error);
-      ZOE_THROW(Error, "checkpoint '", dir, "' could not be loaded: rank 0: ", payload(all[0]), "; nothing was changed");
-    }
-    const std::string from = payload(all[0]);
+    std::vector<std::string> all;
     if (from != dir) ZOE_LOG_WARN("checkpoint '{}' is incomplete (a save was interrupted): loading '{}'", dir, from);
 
     // 2. Every rank reads the manifest, checks it and verifies what it will read.
