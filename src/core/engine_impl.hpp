@@ -279,8 +279,10 @@ struct EngineImpl {
   /// The group's whole padded flat buffer in fp32 (the master weights; frozen: the compute-
   /// dtype values widened), gathered from every rank (tagged collective). Host memory.
   std::vector<float> gather_group(Group& g, const CollectiveTag& tag);
-  /// UsageError naming `param` and `call` if a module is between begin_* and end_*.
-  void check_between_steps(const ParamInfo& param, const char* call) const;
+  /// What read_parameter / write_parameter (`call`) do first: the parameter of `index`, once
+  /// it is known (UsageError otherwise), no module is between begin_* and end_* (UsageError
+  /// naming the parameter and the module), the engine is built and the last update is done.
+  const ParamInfo& param_between_steps(std::uint32_t index, const char* call);
   /// Counted, tagged all-gather of raw fp64 words for the trainer's scalars.
   void all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name);
 };

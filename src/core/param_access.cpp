@@ -155,11 +155,17 @@ std::vector<float> EngineImpl::gather_group(Group& g, const CollectiveTag& tag) 
   return full;
 }
 
-void EngineImpl::check_between_steps(const ParamInfo& param, const char* call) const {
+const ParamInfo& EngineImpl::param_between_steps(std::uint32_t index, const char* call) {
+  ZOE_CHECK_USAGE(index < params.size(), call, ": unknown parameter id ", index, " (", params.size(),
+                  " parameters registered)");
+  const ParamInfo& param = params[index];
   for (const ModuleInfo& m : modules)
     ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, call, "('", param.name, "') while module '", m.name,
                     "' is in ", m.phase == ModuleInfo::Phase::forward ? "forward" : "backward",
                     ": a parameter's value is read or written between steps (end_* first)");
+  finalize();
+  finish_update();
+  return param;
 }
 
 void EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name) {
@@ -225,12 +231,7 @@ std::vector<float> Engine::gather_parameter(ParamId id) {
 void Engine::read_parameter(ParamId id, std::span<float> out) {
   impl_->guarded("read_parameter", [&] {
     Impl& I = *impl_;
-    ZOE_CHECK_USAGE(id.index < I.params.size(), "read_parameter: unknown parameter id ", id.index, " (",
-                    I.params.size(), " parameters registered)");
-    const core::ParamInfo& p = I.params[id.index];
-    I.check_between_steps(p, "read_parameter");
-    I.finalize();
-    I.finish_update();
+    const core::ParamInfo& p = I.param_between_steps(id.index, "read_parameter");
     core::Group& g = I.groups[p.group];
     // Tagged with the parameter, so a rank reading another one fails on the host backends even
     // when the two groups' shapes match. The collective runs before the size check, so a rank
@@ -245,12 +246,7 @@ void Engine::read_parameter(ParamId id, std::span<float> out) {
 void Engine::write_parameter(ParamId id, std::span<const float> value) {
   impl_->guarded("write_parameter", [&] {
     Impl& I = *impl_;
-    ZOE_CHECK_USAGE(id.index < I.params.size(), "write_parameter: unknown parameter id ", id.index, " (",
-                    I.params.size(), " parameters registered)");
-    const core::ParamInfo& p = I.params[id.index];
-    I.check_between_steps(p, "write_parameter");
-    I.finalize();
-    I.finish_update();
+    const core::ParamInfo& p = I.param_between_steps(id.index, "write_parameter");
     // Every rank must write the same finite value of the right size: the ranks exchange (hash,
     // size, first non-finite index) and all of them throw, before anything is written, when any
     // rank's differs, so no rank is left waiting in a collective its peer skipped.
