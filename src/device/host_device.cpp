@@ -83,6 +83,7 @@ std::size_t HostDevice::cached_bytes() const {
 
 void* HostDevice::allocate(std::size_t bytes) {
   std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  const bool cacheable = rounded >= kCacheMinBytes;  // smaller blocks: malloc's, outside the cache's account
   {
     // Reserve the bytes first so concurrent allocations cannot both pass the capacity check.
     std::lock_guard lock(mutex_);
@@ -91,7 +92,7 @@ void* HostDevice::allocate(std::size_t bytes) {
                 capacity_, " bytes (", stats_.current_bytes, " in use)");
     stats_.current_bytes += static_cast<std::int64_t>(bytes);
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-    auto hit = cache_.find(rounded);
+    auto hit = cacheable ? cache_.find(rounded) : cache_.end();
     if (hit != cache_.end()) {
       void* ptr = hit->second.back();
       hit->second.pop_back();
@@ -103,9 +104,9 @@ void* HostDevice::allocate(std::size_t bytes) {
     }
     // A miss: release cached blocks, largest first, until live + cached fits within the peak
     // of live bytes (a new peak releases them all).
-    live_rounded_ += rounded;
+    if (cacheable) live_rounded_ += rounded;
     live_rounded_peak_ = std::max(live_rounded_peak_, live_rounded_);
-    while (cached_bytes_ > 0 && live_rounded_ + cached_bytes_ > live_rounded_peak_) {
+    while (cacheable && cached_bytes_ > 0 && live_rounded_ + cached_bytes_ > live_rounded_peak_) {
       auto largest = std::prev(cache_.end());
       free_block(largest->second.back());
       largest->second.pop_back();
@@ -117,7 +118,7 @@ void* HostDevice::allocate(std::size_t bytes) {
   std::lock_guard lock(mutex_);
   if (!ptr) {
     stats_.current_bytes -= static_cast<std::int64_t>(bytes);
-    live_rounded_ -= rounded;
+    if (cacheable) live_rounded_ -= rounded;
     ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
   }
   sizes_.emplace(ptr, bytes);
@@ -137,7 +138,7 @@ void HostDevice::deallocate(void* ptr) {
     stats_.current_bytes -= static_cast<std::int64_t>(bytes);
     sizes_.erase(it);
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    live_rounded_ -= rounded;
+    if (rounded >= kCacheMinBytes) live_rounded_ -= rounded;
     if (poison_freed_) {
       quarantine = true;
       poisoned = bytes;
