@@ -139,6 +139,7 @@ TrainOptions parse_options(int argc, char** argv) {
     a.warmup_steps = o.warmup;
     a.total_steps = o.steps;
     a.hidden_size = o.model.n_embd;
+    a.gather_16bit_weights_on_model_save = !o.export_path.empty();  // consolidated only for --export
     c = zoe::Config::from_json_file(config_path, a);
   }
   // Which keys the file writes (it parsed above, so it is valid JSON): a key it leaves out keeps
@@ -177,6 +178,11 @@ TrainOptions parse_options(int argc, char** argv) {
   if (!in_file("/optimizer/type") && !in_file("/optimizer/params/adam_w_mode")) c.optimizer.type = zoe::OptimizerType::adamw;
   if (!in_file("/optimizer/params/betas")) c.optimizer.betas = {0.9, 0.95};  // GPT-3's betas
   c.validate();
+  // Refused now, not after the training: the engine's export would refuse at the end.
+  if (!o.export_path.empty() && c.zero_optimization.stage == 3 && !c.zero_optimization.gather_16bit_weights_on_model_save)
+    GPT_THROW("--export ", o.export_path, ": the config's zero_optimization.stage3_gather_16bit_weights_on_model_save is "
+              "false, which forbids consolidating the stage-3 model into one file (as DeepSpeed's save_16bit_model); "
+              "set it true or drop --export");
   return o;
 }
 

@@ -154,6 +154,15 @@ struct ZeroConfig {
   std::int64_t stage3_max_live_parameters = 1'000'000'000;
   /// A module reused within this many elements of execution is not freed (stage 3).
   std::int64_t stage3_max_reuse_distance = 1'000'000'000;
+  /// DeepSpeed's gather_16bit_weights_on_model_save (JSON aliases
+  /// stage3_gather_16bit_weights_on_model_save and the deprecated
+  /// stage3_gather_fp16_weights_on_model_save): whether a stage-3 model may be consolidated
+  /// into one file of whole parameters, which DeepSpeed's save_16bit_model does and zoe's
+  /// Engine::export_safetensors does. false at stage 3: export_safetensors refuses (DeepSpeed
+  /// saves nothing and returns False). zoe's default is true, not DeepSpeed's false: zoe's
+  /// export streams one sub-group at a time, so it costs no model-sized host memory (the reason
+  /// DeepSpeed leaves it off). No effect at stages 0-2, as in DeepSpeed.
+  bool gather_16bit_weights_on_model_save = true;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
 
@@ -285,6 +294,10 @@ struct Config {
     /// The model's hidden size: zero_optimization.reduce_bucket_size = h * h,
     /// stage3_prefetch_bucket_size = int(0.9 * h * h), stage3_param_persistence_threshold = 10 * h.
     std::optional<std::int64_t> hidden_size;
+    /// zero_optimization.stage3_gather_16bit_weights_on_model_save (and its other spellings):
+    /// whether the trainer will consolidate a stage-3 model into one file (accelerate:
+    /// DeepSpeedPlugin.zero3_save_16bit_model, default False; zoe-gpt: --export given).
+    std::optional<bool> gather_16bit_weights_on_model_save;
   };
 
   /// Parse DeepSpeed-style JSON text, then validate(). Unknown keys, DeepSpeed keys zoe does

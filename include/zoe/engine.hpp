@@ -401,7 +401,9 @@ class Engine {
   /// they agree (no collective waits for a failed rank) and leaves `path` as it was: the
   /// failing rank throws its own error (IoError with ENOSPC for a full disk, naming the file),
   /// the others an Error naming the failed ranks. Throws UsageError (before any collective)
-  /// while a module is between begin_* and end_*. Frozen parameters (ParamOptions::frozen)
+  /// while a module is between begin_* and end_*, and at stage 3 when
+  /// zero_optimization.gather_16bit_weights_on_model_save is false (DeepSpeed's save_16bit_model
+  /// then saves nothing). Frozen parameters (ParamOptions::frozen)
   /// are exported too: their compute-dtype values widened to fp32 (they have no master weights).
   void export_safetensors(const std::string& path, DType dtype = DType::f32,
                           const std::map<std::string, std::string>& metadata = {});

@@ -144,9 +144,19 @@ void read_zero(Section s, ZeroConfig& c) {
     o.device = OffloadDevice::cpu;
   s.unsupported("cpu_offload_params", "deprecated in DeepSpeed; use offload_param.device \"cpu\"");
   s.unsupported("cpu_offload_use_pin_memory", "deprecated in DeepSpeed; use offload_*.pin_memory");
-  s.unsupported("stage3_gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
-  s.unsupported("stage3_gather_fp16_weights_on_model_save", "zoe saves sharded checkpoints only");
-  s.unsupported("gather_16bit_weights_on_model_save", "zoe saves sharded checkpoints only");
+  // One DeepSpeed field under three names (its pydantic alias and a deprecated spelling).
+  int gather_names = 0;
+  for (const char* key : {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save"}) {
+    if (!s.has(key)) continue;
+    bool value = c.gather_16bit_weights_on_model_save;
+    s.boolean(key, value, Auto::yes);
+    if (++gather_names > 1 && value != c.gather_16bit_weights_on_model_save)
+      s.problem(key, "gives another value than an earlier spelling of the same DeepSpeed field "
+                     "(gather_16bit_weights_on_model_save, alias stage3_gather_16bit_weights_on_model_save, "
+                     "deprecated stage3_gather_fp16_weights_on_model_save); give one");
+    c.gather_16bit_weights_on_model_save = value;
+  }
   s.unsupported("load_from_fp32_weights", "zoe checkpoints always restore the fp32 master weights");
   s.unsupported("elastic_checkpoint", "checkpoints load at the world size that saved them");
   s.unsupported("round_robin_gradients",
@@ -281,6 +291,12 @@ static void set_autos(JsonReader& r, const Config::AutoValues& a) {
   r.set_auto("zero_optimization.reduce_bucket_size", "hidden_size", h2);
   r.set_auto("zero_optimization.stage3_prefetch_bucket_size", "hidden_size", h09);
   r.set_auto("zero_optimization.stage3_param_persistence_threshold", "hidden_size", h10);
+  // accelerate fills this one (from DeepSpeedPlugin.zero3_save_16bit_model); the same for the
+  // field's other two spellings.
+  for (const char* key : {"zero_optimization.stage3_gather_16bit_weights_on_model_save",
+                          "zero_optimization.gather_16bit_weights_on_model_save",
+                          "zero_optimization.stage3_gather_fp16_weights_on_model_save"})
+    r.set_auto(key, "gather_16bit_weights_on_model_save", opt(a.gather_16bit_weights_on_model_save));
 }
 
 Config Config::from_json(const std::string& json_text, const AutoValues& auto_values) {
@@ -383,6 +399,7 @@ std::string Config::to_json() const {
       {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
       {"stage3_max_live_parameters", z.stage3_max_live_parameters},
       {"stage3_max_reuse_distance", z.stage3_max_reuse_distance},
+      {"stage3_gather_16bit_weights_on_model_save", z.gather_16bit_weights_on_model_save},
       {"offload_optimizer",
        {{"device", device(z.offload_optimizer.device)},
         {"nvme_path", z.offload_optimizer.nvme_path},

@@ -167,6 +167,7 @@ Config::AutoValues auto_values(const AutoInputs& in) {
   a.weight_decay = 0.0;
   a.warmup_steps = 1000;
   a.total_steps = 10000;
+  a.gather_16bit_weights_on_model_save = false;  // accelerate's default
   return a;
 }
 

@@ -69,6 +69,12 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
   ZOE_CHECK_USAGE(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                   "export_safetensors: unknown dtype ", static_cast<int>(dtype));
   ZOE_CHECK_USAGE(!path.empty(), "export_safetensors: empty path");
+  // DeepSpeed's save_16bit_model saves nothing at stage 3 unless the key allows consolidation.
+  ZOE_CHECK_USAGE(I.config.zero_optimization.stage != 3 || I.config.zero_optimization.gather_16bit_weights_on_model_save,
+                  "export_safetensors('", path, "'): zero_optimization.stage3_gather_16bit_weights_on_model_save is "
+                  "false, which forbids consolidating a stage-3 model into whole parameters (DeepSpeed's "
+                  "save_16bit_model then saves nothing); set it true, or save a sharded checkpoint "
+                  "(save_checkpoint) and export that with zoe-ckpt export");
   // Between begin_* and end_* the gathered parameters are in use (and the trainer's thread is
   // inside a module): the same rule as step().
   for (std::size_t m = 0; m < I.modules.size(); ++m)

@@ -169,8 +169,6 @@ TEST(ConfigErrors, DeepSpeedKeysZoeLacksAreRefusedAsUnsupported) {
       {R"({"bfloat16": {"enabled": true}})", "bfloat16", {"not supported", "bf16"}},
       {R"({"zero_optimization": {"cpu_offload_params": true}})", "zero_optimization.cpu_offload_params",
        {"not supported", "offload_param.device"}},
-      {R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})",
-       "zero_optimization.stage3_gather_16bit_weights_on_model_save", {"not supported"}},
       {R"({"aio": {"use_gds": false}})", "aio.use_gds", {"not supported"}},
       // Accepted only with zoe's fixed behaviour.
       {R"({"zero_optimization": {"reduce_scatter": false}})", "zero_optimization.reduce_scatter",

@@ -449,6 +449,48 @@ TEST(ConfigParse, KeysDeepSpeedIgnoresOrMapsAreHonoured) {
   }
 }
 
+// DeepSpeed's gather_16bit_weights_on_model_save under its three spellings (field name,
+// pydantic alias, deprecated fp16 name); zoe's default true; two different values are refused.
+TEST(ConfigParse, Gather16bitWeightsOnModelSaveUnderEverySpelling) {
+  EXPECT_TRUE(Config{}.zero_optimization.gather_16bit_weights_on_model_save);
+  for (const char* key : {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save",
+                          "stage3_gather_fp16_weights_on_model_save"}) {
+    for (bool v : {false, true}) {
+      const std::string j = std::string(R"({"zero_optimization": {"stage": 3, ")") + key + "\": " + (v ? "true" : "false") + "}}";
+      const Config c = Config::from_json(j);
+      EXPECT_EQ(c.zero_optimization.gather_16bit_weights_on_model_save, v) << j;
+      EXPECT_EQ(Config::from_json(c.to_json()), c) << j;  // round trip
+    }
+  }
+  // "auto" (accelerate fills it from zero3_save_16bit_model): the trainer's value, else a problem.
+  Config::AutoValues a;
+  for (bool v : {false, true}) {
+    a.gather_16bit_weights_on_model_save = v;
+    EXPECT_EQ(Config::from_json(R"({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": "auto"}})", a)
+                  .zero_optimization.gather_16bit_weights_on_model_save,
+              v);
+  }
+  try {
+    Config::from_json(R"({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": "auto"}})");
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.key(), "zero_optimization.stage3_gather_16bit_weights_on_model_save");
+    EXPECT_NE(e.reason().find("gather_16bit_weights_on_model_save"), std::string::npos) << e.reason();
+  }
+  // The same value twice is DeepSpeed's alias given twice: accepted.
+  EXPECT_FALSE(Config::from_json(R"({"zero_optimization": {"gather_16bit_weights_on_model_save": false,
+                                     "stage3_gather_16bit_weights_on_model_save": false}})")
+                   .zero_optimization.gather_16bit_weights_on_model_save);
+  try {
+    Config::from_json(R"({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true,
+                          "stage3_gather_fp16_weights_on_model_save": false}})");
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.key(), "zero_optimization.stage3_gather_fp16_weights_on_model_save");
+    EXPECT_NE(e.reason().find("another value than an earlier spelling"), std::string::npos) << e.reason();
+  }
+}
+
 // Issue 20: DeepSpeed's schedulers with DeepSpeed's names, defaults and formulas.
 TEST(ConfigParse, SchedulersReadWithDeepSpeedsParameterNames) {
   const Config a = Config::from_json(R"({"scheduler": {"type": "WarmupLR", "params":

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "examples/gpt/options.hpp"
+#include "zoe/error.hpp"
 
 namespace gpt {
 namespace {
@@ -56,6 +57,25 @@ TEST(GptOptions, TheFileWinsOverDefaultsAndFlagsWinOverTheFile) {
 }
 
 // --profile is off unless given (it adds timers to every engine call of the step).
+// stage3_gather_16bit_weights_on_model_save false forbids --export at stage 3: refused at start,
+// naming both, not after the training; without --export, or at stage 2, the key is accepted.
+TEST(GptOptions, ExportIsRefusedAtStartWhenTheConfigForbidsConsolidation) {
+  const std::string path = write_config("zoe_gpt_no_gather.json",
+                                        R"({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": false}})");
+  EXPECT_FALSE(parse({"--config", path}).engine.zero_optimization.gather_16bit_weights_on_model_save);
+  try {
+    parse({"--config", path, "--export", "/tmp/zoe_gpt_never.safetensors"});
+    ADD_FAILURE() << "no exception";
+  } catch (const zoe::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--export /tmp/zoe_gpt_never.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("stage3_gather_16bit_weights_on_model_save is false"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(parse({"--config", path, "--zero-stage", "2", "--export", "/tmp/x.safetensors"}).export_path,
+            "/tmp/x.safetensors");
+  std::filesystem::remove(path);
+}
+
 TEST(GptOptions, ProfileIsOffUnlessAsked) {
   EXPECT_FALSE(parse({}).profile);
   EXPECT_TRUE(parse({"--profile"}).profile);

@@ -321,4 +321,32 @@ TEST(SafetensorsExport, RefusedWhileAModuleIsActive) {
   fs::remove_all(dir);
 }
 
+// zero_optimization.gather_16bit_weights_on_model_save false: at stage 3 the export refuses
+// before writing anything (DeepSpeed's save_16bit_model saves nothing then); at stage 2 the key
+// has no effect, as in DeepSpeed.
+TEST(SafetensorsExport, Stage3RefusesWhenGather16bitWeightsOnModelSaveIsFalse) {
+  const std::string dir = zoe::test::temp_dir("st-gather16");
+  for (int stage : {2, 3}) {
+    auto ranks = make_local_ranks(2, 30.0);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      Config c = config(stage, OffloadDevice::none, dir);
+      c.zero_optimization.gather_16bit_weights_on_model_save = false;
+      Engine e(c, ctx);
+      std::vector<float> w(40, 0.5f);
+      e.add_module("m", {e.add_parameter("w", {40}, w)});
+      const std::string path = dir + "/s" + std::to_string(stage) + ".safetensors";
+      if (stage == 3) {
+        const std::string msg = message_of([&] { e.export_safetensors(path); });
+        EXPECT_NE(msg.find("stage3_gather_16bit_weights_on_model_save is false"), std::string::npos) << msg;
+      } else {
+        e.export_safetensors(path);
+      }
+    });
+  }
+  EXPECT_TRUE(fs::exists(dir + "/s2.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/s3.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/s3.safetensors.tmp"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
