@@ -7,8 +7,9 @@
 // weights accumulate without extra buffers; callers zero them first. Weights use the Hugging
 // Face GPT-2 (Conv1D) layout W[in, out], y = x W + b.
 // The embedding, LayerNorm and attention-softmax loops call the CUDA kernels' own functions
-// (kernel_math.hpp), so the CPU trainer and the GPU backend share that math; the GEMMs, GELU
-// (Eigen's vectorized tanh) and the head differ by backend.
+// (kernel_math.hpp) and the bias gradient gives bias_grad_column's bits, so the CPU trainer and
+// the GPU backend share that math; the GEMMs, GELU (Eigen's vectorized tanh) and the head differ
+// by backend. No result depends on where a buffer lies (see linear_backward).
 // Thread-safety: pure functions of their arguments; Eigen GEMMs use the OpenMP threads of the
 // calling thread (omp_set_num_threads), attention parallelizes over (batch, head) the same way.
 #pragma once
@@ -87,13 +88,21 @@ void linear_forward(const T* x, const T* W, const T* bias, int N, int in, int ou
   Y.rowwise() += CVecMap<T>(bias, out);
 }
 // dx += dy W^T; dW += x^T dy; db += column sums of dy.
+// The column sums add the rows in order, the bits of kernel_math.hpp's bias_grad_column
+// (KernelOps, CudaOps): a running row-vector sum, elementwise, so its bits do not depend on where
+// the buffers lie. Eigen's dY.colwise().sum() did: it sums the columns it loads as aligned
+// packets four rows at a time, pairwise, and those before the destination's first 64-byte
+// boundary one row after another; the trainer's fp32 gradient copies are std::vectors whose
+// address modulo 64 follows the heap, so two identical fp16 runs could differ (issue 19).
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* W, int N, int in, int out, T* dx, T* dW,
                      T* db) {
   CMap<T> dY(dy, N, out);
   if (dx) Map<T>(dx, N, in).noalias() += dY * CMap<T>(W, in, out).transpose();
   Map<T>(dW, in, out).noalias() += CMap<T>(x, N, in).transpose() * dY;
-  VecMap<T>(db, out) += dY.colwise().sum();
+  Eigen::Matrix<T, 1, Eigen::Dynamic> sums = Eigen::Matrix<T, 1, Eigen::Dynamic>::Zero(out);
+  for (int n = 0; n < N; ++n) sums += dY.row(n);
+  VecMap<T>(db, out) += sums;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,11 @@
 // the host: CpuOps (the CPU trainer's Eigen ops) and KernelOps (the CUDA kernels' math).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "examples/gpt/cpu_ops.hpp"
 #include "examples/gpt/kernel_ops.hpp"
 #include "tests/gpt/fd_check.hpp"
@@ -187,6 +192,54 @@ TEST(OpsFloat, AttentionMatchesDouble) {
   ops::attention_forward<double>(qkv.data(), B, T, C, H, out.data(), att.data());
   ops::attention_forward<float>(qkvf.data(), B, T, C, H, outf.data(), attf.data());
   for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(outf[i], out[i], 1e-5);
+}
+
+// The bias gradient's column sums are the same bits wherever the buffers lie: the trainer's fp32
+// working copies (module_copies.hpp) are std::vectors whose address modulo 64 bytes depends on
+// the heap, so a sum whose order followed the destination's alignment (Eigen's vectorised
+// colwise().sum() peels unaligned columns into a linear scalar sum, the rest into a tree of
+// packets) made two identical fp16 runs differ (issue 19: one bias element after a few steps).
+// Every placement of db and dy (0-15 floats past a 64-byte boundary) must give the rows-in-order
+// sum of kernel_math.hpp's bias_grad_column (KernelOps', CudaOps') bit for bit; dx and dW too.
+TEST(OpsFloat, LinearBackwardBitsDoNotDependOnWhereTheBuffersLie) {
+  std::mt19937_64 rng(19);
+  std::normal_distribution<float> normal;
+  const int N = 32, in = 16;
+  for (const int out : {16, 48, 64, 100}) {
+    std::vector<float> x(N * in), W(in * out), dy(N * out), db0(out);
+    for (float& v : x) v = normal(rng);
+    for (float& v : W) v = normal(rng);
+    for (float& v : dy) v = 100 * normal(rng);  // sums with cancellation: the order shows
+    for (float& v : db0) v = normal(rng);
+    std::vector<float> ref_db = db0;
+    for (int c = 0; c < out; ++c) kernels::bias_grad_column<float>(c, dy.data(), N, out, ref_db.data());
+    std::vector<float> ref_dx, ref_dW;
+    // One buffer per array, each with room to start anywhere in a 64-byte line.
+    std::vector<float> bdy(dy.size() + 32), bdb(out + 32), bdx(N * in + 32), bdW(in * out + 32);
+    auto at = [](std::vector<float>& b, int offset) {
+      const auto address = reinterpret_cast<std::uintptr_t>(b.data());
+      return b.data() + (64 - address % 64) % 64 / sizeof(float) + offset;
+    };
+    for (int offset = 0; offset < 16; ++offset) {
+      float* pdy = at(bdy, (offset * 5) % 16);
+      float* pdb = at(bdb, offset);
+      float* pdx = at(bdx, (offset * 3) % 16);
+      float* pdW = at(bdW, (offset * 7) % 16);
+      std::copy(dy.begin(), dy.end(), pdy);
+      std::copy(db0.begin(), db0.end(), pdb);
+      std::fill(pdx, pdx + N * in, 0.5f);
+      std::fill(pdW, pdW + in * out, 0.25f);
+      ops::linear_backward<float>(pdy, x.data(), W.data(), N, in, out, pdx, pdW, pdb);
+      const std::string where = "out " + std::to_string(out) + ", db " + std::to_string(offset) + " floats past a 64-byte line";
+      for (int c = 0; c < out; ++c) ASSERT_EQ(pdb[c], ref_db[c]) << where << ", column " << c;
+      if (offset == 0) {
+        ref_dx.assign(pdx, pdx + N * in);
+        ref_dW.assign(pdW, pdW + in * out);
+      }
+      ASSERT_TRUE(std::equal(ref_dx.begin(), ref_dx.end(), pdx)) << where;
+      ASSERT_TRUE(std::equal(ref_dW.begin(), ref_dW.end(), pdW)) << where;
+    }
+  }
 }
 
 }  // namespace
