@@ -9,6 +9,7 @@
 //    uninterrupted run to equal.
 //  - The frozen values the run wrote before training (write_parameter; the loaded engine's
 //    initializers give other values) come back bitwise: from the checkpoint, not re-initialized.
+//  - A load into another compute dtype rounds the frozen values once (bf16 -> fp32 exact).
 //  - The manifest's version and records, the rank files' exact sizes; a corrupted frozen record
 //    is refused (CRC32C) naming the file on every rank; a checkpoint whose frozen set is not the
 //    engine's is refused naming the parameter; zoe-ckpt verify / reshard / export / inspect.
@@ -320,6 +321,23 @@ TEST(CheckpointFrozen, OffloadedTrainablePartContinuesBitwise) {
                                  std::pair{Setting{3, 2, cpu, nvme}, Setting{3, 1, none, none}},
                                  std::pair{Setting{1, 1, nvme, none}, Setting{3, 2, cpu, cpu}}})
     save_load_continue(from, to, DType::bf16, dir);
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointFrozen, AnotherComputeDtypeRoundsTheFrozenValuesOnce) {
+  // bf16 -> fp32: the values widened, exact; fp32 -> bf16: rounded to bf16 once, as an
+  // initializer's values are. The master weights are the saved ones either way.
+  const std::string dir = zoe::test::temp_dir("ckpt-frozen-dtype");
+  for (const auto& [saved_as, loaded_as] : {std::pair{DType::bf16, DType::f32}, std::pair{DType::f32, DType::bf16}}) {
+    const std::string what = std::string(dtype_name(saved_as)) + " -> " + std::string(dtype_name(loaded_as));
+    const Params saved = run(config({3, 2}, saved_as, dir), 2, {.from = 0, .to = 2, .save = dir + "/ckpt"});
+    const Params loaded = run(config({1, 1}, loaded_as, dir), 1, {.from = 2, .to = 2, .load = dir + "/ckpt"});
+    expect_frozen_written(loaded, DType::bf16, what);
+    const std::vector<Spec> specs = standard_specs();
+    for (std::size_t p = 0; p < specs.size(); ++p)
+      if (!specs[p].options.frozen) EXPECT_EQ(saved[p], loaded[p]) << what << ": " << specs[p].name;
+    fs::remove_all(dir + "/ckpt");
+  }
   fs::remove_all(dir);
 }
 
