@@ -29,9 +29,10 @@
 // are read.
 //
 // The ranges are those of FlatLayout at the saved world size: stages 1-3 rank r holds shard r,
-// stage 0 every rank holds the whole buffer (frozen groups: shard r at every stage). Parameter offsets inside a group do not depend
-// on the world size (16-element alignment), so a reader at another world size or stage finds
-// any parameter element by its flat index (checkpoint_reader.hpp).
+// stage 0 every rank holds the whole buffer (frozen groups: shard r at every stage). Parameter
+// offsets inside a group do not depend on the world size (16-element alignment), so a reader
+// at another world size or stage finds any parameter element by its flat index
+// (checkpoint_reader.hpp).
 //
 // Thread-safety: plain values and pure functions.
 // Errors: parse_manifest throws CorruptionError naming the file and the field.
@@ -53,8 +54,6 @@ inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr std::uint64_t kHeaderBytes = 64;
 /// The three fp32 states of every element of a trainable group, in their order within a chunk.
 inline constexpr std::array<const char*, 3> kStateNames{"master", "exp_avg", "exp_avg_sq"};
-/// A frozen group's one state: its values in the compute dtype.
-inline constexpr const char* kFrozenStateName = "value";
 
 struct ParamEntry {
   std::string name;

@@ -441,6 +441,20 @@ TEST(CheckpointFrozen, AnotherFrozenSetIsRefusedNamingTheParameter) {
       EXPECT_TRUE(o.unchanged[static_cast<std::size_t>(r)]);
     }
   }
+  // Format 1 stored every parameter trainable: refused the same way, before its files are read
+  // (here only rank0.zoe's magic exists).
+  fs::create_directories(dir + "/format1");
+  {
+    std::ofstream out(dir + "/format1/rank0.zoe", std::ios::binary);
+    const std::uint64_t magic = 0x31504b43454f5aull;  // "ZOECKP1"
+    out.write(reinterpret_cast<const char*>(&magic), sizeof magic);
+  }
+  const Outcome legacy = try_load(c, 2, dir + "/format1", standard);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& e = legacy.errors[static_cast<std::size_t>(r)];
+    EXPECT_EQ(legacy.kinds[static_cast<std::size_t>(r)], "usage") << e;
+    EXPECT_NE(e.find("(format 1): parameter 'B.ln' is trainable there and frozen here"), std::string::npos) << e;
+  }
   // The same frozen set loads (the refusal is about the set, not the file).
   EXPECT_EQ(try_load(c, 2, dir + "/frozen", standard).errors, std::vector<std::string>(2));
   fs::remove_all(dir);
