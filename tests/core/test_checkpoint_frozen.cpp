@@ -324,6 +324,24 @@ TEST(CheckpointFrozen, OffloadedTrainablePartContinuesBitwise) {
   fs::remove_all(dir);
 }
 
+TEST(CheckpointFrozen, EveryParameterFrozen) {
+  // No optimizer state at all (every trainable group empty): the values and the step count
+  // come back.
+  const std::string dir = zoe::test::temp_dir("ckpt-frozen-all");
+  const std::vector<Spec> all = specs_with({true, true, true, true, true, true});
+  const Params saved = run(config({3, 2}, DType::bf16, dir), 2, {.from = 0, .to = 2, .save = dir + "/ckpt", .specs = all});
+  EXPECT_EQ(ckpt::read_manifest_file(dir + "/ckpt").version, 3);
+  for (const Setting& to : {Setting{0, 1}, Setting{3, 2}, Setting{2, 2}}) {
+    const Params loaded = run(config(to, DType::bf16, dir), to.world, {.from = 2, .to = 3, .load = dir + "/ckpt", .specs = all});
+    expect_bitwise(saved, loaded, "every parameter frozen, loaded at " + name(to));
+    for (std::size_t p = 0; p < all.size(); ++p)
+      for (std::size_t i = 0; i < loaded[p].size(); ++i)
+        ASSERT_EQ(loaded[p][i], kernels::bf16_to_f32(kernels::f32_to_bf16(written(static_cast<int>(p), static_cast<std::int64_t>(i)))))
+            << all[p].name << "[" << i << "]";
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointFrozen, AnotherComputeDtypeRoundsTheFrozenValuesOnce) {
   // bf16 -> fp32: the values widened, exact; fp32 -> bf16: rounded to bf16 once, as an
   // initializer's values are. The master weights are the saved ones either way.
