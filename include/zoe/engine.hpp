@@ -427,9 +427,9 @@ class Engine {
   /// If any rank cannot write its file, every rank throws once they agree (no collective
   /// timeout) and the temp dir is removed: the failing rank its own error (a full disk:
   /// IoError ENOSPC, naming the file and the bytes it needs), the others an Error naming the
-  /// failed ranks and their messages. Throws UsageError, on every rank before any file or
-  /// collective, when the engine has frozen parameters (ParamOptions::frozen): format 2 has no
-  /// record for them yet.
+  /// failed ranks and their messages. Frozen parameters (ParamOptions::frozen) are stored as
+  /// their compute-dtype values, each rank its shard (manifest version 3; without frozen
+  /// parameters a save writes version 2, which zoe before frozen records reads).
   void save_checkpoint(const std::string& dir, const std::string& client_state = {});
   /// Loads what save_checkpoint wrote, at any world size, stage, sub_group_size and offload
   /// settings (the states are re-partitioned from the saved unpadded layout), or a checkpoint
@@ -439,8 +439,10 @@ class Engine {
   /// group and parameter names and shapes: UsageError for another model) and every part of
   /// the rank files it will read (header, rank, save id, size, CRC32C: CorruptionError naming
   /// the file); if any rank fails every rank throws, naming the failed ranks and their errors,
-  /// and the engine is unchanged. Host memory: one sub-group's states. Throws UsageError (as
-  /// save_checkpoint) when the engine has frozen parameters.
+  /// and the engine is unchanged. Host memory: one sub-group's states. Frozen parameters come
+  /// back bit for bit (at another compute dtype: rounded to it, as an initializer's values
+  /// are). Throws UsageError, before changing anything, when the engine's frozen parameters
+  /// are not the checkpoint's, naming the first parameter that differs.
   std::string load_checkpoint(const std::string& dir);
 
  private:

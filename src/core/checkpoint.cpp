@@ -3,8 +3,10 @@
 // a time, into <dir>/rank<R>.zoe; rank 0 writes manifest.json (the model, every rank's ranges,
 // the counters, the loss scaler, the caller's client state, the checksums) once every rank's
 // file is complete, and publishes the directory (checkpoint_dir.hpp: fsynced, the previous
-// checkpoint readable until the new one is). Compute parameters are not stored: they are the
-// master weights cast to the compute dtype, recomputed on load.
+// checkpoint readable until the new one is). Compute parameters of trainable groups are not
+// stored: they are the master weights cast to the compute dtype, recomputed on load. A frozen
+// group (no master weights) is stored as its compute-dtype values, rank r its shard r at every
+// stage (manifest version 3), and loaded back bit for bit.
 //
 // A load reads the manifest, checks it against the engine's model, verifies the CRC32C of
 // every part of every rank file it will read, and only when every rank agrees writes the
@@ -20,6 +22,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -127,6 +130,7 @@ std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
   for (const core::Group& g : I.groups) {
     ckpt::GroupEntry e;
     e.name = g.name;
+    e.frozen = g.frozen;
     for (std::size_t i = 0; i < g.params.size(); ++i) {
       const core::ParamInfo& p = I.params[g.params[i]];
       e.params.push_back({p.name, p.shape, g.layout->offset(i), p.numel});
@@ -138,12 +142,40 @@ std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
 
 std::string rank_file_name(int rank) { return "rank" + std::to_string(rank) + ".zoe"; }
 
+// Writes this rank's shard of frozen group g (its compute-dtype values: the rank's own part of
+// the full copy at stages 0-2) and returns its CRC32C. Device values move through host memory
+// in pieces of sub_group_size elements; with parameter offload the tier hands out the whole
+// shard (what its own read buffers hold).
+std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWriter& out) {
+  const core::FlatLayout& L = *g.layout;
+  const std::size_t esz = dtype_size(I.dtype);
+  if (I.param_store) {
+    const std::vector<std::byte> shard = I.read_frozen_shard(g);
+    out.write(shard.data(), shard.size());
+    return io::crc32c(shard.data(), shard.size());
+  }
+  const core::DeviceBuffer& src = I.policy.shards_params ? g.param_shard : g.param_full;
+  const std::int64_t first = I.policy.shards_params ? 0 : L.shard_begin(I.rank);  // in `src`
+  const std::int64_t piece = std::max<std::int64_t>(1, std::min(I.sub_group_numel(), L.shard_numel()));
+  std::vector<std::byte> host(static_cast<std::size_t>(piece) * esz);
+  std::uint32_t crc = 0;
+  for (std::int64_t x = 0; x < L.shard_numel(); x += piece) {
+    const std::size_t bytes = static_cast<std::size_t>(std::min(piece, L.shard_numel() - x)) * esz;
+    I.device.copy(host.data(), src.at(first + x), bytes, *I.side);
+    I.device.synchronize(*I.side);
+    crc = io::crc32c(host.data(), bytes, crc);
+    out.write(host.data(), bytes);
+  }
+  return crc;
+}
+
 // Streams this rank's optimizer range of every group into `path`, one sub-group at a time
 // (one chunk of the file), and returns each group's CRC32C.
 std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Manifest& m, const std::string& path) {
   const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.rank)];
   io::FileWriter out(path, entry.bytes);  // reserves the bytes: a full disk fails here
   ckpt::RankFileHeader h;
+  h.version = static_cast<std::uint32_t>(m.version);
   h.rank = I.rank;
   h.world_size = I.world;
   h.id = m.id;
@@ -155,9 +187,16 @@ std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Mani
   for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
     core::Group& g = I.groups[gi];
     const ckpt::RankRange& rr = m.groups[gi].ranks[static_cast<std::size_t>(I.rank)];
-    ZOE_CHECK(rr.begin == g.opt_begin && rr.numel == g.opt_numel && rr.file_offset == out.written(), "group '", g.name,
-              "': range [", g.opt_begin, ", +", g.opt_numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
+    // What this rank stores: its optimizer range; a frozen group, its shard.
+    const std::int64_t begin = g.frozen ? g.layout->shard_begin(I.rank) : g.opt_begin;
+    const std::int64_t numel = g.frozen ? g.layout->shard_numel() : g.opt_numel;
+    ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group '", g.name,
+              "': range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
               ", +", rr.numel, ") at ", rr.file_offset);
+    if (g.frozen) {
+      crcs.push_back(write_frozen_part(I, g, out));
+      continue;
+    }
     std::uint32_t crc = 0;
     for (const core::SubGroup& sg : g.subgroups) {
       const std::size_t n = static_cast<std::size_t>(sg.numel);
@@ -203,24 +242,12 @@ void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, s
   if (own) std::rethrow_exception(own);
   ZOE_THROW(Type, what, " on rank(s) ", ranks, " (", messages, ")", after);
 }
-// Checkpoint format 2 has no record for a frozen group (ParamOptions::frozen: compute-dtype
-// values, no master weights or moments): refused before anything is read or written, on every
-// rank alike (the parameters are the same on every rank), so no rank is left in a collective.
-void refuse_frozen(const core::EngineImpl& I, const char* call, const std::string& dir) {
-  for (const core::Group& g : I.groups)
-    if (g.frozen)
-      ZOE_THROW(UsageError, call, "('", dir, "'): module group '", g.name, "' holds frozen parameters (",
-                I.params[g.params.front()].name,
-                ", ...): checkpoint format 2 does not store frozen parameters yet; export them with "
-                "export_safetensors, or register them trainable with lr_scale 0 instead");
-}
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
   impl_->guarded("save_checkpoint", [&] {
     Impl& I = *impl_;
     I.finalize();
-    refuse_frozen(I, "save_checkpoint", dir);
     synchronize();
     const std::string tmp = ckpt::temp_dir_of(dir);
     const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
@@ -241,6 +268,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
     m.hysteresis_left = st.hysteresis_left;
     m.client_state = client_state;
     m.groups = model_of(I);
+    m.version = ckpt::version_for(m);  // 3 with frozen groups, else 2 (what older zoe reads)
     ckpt::lay_out_ranks(m);
     const std::string id = rank0_decides(
         I,
@@ -305,16 +333,46 @@ std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const
   return {0, g.layout->padded_numel()};
 }
 
+// Refuses a checkpoint whose frozen set differs from the engine's (`saved_frozen`: the saved
+// parameters and whether each is frozen), naming the first parameter that differs. Why not
+// convert: a trainable parameter's record is its master weights and moments, a frozen one's
+// its compute-dtype values, in groups of different layouts; as torch's
+// Optimizer.load_state_dict (and so DeepSpeed's optimizer-state load) refuses param groups of
+// other sizes, a load needs the frozen set it was saved with. Fine-tuning a trained model with
+// some parameters frozen starts from its weights instead (zoe-ckpt export, SafetensorsFile).
+void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, bool>& saved_frozen,
+                      const std::string& what) {
+  for (const core::ParamInfo& p : I.params) {
+    const auto it = saved_frozen.find(p.name);
+    if (it == saved_frozen.end() || it->second == p.options.frozen) continue;
+    ZOE_THROW(UsageError, what, ": parameter '", p.name, "' is ", it->second ? "frozen" : "trainable",
+              " there and ", p.options.frozen ? "frozen" : "trainable",
+              " here (ParamOptions::frozen): a checkpoint loads only into an engine with the frozen parameters it was "
+              "saved with (a trainable parameter's record is its master weights and moments, a frozen one's its "
+              "values); to fine-tune from it with other parameters frozen, export its weights (zoe-ckpt export) and "
+              "start from the file (SafetensorsFile's initializers)");
+  }
+}
+
 // The manifest of the checkpoint in `from` (format 2, or format 1 as a manifest), checked
 // against the engine's model.
 ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from) {
-  if (ckpt::is_legacy(from)) return ckpt::read_legacy(from, model_of(I));
+  if (ckpt::is_legacy(from)) {
+    std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
+    for (const core::ParamInfo& p : I.params) saved[p.name] = false;
+    check_frozen_set(I, saved, "checkpoint '" + from + "' (format 1)");
+    return ckpt::read_legacy(from, model_of(I));
+  }
   const std::string path = (fs::path(from) / ckpt::kManifestName).string();
   std::ifstream in(path, std::ios::binary);
   if (!in) ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "'");
   std::stringstream text;
   text << in.rdbuf();
   ckpt::Manifest m = ckpt::parse_manifest(text.str(), path);
+  std::map<std::string, bool> saved;
+  for (const ckpt::GroupEntry& g : m.groups)
+    for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;
+  check_frozen_set(I, saved, "checkpoint '" + path + "'");
   const std::string other = "checkpoint '" + path + "' is of another model: ";
   if (m.groups.size() != I.groups.size())
     ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.groups.size());
@@ -356,7 +414,6 @@ std::string Engine::load_checkpoint(const std::string& dir) {
   return impl_->guarded("load_checkpoint", [&]() -> std::string {
     Impl& I = *impl_;
     I.finalize();
-    refuse_frozen(I, "load_checkpoint", dir);
     synchronize();
 
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
@@ -392,6 +449,13 @@ std::string Engine::load_checkpoint(const std::string& dir) {
     // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
     //    the engine half-loaded: it is marked unusable.
     const ckpt::Manifest& m = reader->manifest();
+    if (m.compute_dtype != dtype_name(I.dtype))
+      for (const ckpt::GroupEntry& g : m.groups)
+        if (g.frozen) {
+          ZOE_LOG_INFO("rank {}: checkpoint '{}': the frozen parameters' {} values are rounded to this engine's {}",
+                       I.rank, from, m.compute_dtype, dtype_name(I.dtype));
+          break;
+        }
     try {
       I.write_values(
           [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {

@@ -2,8 +2,9 @@
 // Engine::export_safetensors writes for the engine state the checkpoint holds, whatever world
 // size and stage saved it. Tensors are the manifest's parameters in its order (group by group,
 // then the group's parameters: the engine's storage order), named and shaped as saved, their
-// fp32 master weights (state 0) read from the rank files that hold them and rounded exactly as
-// the live export rounds (safetensors_rounding.hpp).
+// fp32 master weights (state 0) read from the rank files that hold them (a frozen parameter:
+// its compute-dtype values widened exactly, as the live export widens them) and rounded exactly
+// as the live export rounds (safetensors_rounding.hpp).
 //
 // Streams: host memory holds one piece of `piece_elements` fp32 elements plus its rounded copy,
 // whatever the model's size; the checkpoint is verified (every CRC32C) before the output is
@@ -32,7 +33,7 @@ inline constexpr std::int64_t kExportPieceElements = std::int64_t{1} << 20;
 /// Writes the parameters of the checkpoint in `dir` (manifest `m`) to the safetensors file
 /// `out` as `dtype`, with `metadata` as its "__metadata__". `verify_progress` sees the
 /// verification (bytes of the rank files checked), then `export_progress` the export (bytes of
-/// fp32 master weights read); either may be empty.
+/// fp32 values read); either may be empty.
 void export_safetensors(const std::string& dir, const Manifest& m, const std::string& out, DType dtype,
                         const std::map<std::string, std::string>& metadata = {},
                         std::int64_t piece_elements = kExportPieceElements, const Progress& verify_progress = {},

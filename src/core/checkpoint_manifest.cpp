@@ -98,13 +98,15 @@ json to_json(const Manifest& m) {
         if (a < b) pieces.push_back({{"rank", r}, {"begin", a - p.offset}, {"end", b - p.offset}});
       }
       params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel},
-                        {"dtype", "fp32"}, {"ranks", pieces}});
+                        {"dtype", g.frozen ? m.compute_dtype : "fp32"}, {"ranks", pieces}});
     }
     json ranks = json::array();
     for (const RankRange& r : g.ranks)
       ranks.push_back({{"begin", r.begin}, {"numel", r.numel}, {"file_offset", r.file_offset},
                        {"crc32c", crc_hex(r.crc32c)}});
-    groups.push_back({{"name", g.name}, {"padded_numel", g.padded_numel}, {"params", params}, {"ranks", ranks}});
+    json group = {{"name", g.name}, {"padded_numel", g.padded_numel}, {"params", params}, {"ranks", ranks}};
+    if (m.version >= 3) group["frozen"] = g.frozen;  // version 2 has no frozen groups (and no key)
+    groups.push_back(std::move(group));
   }
   json files = json::array();
   for (const RankFileEntry& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
@@ -134,10 +136,22 @@ std::string crc_hex(std::uint32_t crc) {
   return b;
 }
 
-std::uint64_t element_offset(std::int64_t i, int state, std::int64_t chunk, std::int64_t numel) {
+int version_for(const Manifest& m) {
+  for (const GroupEntry& g : m.groups)
+    if (g.frozen) return 3;
+  return 2;
+}
+
+std::uint64_t state_bytes(const Manifest& m, const GroupEntry& g) {
+  if (!g.frozen || m.compute_dtype == "fp32") return 4;
+  return 2;  // bf16, fp16 (parse_manifest admits no other)
+}
+
+std::uint64_t element_offset(const Manifest& m, const GroupEntry& g, std::int64_t i, int state, std::int64_t chunk,
+                             std::int64_t numel) {
   const std::int64_t c0 = i / chunk * chunk;  // the chunk's first element
   const std::int64_t len = std::min(chunk, numel - c0);
-  return range_bytes(c0) + static_cast<std::uint64_t>(state * len + (i - c0)) * 4;
+  return range_bytes(m, g, c0) + static_cast<std::uint64_t>(state * len + (i - c0)) * state_bytes(m, g);
 }
 
 void lay_out_ranks(Manifest& m) {
@@ -153,11 +167,11 @@ void lay_out_ranks(Manifest& m) {
     g.ranks.assign(static_cast<std::size_t>(m.world_size), {});
     for (int r = 0; r < m.world_size; ++r) {
       RankRange& rr = g.ranks[static_cast<std::size_t>(r)];
-      rr.begin = m.stage >= 1 ? L.shard_begin(r) : 0;
-      rr.numel = m.stage >= 1 ? L.shard_numel() : L.padded_numel();
+      rr.begin = sharded(m, g) ? L.shard_begin(r) : 0;
+      rr.numel = sharded(m, g) ? L.shard_numel() : L.padded_numel();
       rr.file_offset = at[static_cast<std::size_t>(r)];
       if (static_cast<std::size_t>(r) < crcs.size()) rr.crc32c = crcs[static_cast<std::size_t>(r)];
-      at[static_cast<std::size_t>(r)] += range_bytes(rr.numel);
+      at[static_cast<std::size_t>(r)] += range_bytes(m, g, rr.numel);
     }
   }
   for (int r = 0; r < m.world_size; ++r)
@@ -167,7 +181,7 @@ void lay_out_ranks(Manifest& m) {
 std::string serialize(const Manifest& m) {
   const json inner = to_json(m);
   json outer = {{"format", kFormat},
-                {"version", kFormatVersion},
+                {"version", m.version},
                 {"crc32c", crc_hex(io::crc32c(inner.dump().data(), inner.dump().size()))},
                 {"manifest", inner}};
   return outer.dump(1) + "\n";
@@ -185,9 +199,10 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     if (!outer.is_object()) F.fail("", "expected an object");
     if (F.string(outer, "", "format") != kFormat) F.fail("format", "expected \"zoe-checkpoint\"");
     const std::int64_t version = F.integer(outer, "", "version", 0, 1 << 30);
-    if (version != kFormatVersion)
+    if (version < kOldestManifestVersion || version > kFormatVersion)
       F.fail("version", "format version " + std::to_string(version) + " is not known to this zoe (it reads " +
-                            std::to_string(kFormatVersion) + "); use the zoe that wrote it");
+                            std::to_string(kOldestManifestVersion) + " to " + std::to_string(kFormatVersion) +
+                            "); use the zoe that wrote it");
     const std::uint64_t crc = F.hex(outer, "", "crc32c", 8);
     const json& in = F.at(outer, "", "manifest");
     if (!in.is_object()) F.fail("manifest", "expected an object");
@@ -198,6 +213,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
                 ", recorded ", crc_hex(static_cast<std::uint32_t>(crc)), "): the file was edited or is corrupt");
 
     Manifest m;
+    m.version = static_cast<int>(version);
     const std::string M = "manifest";
     m.id = F.hex(in, M, "id", 16);
     m.world_size = static_cast<int>(F.integer(in, M, "world_size", 1, kMaxWorld));
@@ -229,6 +245,13 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       const json& jg = groups[gi];
       GroupEntry g;
       g.name = F.string(jg, G, "name");
+      if (m.version >= 3) {
+        const json& frozen = F.at(jg, G, "frozen");
+        if (!frozen.is_boolean()) F.fail(G + ".frozen", "expected true or false, got " + frozen.dump());
+        g.frozen = frozen.get<bool>();
+      } else if (jg.is_object() && jg.contains("frozen")) {
+        F.fail(G + ".frozen", "not a field of format version 2 (frozen groups are version 3)");
+      }
       const json& params = F.array(jg, G, "params");
       if (params.size() > (1u << 20)) F.fail(G + ".params", "too many parameters");
       for (std::size_t pi = 0; pi < params.size(); ++pi) {

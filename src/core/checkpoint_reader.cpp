@@ -13,6 +13,7 @@
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
 #include "src/core/flat_layout.hpp"
+#include "src/device/host_elementwise.hpp"
 
 namespace zoe::ckpt {
 namespace fs = std::filesystem;
@@ -97,13 +98,14 @@ void CheckpointReader::check_file(int rank) {
     ::close(f);
     ZOE_THROW(CorruptionError, "'", path, "': ", what...);
   };
-  if (m_.version == kFormatVersion) {
+  if (m_.version >= kOldestManifestVersion) {
     RankFileHeader h;
     const ssize_t n = ::pread(f, &h, sizeof h, 0);
     if (n != static_cast<ssize_t>(sizeof h)) fail("shorter than its 64-byte header: the file is truncated");
     if (std::memcmp(h.magic, RankFileHeader{}.magic, sizeof h.magic) != 0) fail("not a zoe checkpoint rank file");
     if (h.crc32c != header_crc(h)) fail("its header does not match its checksum: the file is corrupt");
-    if (h.version != static_cast<std::uint32_t>(kFormatVersion)) fail("format version ", h.version, ", expected ", kFormatVersion);
+    if (h.version != static_cast<std::uint32_t>(m_.version))
+      fail("format version ", h.version, ", the manifest's is ", m_.version, ": a rank file of another save was copied in");
     if (h.rank != rank || h.world_size != m_.world_size)
       fail("holds the states of rank ", h.rank, " of ", h.world_size, ", but the manifest expects rank ", rank, " of ",
            m_.world_size, " here: rank files were swapped or copied from elsewhere");
@@ -118,18 +120,21 @@ void CheckpointReader::check_file(int rank) {
 }
 
 void CheckpointReader::verify(int rank, std::size_t g) {
-  const RankRange& r = m_.groups[g].ranks[static_cast<std::size_t>(rank)];
+  const GroupEntry& group = m_.groups[g];
+  const RankRange& r = group.ranks[static_cast<std::size_t>(rank)];
+  const std::uint64_t bytes = range_bytes(m_, group, r.numel);
   std::vector<char> buf(std::size_t{1} << 20);
   std::uint32_t crc = 0;
-  for (std::uint64_t done = 0, total = range_bytes(r.numel); done < total;) {
+  for (std::uint64_t done = 0, total = bytes; done < total;) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), total - done));
     pread_exact(rank, buf.data(), n, r.file_offset + done);
     crc = io::crc32c(buf.data(), n, crc);
     done += n;
   }
   if (crc != r.crc32c)
-    ZOE_THROW(CorruptionError, "'", file_path(rank), "': the states of group '", m_.groups[g].name, "' (bytes [",
-              r.file_offset, ", ", r.file_offset + range_bytes(r.numel), ")) do not match their checksum (crc32c ",
+    ZOE_THROW(CorruptionError, "'", file_path(rank), "': the ",
+              group.frozen ? "values of frozen group '" : "states of group '", group.name, "' (bytes [",
+              r.file_offset, ", ", r.file_offset + bytes, ")) do not match their checksum (crc32c ",
               crc_hex(crc), ", the manifest's ", crc_hex(r.crc32c), "): the file is corrupt");
 }
 
@@ -140,7 +145,7 @@ int CheckpointReader::owner(std::size_t g, std::int64_t x, int prefer) const {
     return x >= rr.begin && x < rr.begin + rr.numel;
   };
   if (prefer >= 0 && prefer < m_.world_size && holds(prefer)) return prefer;
-  if (m_.stage >= 1) {  // disjoint equal shards
+  if (sharded(m_, m_.groups[g])) {  // disjoint equal shards
     const std::int64_t shard = ranks[0].numel;
     const int r = shard > 0 ? static_cast<int>(x / shard) : -1;
     return r >= 0 && r < m_.world_size && holds(r) ? r : -1;
@@ -167,10 +172,28 @@ std::vector<int> CheckpointReader::sources(std::size_t g, std::int64_t begin, st
 }
 
 void CheckpointReader::read(std::size_t g, int state, std::int64_t begin, std::span<float> out, int prefer) {
-  std::fill(out.begin(), out.end(), 0.0f);
-  const std::int64_t end = begin + static_cast<std::int64_t>(out.size());
+  const GroupEntry& group = m_.groups[g];
+  if (state_bytes(m_, group) == sizeof(float)) {
+    read_stored(g, state, begin, out.size(), out.data(), prefer);
+    return;
+  }
+  // A frozen group's 16-bit values, widened exactly.
+  const DType dtype = m_.compute_dtype == "bf16" ? DType::bf16 : DType::f16;
+  std::vector<std::uint16_t> stored(out.size());
+  read_stored(g, state, begin, out.size(), stored.data(), prefer);
+  host_ops::cast(stored.data(), dtype, out.data(), DType::f32, out.size());
+}
+
+void CheckpointReader::read_stored(std::size_t g, int state, std::int64_t begin, std::size_t count, void* out,
+                                   int prefer) {
+  const GroupEntry& group = m_.groups[g];
+  ZOE_CHECK(state >= 0 && state < state_count(group), "state ", state, " of group '", group.name, "'");
+  const std::uint64_t esz = state_bytes(m_, group);
+  auto* bytes = static_cast<char*>(out);
+  std::memset(bytes, 0, count * esz);
+  const std::int64_t end = begin + static_cast<std::int64_t>(count);
   const std::int64_t chunk = m_.chunk_elements;
-  for (const ParamEntry& p : m_.groups[g].params) {
+  for (const ParamEntry& p : group.params) {
     std::int64_t x = std::max(begin, p.offset);
     const std::int64_t b = std::min(end, p.offset + p.numel);
     while (x < b) {
@@ -180,8 +203,8 @@ void CheckpointReader::read(std::size_t g, int state, std::int64_t begin, std::s
       const std::int64_t i = x - rr.begin;                                   // in the rank's range
       const std::int64_t chunk_end = std::min(rr.numel, (i / chunk + 1) * chunk);  // in the range
       const std::int64_t n = std::min(b - x, chunk_end - i);
-      pread_exact(r, out.data() + (x - begin), static_cast<std::size_t>(n) * sizeof(float),
-                  rr.file_offset + element_offset(i, state, chunk, rr.numel));
+      pread_exact(r, bytes + static_cast<std::size_t>(x - begin) * esz, static_cast<std::size_t>(n) * esz,
+                  rr.file_offset + element_offset(m_, group, i, state, chunk, rr.numel));
       x += n;
     }
   }
@@ -246,7 +269,7 @@ Manifest read_legacy(const std::string& dir, std::vector<GroupEntry> model) {
                   rr.numel, " at world size ", m.world_size, ", stage ", m.stage, ": it was saved from another model");
       rr.file_offset = at + kLegacyGroupPrefix;
       rr.crc32c = crc;
-      at = rr.file_offset + range_bytes(n);
+      at = rr.file_offset + range_bytes(m, g, n);
     }
     m.files[static_cast<std::size_t>(r)].bytes = at;
   }

@@ -42,10 +42,14 @@ class CheckpointReader {
   /// The rank files holding some of flat elements [begin, end) of group g, ascending; where
   /// several hold an element (stage 0), `prefer` if it is one of them, else the lowest.
   std::vector<int> sources(std::size_t g, std::int64_t begin, std::int64_t end, int prefer) const;
-  /// Fills `out` with state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) of flat elements
-  /// [begin, begin + out.size()) of group g: parameter elements from the files (see sources),
-  /// padding and elements past the saved buffer 0.
+  /// Fills `out` with state `state` (0 master, 1 exp_avg, 2 exp_avg_sq; a frozen group: 0,
+  /// its values, widened exactly from the compute dtype) of flat elements [begin, begin +
+  /// out.size()) of group g: parameter elements from the files (see sources), padding and
+  /// elements past the saved buffer 0.
   void read(std::size_t g, int state, std::int64_t begin, std::span<float> out, int prefer);
+  /// As read, but the stored bytes: `count` elements of state_bytes(manifest, group) each
+  /// (fp32; a frozen group's compute dtype) into `out` (count * state_bytes bytes).
+  void read_stored(std::size_t g, int state, std::int64_t begin, std::size_t count, void* out, int prefer);
 
  private:
   int owner(std::size_t g, std::int64_t x, int prefer) const;

@@ -34,7 +34,7 @@ void verify_checkpoint(const std::string& dir, const Manifest& m, const Progress
     reader.check_file(r);
     for (std::size_t g = 0; g < m.groups.size(); ++g) {
       reader.verify(r, g);
-      done += range_bytes(m.groups[g].ranks[static_cast<std::size_t>(r)].numel);
+      done += range_bytes(m, m.groups[g], m.groups[g].ranks[static_cast<std::size_t>(r)].numel);
       if (progress) progress(done, total);
     }
   }
@@ -48,23 +48,24 @@ void reshard_checkpoint(const std::string& in, const Manifest& m, const std::str
   verify_checkpoint(in, m);
   CheckpointReader reader(in, m);
   Manifest n = m;
-  n.version = kFormatVersion;
   n.world_size = world_size;
   n.stage = stage;
   n.chunk_elements = chunk_elements;
   std::random_device rd;
   n.id = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  n.version = version_for(n);  // format 1 becomes 2; frozen groups keep it 3
   lay_out_ranks(n);
   recover(out);
   make_temp(out);
   const std::string tmp = temp_dir_of(out);
   std::uint64_t total = 0, done = 0;
   for (const RankFileEntry& f : n.files) total += f.bytes;
-  std::vector<float> chunk;
+  std::vector<char> chunk;  // [state 0 | state 1 | state 2] of one chunk, as stored
   for (int r = 0; r < world_size; ++r) {
     const RankFileEntry& entry = n.files[static_cast<std::size_t>(r)];
     io::FileWriter w((fs::path(tmp) / entry.name).string(), entry.bytes);
     RankFileHeader h;
+    h.version = static_cast<std::uint32_t>(n.version);
     h.rank = r;
     h.world_size = world_size;
     h.id = n.id;
@@ -72,17 +73,21 @@ void reshard_checkpoint(const std::string& in, const Manifest& m, const std::str
     h.crc32c = header_crc(h);
     w.write(&h, sizeof h);
     for (std::size_t g = 0; g < n.groups.size(); ++g) {
+      const GroupEntry& group = n.groups[g];
       RankRange& rr = n.groups[g].ranks[static_cast<std::size_t>(r)];
+      // A frozen group's values move as stored (compute dtype), bit for bit.
+      const std::size_t esz = state_bytes(n, group);
       std::uint32_t crc = 0;
       for (std::int64_t c = 0; c < rr.numel; c += chunk_elements) {
         const std::int64_t len = std::min(chunk_elements, rr.numel - c);
         const auto ulen = static_cast<std::size_t>(len);
-        chunk.resize(3 * ulen);
-        for (int s = 0; s < 3; ++s)
-          reader.read(g, s, rr.begin + c, std::span<float>(chunk.data() + s * ulen, ulen), r % m.world_size);
-        crc = io::crc32c(chunk.data(), chunk.size() * sizeof(float), crc);
-        w.write(chunk.data(), chunk.size() * sizeof(float));
-        done += 12 * static_cast<std::uint64_t>(len);
+        chunk.resize(static_cast<std::size_t>(state_count(group)) * ulen * esz);
+        for (int s = 0; s < state_count(group); ++s)
+          reader.read_stored(g, s, rr.begin + c, ulen, chunk.data() + static_cast<std::size_t>(s) * ulen * esz,
+                             r % m.world_size);
+        crc = io::crc32c(chunk.data(), chunk.size(), crc);
+        w.write(chunk.data(), chunk.size());
+        done += chunk.size();
         if (progress) progress(done, total);
       }
       rr.crc32c = crc;

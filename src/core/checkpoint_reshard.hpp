@@ -1,7 +1,8 @@
 // Offline checkpoint tools over format 2 (and format 1 where the model is known): verify
 // every rank file against the manifest, and rewrite a checkpoint for another world size or
 // stage (zoe-ckpt reshard). Both stream: host memory holds one chunk of `chunk_elements`
-// elements (12 bytes each) and a 1 MiB read buffer, whatever the model's size.
+// elements (12 bytes each; a frozen group's: its stored values, 2 or 4 bytes, copied as they
+// are) and a 1 MiB read buffer, whatever the model's size.
 //
 // Thread-safety: plain functions, one thread. Errors: as CheckpointReader (CorruptionError,
 // SystemError, IoError naming the file) and FileWriter (IoError ENOSPC, ...).

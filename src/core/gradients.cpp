@@ -73,9 +73,12 @@ bool EngineImpl::round_complete() const {
   if (bucket.groups.empty()) return false;
   int round = 0;
   for (int gi : bucket.groups) round = std::max(round, groups[static_cast<std::size_t>(gi)].micro_batches);
-  // Frozen groups have no gradients (micro_batches stays 0): they take no part in a round.
-  return std::all_of(groups.begin(), groups.end(),
-                     [round](const Group& g) { return g.frozen || g.micro_batches >= round; });
+  // Frozen groups have no gradients (micro_batches stays 0): they take no part in a round;
+  // neither does a group no module uses (the empty trainable group of a module whose
+  // parameters are all frozen or owned by another module).
+  return std::all_of(groups.begin(), groups.end(), [round](const Group& g) {
+    return g.frozen || g.users.empty() || g.micro_batches >= round;
+  });
 }
 
 void EngineImpl::flush_bucket() {

@@ -27,10 +27,12 @@ StepResult EngineImpl::step() {
                     m.phase == ModuleInfo::Phase::forward ? "forward" : "backward");
   }
   // Frozen groups have no gradients: they are never reduced and take no part in the step.
+  // Neither does a trainable group no module uses (a module whose parameters are all frozen or
+  // owned by another module leaves its trainable group empty): its count stays 0.
   int micro = 0;
   bool any_trainable = false;
   for (const Group& g : groups) {
-    if (g.frozen) continue;
+    if (g.frozen || g.users.empty()) continue;
     any_trainable = true;
     micro = std::max(micro, g.micro_batches);
   }

@@ -315,3 +315,32 @@ TEST(Buckets, PrescaleGradientsDividesBeforeTheReduction) {
     EXPECT_TRUE(bitwise_equal(train(three, three_layers(), 2, 4, 8), base)) << "stage " << stage;
   }
 }
+
+// A module whose parameters are all frozen leaves its trainable group empty and unused: it has
+// no gradients to wait for, so the round completes (and the bucket is reduced) at the last
+// backward, not only at step().
+TEST(Buckets, AModuleOfFrozenParametersOnlyDoesNotHoldBackTheRound) {
+  for (int stage : {2, 3}) {
+    auto ranks = make_local_ranks(2, 30.0);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      Engine e(config(stage, 500'000'000), ctx);
+      const ParamId w = e.add_parameter("w", {64}, std::vector<float>(64, 0.5f));
+      const ParamId f = e.add_parameter("f", {32}, std::vector<float>(32, 0.25f), ParamOptions{std::nullopt, 1.0, true});
+      const ModuleId a = e.add_module("a", {w});
+      const ModuleId b = e.add_module("b", {f});
+      for (int s = 0; s < 2; ++s) {
+        { ForwardScope fa(e, a); }
+        { ForwardScope fb(e, b); }
+        { BackwardScope bb(e, b); }
+        const std::int64_t before = ctx.comm->stats().reduce_scatter_bytes;
+        {
+          BackwardScope ba(e, a);
+          for (std::int64_t i = 0; i < 64; ++i) test::add(ba.tensors().grads[0], i, 0.125f);
+        }
+        EXPECT_GT(ctx.comm->stats().reduce_scatter_bytes, before) << "stage " << stage << " step " << s
+                                                                  << ": the bucket waited for step()";
+        e.step();
+      }
+    });
+  }
+}

@@ -17,8 +17,8 @@ struct ExportOptions {
   std::vector<std::string> metadata;  // "key=value" each, the header's "__metadata__"
 };
 
-/// Writes the parameters (fp32 master weights, rounded to options.dtype as
-/// Engine::export_safetensors rounds) of the checkpoint in the directory options.checkpoint
+/// Writes the parameters (fp32 master weights; frozen ones: their values widened; rounded to
+/// options.dtype as Engine::export_safetensors rounds) of the checkpoint in the directory options.checkpoint
 /// (the one a load reads: main resolves DIR.old) to options.output, verifying every rank file
 /// first; `verify_progress` / `export_progress` see the two passes (may be empty). Prints one line
 /// naming the file on success. Throws UsageError for a metadata item without '=' (or with an

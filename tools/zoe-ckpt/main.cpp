@@ -50,9 +50,12 @@ std::string directory_to_read(const std::string& dir) {
 
 void inspect(const std::string& dir, bool params) {
   const Manifest m = read_manifest_file(dir);
-  std::int64_t elements = 0, count = 0;
+  std::int64_t elements = 0, count = 0, frozen_elements = 0, frozen_count = 0;
   for (const GroupEntry& g : m.groups)
-    for (const ParamEntry& p : g.params) elements += p.numel, ++count;
+    for (const ParamEntry& p : g.params) {
+      elements += p.numel, ++count;
+      if (g.frozen) frozen_elements += p.numel, ++frozen_count;
+    }
   std::uint64_t bytes = 0;
   for (const RankFileEntry& f : m.files) bytes += f.bytes;
   std::cout << "checkpoint " << dir << " (format " << m.version << ", id " << std::hex << m.id << std::dec << ")\n"
@@ -61,17 +64,22 @@ void inspect(const std::string& dir, bool params) {
             << "  step " << m.step << " (" << m.step_calls << " step() calls, " << m.skipped_steps << " skipped), lr "
             << m.lr << ", loss scale " << m.loss_scale << " (" << m.good_steps << " good steps, hysteresis "
             << m.hysteresis_left << ")\n"
-            << "  " << m.groups.size() << " groups, " << count << " parameters, " << elements << " elements\n"
-            << "  " << m.files.size() << " rank files, " << mib(bytes) << " (fp32 master, exp_avg, exp_avg_sq)\n"
+            << "  " << m.groups.size() << " groups, " << count << " parameters, " << elements << " elements\n";
+  if (frozen_count > 0)
+    std::cout << "  frozen: " << frozen_count << " parameters, " << frozen_elements << " elements (values in "
+              << m.compute_dtype << ", no optimizer states)\n";
+  std::cout << "  " << m.files.size() << " rank files, " << mib(bytes) << " (fp32 master, exp_avg, exp_avg_sq"
+            << (frozen_count > 0 ? "; frozen values" : "") << ")\n"
             << "  client state: " << (m.client_state.empty() ? "(none)" : std::to_string(m.client_state.size()) + " bytes")
             << "\n";
   if (!params) return;
   for (const GroupEntry& g : m.groups) {
-    std::cout << "  group " << g.name << " (" << g.padded_numel << " elements padded)\n";
+    std::cout << "  group " << g.name << " (" << g.padded_numel << " elements padded" << (g.frozen ? ", frozen" : "")
+              << ")\n";
     for (const ParamEntry& p : g.params) {
       std::cout << "    " << p.name << " [";
       for (std::size_t d = 0; d < p.shape.size(); ++d) std::cout << (d ? ", " : "") << p.shape[d];
-      std::cout << "] fp32 at " << p.offset << "\n";
+      std::cout << "] " << (g.frozen ? m.compute_dtype + " frozen" : std::string("fp32")) << " at " << p.offset << "\n";
     }
   }
 }
@@ -99,7 +107,7 @@ int main(int argc, char** argv) {
   c_reshard->add_option("-s,--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")->check(CLI::Range(0, 3));
   c_reshard->add_option("--chunk", chunk, "elements per chunk (host memory: 12 bytes each)")->capture_default_str()->check(CLI::PositiveNumber);
 
-  auto* c_export = app.add_subcommand("export", "write the parameters (fp32 master weights) as safetensors");
+  auto* c_export = app.add_subcommand("export", "write the parameters (fp32 master weights; frozen: their values) as safetensors");
   zoe_ckpt::ExportOptions eo;
   c_export->add_option("checkpoint", eo.checkpoint, "checkpoint directory")->required();
   c_export->add_option("output", eo.output, "safetensors file (written through OUTPUT.tmp)")->required();
