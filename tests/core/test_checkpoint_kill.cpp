@@ -2,7 +2,7 @@
 // fails or resumes a torn checkpoint. 20 times in a row a forked child resumes from the
 // checkpoint directory (2 ranks, stage 3, optimizer states on NVMe), logs the step it resumed
 // at with a hash of the parameters, then trains and saves after every step until the parent
-// kills it with SIGKILL after a random delay (most of a child's time is spent saving, so most
+// kills it with SIGKILL a random delay after that log line (most of a child's time is spent saving, so most
 // kills land inside a save). Consecutive kills exercise the resume-then-crash-again sequence
 // that once left no checkpoint. At the end (the parent may create threads only then) the
 // uninterrupted run gives the reference hash of every step: every logged resume must equal
@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -74,6 +75,25 @@ void append_line(const std::string& path, const std::string& line) {
   ::_exit(code);
 }
 
+int count_lines(const std::string& path) {
+  std::ifstream f(path);
+  return static_cast<int>(std::count(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>(), '\n'));
+}
+
+// Waits until the child has logged its resume (the log has `lines` lines) or has exited; the
+// random delay before the kill starts only then, so a slow resume on a loaded machine is not
+// killed before it logs (the kill is meant for the saves after it). False if the child exited.
+bool wait_for_resume(pid_t pid, const std::string& log, int lines) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (count_lines(log) < lines) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return false;
+    if (std::chrono::steady_clock::now() > deadline) return true;  // the count below reports it
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
 int wait_child(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -98,6 +118,11 @@ TEST(CheckpointKill, KillNineDuringSavesNeverLosesOrTearsTheCheckpoint) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) child(dir, false);
+    if (!wait_for_resume(pid, dir + "/resumes", t + 2)) {
+      std::ifstream f(dir + "/failed");
+      std::string why((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      FAIL() << "try " << t << ": the resumed child exited before logging its resume: " << why;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(gen)));
     ::kill(pid, SIGKILL);
     const int status = wait_child(pid);
