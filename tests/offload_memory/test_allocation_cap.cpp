@@ -266,10 +266,7 @@ TEST(AllocationCap, NvmeStatesLargerThanTheCapTrainAndEqualUncappedHostStatesBit
   // and an allocation refused under the cap aborts the process in the sanitizer's allocator
   // (which is how a TSan run "crashed in OptimizerStates::add": its host arrays are the first
   // allocation the cap refuses) instead of throwing the OutOfMemoryError this test expects.
-  if (sanitizers::address || sanitizers::thread)
-    GTEST_SKIP() << "under " << (sanitizers::address ? "AddressSanitizer" : "ThreadSanitizer")
-                 << " the shadow memory counts against RLIMIT_DATA and a refused allocation aborts in the "
-                    "sanitizer's allocator: the cap cannot be measured (runs in the plain build)";
+  ZOE_SKIP_CAP_TEST_UNDER_SANITIZERS();
   const std::string base =
       (std::filesystem::temp_directory_path() / ("zoe-allocation-cap-" + std::to_string(getpid()))).string();
   struct RemoveAtExit {
