@@ -97,8 +97,8 @@ EOF
 echo "scale-demo: zoe-estimate for this configuration:"
 "$build"/tools/zoe-estimate/zoe-estimate --gpt "$L,$C,$V,$T" --world-size 1 --gpus-per-node 1 \
   --host-memory "$(free -b | awk '/^Mem:/ {print $2}')B" --gpu-memory 1TB --nvme "${avail}B" \
-  --micro-batch "$B" --config "$cfg" --json >"$run/estimate.json"
-python3 - "$run/estimate.json" <<'EOF'
+  --micro-batch "$B" --config "$cfg" --json >"$build/scale-estimate.json"
+python3 - "$build/scale-estimate.json" <<'EOF'
 import json, sys
 e = json.load(open(sys.argv[1]))["config"]
 def f(x): return f"{x/2**30:.2f} GiB"
@@ -118,13 +118,13 @@ t0=$(date +%s)
 echo "scale-demo: zoe-gpt wall time $(( $(date +%s) - t0 )) s"
 
 # --- 6. The figures ----------------------------------------------------------------------------
-python3 - "$log" "$run/estimate.json" "$psi" "$write_bw" "$read_bw" "$build/scale-metrics.csv" "$(nproc)" <<'EOF'
+python3 - "$log" "$build/scale-estimate.json" "$psi" "$write_bw" "$read_bw" "$build/scale-metrics.csv" "$(nproc)" <<'EOF'
 import csv, json, re, sys
 log, est, psi, wbw, rbw, metrics, cores = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6], sys.argv[7]
 text = open(log).read()
 steps = [tuple(map(float, m)) for m in re.findall(
     r"step-report: step \d+: ([0-9.]+) s; trainer compute ([0-9.]+) s, in engine calls ([0-9.]+) s; NVMe read ([0-9.]+) GB, written ([0-9.]+) GB", text)]
-con = re.search(r"construction \(first begin_forward\) ([0-9.]+) s, ([0-9.]+) GB written", text)
+con = re.search(r"construction \(first begin_forward\) ([0-9.]+) s, ([0-9.]+) GB written \([0-9.]+ GB/s\), of which ([0-9.]+) s", text)
 mem = re.search(r"VmHWM ([0-9.]+) GiB.*pinned staging ([0-9.]+) GiB; host buffers ([0-9.]+) GiB.*device buffers ([0-9.]+) GiB.*device peak ([0-9.]+) GiB", text)
 states = re.search(r"model states: host ([0-9.]+) MiB, nvme ([0-9.]+) MiB", text)
 e = json.load(open(est))["config"]
@@ -153,7 +153,8 @@ print(f"NVMe bytes per step (/proc/self/io, mean of {len(steps)} steps): read {r
 print(f"host memory: VmHWM {mem.group(1)} GiB (goal <= 8 GiB); pinned staging {mem.group(2)} GiB; "
       f"device buffers of the host device (in host memory) peak {mem.group(5)} GiB")
 print(f"construction: {con.group(1)} s for {con.group(2)} GB written = {float(con.group(2))/float(con.group(1)):.3f} GB/s "
-      f"vs dd write bound {wbw/GB:.3f} GB/s ({float(con.group(2))/float(con.group(1))/(wbw/GB):.2f} of it)")
+      f"vs dd write bound {wbw/GB:.3f} GB/s ({float(con.group(2))/float(con.group(1))/(wbw/GB):.2f} of it); "
+      f"{con.group(3)} s of it computing GPT-2's initial values (Box-Muller in double, {float(con.group(3))*1e9/psi:.1f} ns per element)")
 print(f"step time (mean of steps 2-{len(steps)}): {wall:.1f} s; trainer compute {compute:.1f} s; "
       f"NVMe I/O alone (bytes / dd bound) {io_alone:.1f} s")
 print(f"step / max(compute alone, NVMe I/O alone) = {wall:.1f} / {max(compute, io_alone):.1f} = {wall/max(compute, io_alone):.3f} (goal <= 1.15)")

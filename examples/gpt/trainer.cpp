@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -47,8 +48,10 @@ class EngineProvider final : public ParamProvider<float> {
         continue;
       }
       // Chunk by chunk as the engine streams the states to their tier: no full-model copy.
-      ids_.push_back(engine.add_parameter(p.name, p.shape, [p, seed](std::int64_t offset, std::span<float> out) {
+      ids_.push_back(engine.add_parameter(p.name, p.shape, [this, p, seed](std::int64_t offset, std::span<float> out) {
+        const auto t0 = std::chrono::steady_clock::now();
         fill_initial_value(p, seed, offset, out);
+        init_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }));
     }
     // GPT-2 practice (and nanoGPT's, Hugging Face's): no weight decay for biases and LayerNorm
@@ -83,7 +86,8 @@ class EngineProvider final : public ParamProvider<float> {
     const auto t0 = StepProfile::now();
     ModuleView<float> v = view(engine_.begin_forward(modules_[m]));
     opened_ = stamp(StepProfile::engine_begin_forward, t0);
-    if (first) construction = Construction{opened_.wall - t0.wall, ProcIo::now().write_bytes - io0.write_bytes};
+    if (first)
+      construction = Construction{opened_.wall - t0.wall, ProcIo::now().write_bytes - io0.write_bytes, init_seconds_};
     return v;
   }
   void end_forward(int m) override {
@@ -114,6 +118,7 @@ class EngineProvider final : public ParamProvider<float> {
   struct Construction {
     double seconds = 0;
     std::int64_t written = 0;
+    double init_seconds = 0;  // of which computing GPT-2's initial values (fill_initial_value)
   };
   std::optional<Construction> construction;
   /// The engine's handle of ModelSpec::params[i].
@@ -151,6 +156,7 @@ class EngineProvider final : public ParamProvider<float> {
   std::vector<zoe::ParamId> ids_;
   std::vector<zoe::ModuleId> modules_;
   StepProfile::Stamp opened_{};
+  double init_seconds_ = 0;  // in the initializers (called on the rank's thread, in finalize)
 };
 
 // --profile leaves out this many first steps of a run (thread start, first-touch faults, the
@@ -417,10 +423,11 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
                 gib(m.device_model_states).c_str(), gib(m.host_buffers).c_str());
     if (opt.step_report) {
       if (pp.construction)
-        std::printf("step-report: construction (first begin_forward) %.2f s, %.3f GB written (%.3f GB/s); nvme model "
-                    "states %.3f GB\n",
+        std::printf("step-report: construction (first begin_forward) %.2f s, %.3f GB written (%.3f GB/s), of which "
+                    "%.2f s computing the initial values; nvme model states %.3f GB\n",
                     pp.construction->seconds, pp.construction->written / 1e9,
-                    pp.construction->written / 1e9 / pp.construction->seconds, m.nvme_model_states / 1e9);
+                    pp.construction->written / 1e9 / pp.construction->seconds, pp.construction->init_seconds,
+                    m.nvme_model_states / 1e9);
       std::printf("step-report: host memory: VmHWM %.3f GiB, VmRSS %.3f GiB; pinned staging %.3f GiB; host buffers "
                   "%.3f GiB, host model states %.3f GiB; device buffers %.3f GiB, device model states %.3f GiB, "
                   "device peak %.3f GiB (%s)\n",
