@@ -131,7 +131,10 @@ mem = re.search(r"VmHWM ([0-9.]+) GiB.*pinned staging ([0-9.]+) GiB; host buffer
 states = re.search(r"model states: host ([0-9.]+) MiB, nvme ([0-9.]+) MiB", text)
 e = json.load(open(est))["config"]
 losses = [float(r["loss"]) for r in csv.DictReader(open(metrics))]
-steady = steps[1:] if len(steps) > 1 else steps
+# Step k's record runs from its start to step k+1's: the update of step k-1 (which overlaps step
+# k's forward) and step k's forward and backward. The first also holds the construction, the
+# last also waits for its own update (synchronize), so the step time is the mean of the others.
+steady = steps[1:-1] if len(steps) > 2 else steps[-1:]
 n = len(steady)
 wall = sum(s[0] for s in steady) / n
 compute = sum(s[1] for s in steady) / n
@@ -157,7 +160,7 @@ print(f"host memory: VmHWM {mem.group(1)} GiB (goal <= 8 GiB); pinned staging {m
 print(f"construction: {con.group(1)} s for {con.group(2)} GB written = {float(con.group(2))/float(con.group(1)):.3f} GB/s "
       f"vs dd write bound {wbw/GB:.3f} GB/s ({float(con.group(2))/float(con.group(1))/(wbw/GB):.2f} of it); "
       f"{con.group(3)} s of it computing GPT-2's initial values (Box-Muller in double, {float(con.group(3))*1e9/psi:.1f} ns per element)")
-print(f"step time (mean of steps 2-{len(steps)}): {wall:.1f} s; trainer compute {compute:.1f} s; "
+print(f"step time (mean of steps 2-{len(steps)-1}): {wall:.1f} s; trainer compute {compute:.1f} s; "
       f"NVMe I/O alone (bytes / dd bound) {io_alone:.1f} s")
 print(f"step / max(compute alone, NVMe I/O alone) = {wall:.1f} / {max(compute, io_alone):.1f} = {wall/max(compute, io_alone):.3f} (goal <= 1.15)")
 print(f"zoe-estimate vs measured: nvme model states {e['model_states']['nvme']/2**30:.2f} GiB vs {float(states.group(2))/1024:.2f} GiB; "

@@ -367,20 +367,23 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   }
   if (stop <= start) state.last_val_loss = evaluate();  // resumed with nothing left to train
   if (lead && opt.step_report && !records.empty()) {
-    // Steady state: the steps after the first (whose first touches and store trials it pays).
+    // Steady state: the records between the first (which pays the construction and first
+    // touches) and the last (which also waits for its own update): each holds one update and
+    // one forward + backward.
     StepRecord mean;
-    const std::size_t from = records.size() > 1 ? 1 : 0;
-    for (std::size_t i = from; i < records.size(); ++i) {
+    const std::size_t from = records.size() > 2 ? 1 : records.size() - 1;
+    const std::size_t to = records.size() > 2 ? records.size() - 1 : records.size();
+    for (std::size_t i = from; i < to; ++i) {
       mean.wall += records[i].wall;
       mean.compute += records[i].compute;
       mean.engine += records[i].engine;
       mean.read += records[i].read;
       mean.written += records[i].written;
     }
-    const double n = static_cast<double>(records.size() - from);
+    const double n = static_cast<double>(to - from);
     std::printf("step-report: mean of steps %zu-%zu: %.2f s per step; trainer compute %.2f s; NVMe read %.3f GB, "
                 "written %.3f GB per step\n",
-                from + 1 + static_cast<std::size_t>(start), records.size() + static_cast<std::size_t>(start),
+                from + 1 + static_cast<std::size_t>(start), to + static_cast<std::size_t>(start),
                 mean.wall / n, mean.compute / n, mean.read / n / 1e9, mean.written / n / 1e9);
   }
   if (opt.profile) sh.profiles[local_rank] = pp.profile;
