@@ -4,9 +4,11 @@
 // second run loads it and trains on, each in a forked child under an RLIMIT_DATA cap of
 // kRoom (200 MiB) above the child's start, 3.6 times smaller than the model's optimizer states
 // (12 B per element). What the run holds is buffers of a size fixed by the config and the
-// largest module (measured: 172-180 MiB of VmData above the start for 24, 64 and 80 blocks:
-// staging buffers, one module's fp32 copies, the host device's gathered module, thread stacks
-// and malloc arenas), so the cap leaves less room than the bf16 parameters (2 B per element).
+// largest module (measured uncapped: 172-180 MiB of VmData above the start with 24 blocks of
+// width 384 and with 64 of width 256: staging buffers, one module's fp32 copies, the host
+// device's gathered module and block cache, thread stacks, malloc arenas; under the cap the
+// runs below reach 194-199 MiB, the block cache using what is there), so the cap leaves less
+// room than the bf16 parameters (2 B per element).
 // The cap is shown to bite where memory grows with the model: the same run with offload_param
 // none (the bf16 parameters in the host device's memory) must fail under it, out of memory.
 // Thread-safety: the test process creates no threads (run_in_child forks it).
