@@ -1,5 +1,6 @@
 #include "examples/gpt/model_spec.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -87,19 +88,35 @@ std::uint64_t stream_seed(const std::string& name, std::uint64_t seed) {
 }
 }  // namespace
 
-std::vector<float> initial_value(const ParamSpec& p, std::uint64_t seed) {
-  std::vector<float> v(static_cast<std::size_t>(p.numel()), p.init == Init::ones ? 1.0f : 0.0f);
-  if (p.init != Init::normal) return v;
-  std::uint64_t state = stream_seed(p.name, seed);
-  auto uniform = [&] {  // (0, 1], 53 bits
-    return (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
-  };
-  for (std::size_t i = 0; i < v.size(); i += 2) {
+void fill_initial_value(const ParamSpec& p, std::uint64_t seed, std::int64_t offset, std::span<float> out) {
+  const auto n = static_cast<std::int64_t>(out.size());
+  GPT_CHECK(offset >= 0 && offset + n <= p.numel(), "initial value of '", p.name, "': elements [", offset, ", ",
+            offset + n, ") are outside its ", p.numel());
+  if (p.init != Init::normal) {
+    std::fill(out.begin(), out.end(), p.init == Init::ones ? 1.0f : 0.0f);
+    return;
+  }
+  // Pair j (elements 2j, 2j+1) takes draws 2j and 2j+1 of the stream: splitmix64's state after
+  // k draws is state0 + k * golden, so the pair starts from state0 + 2j * golden.
+  const std::uint64_t state0 = stream_seed(p.name, seed);
+  const std::int64_t first = offset / 2, last = (offset + n + 1) / 2;  // pairs [first, last)
+#pragma omp parallel for schedule(static) if (last - first > 65536)
+  for (std::int64_t j = first; j < last; ++j) {
+    std::uint64_t state = state0 + static_cast<std::uint64_t>(2 * j) * 0x9E3779B97F4A7C15ull;
+    auto uniform = [&] {  // (0, 1], 53 bits
+      return (static_cast<double>(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
+    };
     const double r = std::sqrt(-2.0 * std::log(uniform()));
     const double a = 2.0 * M_PI * uniform();
-    v[i] = static_cast<float>(p.stddev * r * std::cos(a));
-    if (i + 1 < v.size()) v[i + 1] = static_cast<float>(p.stddev * r * std::sin(a));
+    const std::int64_t e0 = 2 * j - offset, e1 = e0 + 1;
+    if (e0 >= 0 && e0 < n) out[e0] = static_cast<float>(p.stddev * r * std::cos(a));
+    if (e1 >= 0 && e1 < n) out[e1] = static_cast<float>(p.stddev * r * std::sin(a));
   }
+}
+
+std::vector<float> initial_value(const ParamSpec& p, std::uint64_t seed) {
+  std::vector<float> v(static_cast<std::size_t>(p.numel()));
+  fill_initial_value(p, seed, 0, v);
   return v;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,5 +74,13 @@ ModelSpec make_model_spec(const GptConfig& cfg);
 /// every rank and independent of registration order. Normal draws are Box-Muller over a
 /// splitmix64 stream, so they do not depend on the standard library.
 std::vector<float> initial_value(const ParamSpec& p, std::uint64_t seed);
+
+/// Elements [offset, offset + out.size()) of initial_value(p, seed), bitwise, without the rest:
+/// the normal draws come from a counter-based stream (splitmix64 adds a constant per draw), so
+/// element i's pair i/2 is computed from its own counter. Host memory: none beyond `out`, so an
+/// Engine's ParamInitializer can stream a model larger than RAM. Runs the pairs over the
+/// calling thread's OpenMP team (results independent of the thread count).
+/// Throws zoe::Error when offset < 0 or the range passes p.numel().
+void fill_initial_value(const ParamSpec& p, std::uint64_t seed, std::int64_t offset, std::span<float> out);
 
 }  // namespace gpt

@@ -11,7 +11,8 @@
 // in the loss's gradient and a power-of-two factor is exact in fp32, barring fp32 overflow at
 // 2^128, far beyond fp16's 65504 where the rounding turns an oversized gradient into inf for the
 // engine's overflow check. Activations stay fp32 (a choice: see docs/gpt.md "Precision").
-// Memory: fp32 copies of the largest module's parameters and gradients (wte's module: 2*V*C*4 B).
+// Memory: fp32 copies of the largest module's parameters and gradients (wte's module: 2*V*C*4 B),
+// in two arenas that grow to that module's size and are reused by every module.
 // Thread-safety: one object per thread (it owns the buffers), used with its Ops' thread.
 #pragma once
 
@@ -52,31 +53,41 @@ class OpsModuleCopies final : public ModuleCopies {
   OpsModuleCopies(Ops& ops, kernels::Storage16 storage) : ops_(ops), storage_(storage) {}
 
   ModuleView<float> open(const std::vector<Buffer16>& params, const std::vector<Buffer16>& grads) override {
-    if (params_.size() < params.size()) params_.resize(params.size());
-    if (grads_.size() < grads.size()) grads_.resize(grads.size());
+    // One arena for the parameters and one for the gradients, laid out anew per module: the
+    // copies take the largest module's size once (not once per position in a module, which held
+    // wte's copy twice: position 0 of the embeddings, position 2 of the head).
+    const std::vector<std::size_t> p_at = layout(params), g_at = layout(grads);
+    params_.resize(p_at.back());
+    ops_.zero(grads_, g_at.back());
     ModuleView<float> v;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      params_[i].resize(params[i].n);
-      ops_.widen(storage_, params[i].data, params[i].n, params_[i].data());
-      v.params.push_back(params_[i].data());
+      ops_.widen(storage_, params[i].data, params[i].n, params_.data() + p_at[i]);
+      v.params.push_back(params_.data() + p_at[i]);
     }
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      ops_.zero(grads_[i], grads[i].n);
-      v.grads.push_back(grads_[i].data());
-    }
+    for (std::size_t i = 0; i < grads.size(); ++i) v.grads.push_back(grads_.data() + g_at[i]);
+    open_grads_ = g_at;
     return v;
   }
   void close(const std::vector<Buffer16>& grads, float scale) override {
-    GPT_CHECK(grads.size() <= grads_.size(), "ModuleCopies::close: ", grads.size(),
-              " gradients, but open() was given ", grads_.size());
+    GPT_CHECK(grads.size() + 1 <= open_grads_.size(), "ModuleCopies::close: ", grads.size(),
+              " gradients, but open() was given ", open_grads_.size() - 1);
     for (std::size_t i = 0; i < grads.size(); ++i)
-      ops_.narrow_add(storage_, grads_[i].data(), grads[i].n, scale, grads[i].data);
+      ops_.narrow_add(storage_, grads_.data() + open_grads_[i], grads[i].n, scale, grads[i].data);
   }
 
  private:
+  // Offsets of the buffers in an arena, each rounded up to 16 floats (64 bytes, a cache line
+  // and an AVX-512 vector); the last entry is the arena's size.
+  static std::vector<std::size_t> layout(const std::vector<Buffer16>& buffers) {
+    std::vector<std::size_t> at{0};
+    for (const Buffer16& b : buffers) at.push_back(at.back() + (b.n + 15) / 16 * 16);
+    return at;
+  }
+
   Ops& ops_;
   kernels::Storage16 storage_;
-  std::vector<Array> params_, grads_;
+  Array params_, grads_;             // the arenas
+  std::vector<std::size_t> open_grads_{0};  // the open module's gradient offsets (layout())
 };
 
 }  // namespace gpt

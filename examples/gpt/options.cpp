@@ -89,6 +89,9 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_flag("--resume", o.resume, "continue the run checkpointed in --checkpoint-dir");
   app.add_flag("--profile", o.profile, "print where each rank's step time goes (timers; steps after the first 3)");
+  app.add_flag("--step-report", o.step_report,
+               "per step: wall time, compute time, NVMe bytes read/written (/proc/self/io); at the end construction time, "
+               "VmHWM, pinned staging (one process: ranks as threads share the counters)");
   app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--init-from", o.init_from,
                  "start from the parameters in this safetensors file (HF GPT-2 names and layout, e.g. one --export wrote): fine-tuning")

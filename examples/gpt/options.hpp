@@ -44,6 +44,9 @@ struct TrainOptions {
   bool resume = false;           // continue the run checkpointed in checkpoint_dir
   int stop_after = 0;            // stop (and checkpoint) after this step; 0 = run to `steps`
   bool profile = false;          // print where each rank's step time goes (step_profile.hpp)
+  /// Per step (rank 0): wall time, the trainer's compute time, NVMe bytes read / written
+  /// (/proc/self/io); at the end the construction time, VmHWM and the pinned staging (scale-demo.sh).
+  bool step_report = false;
   std::string init_from;         // initial parameters from this safetensors file (hf_weights.hpp)
   std::string export_path;       // write the final parameters here as safetensors (HF GPT-2 names)
   zoe::DType export_dtype = zoe::DType::f32;  // f32 (the master weights) or bf16

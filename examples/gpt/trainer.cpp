@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include "examples/gpt/metrics.hpp"
 #include "examples/gpt/model.hpp"
 #include "examples/gpt/module_copies.hpp"
+#include "examples/gpt/proc_stats.hpp"
 #include "examples/gpt/progress.hpp"
 #include "examples/gpt/schedule.hpp"
 #include "examples/gpt/step_profile.hpp"
@@ -31,7 +33,8 @@ namespace fs = std::filesystem;
 
 // The model's parameters owned by zoe: registered with the engine (one module per block, plus
 // embeddings and head; wte in both), handed to the model module by module. Initial values: GPT-2's
-// seeded init, or a safetensors file's tensors (--init-from), each rank reading its own part.
+// seeded init (computed per chunk the engine asks for, fill_initial_value), or a safetensors
+// file's tensors (--init-from), each rank reading its own part.
 // With an fp32 compute dtype the model reads and adds into the engine's buffers directly; with
 // bf16 or fp16 it works on fp32 copies of the open module (module_copies.hpp), whose gradients go
 // back rounded to the compute dtype, times the engine's fp16 loss scale (Engine::loss_scale).
@@ -44,8 +47,12 @@ class EngineProvider final : public ParamProvider<float> {
         ids_.push_back(engine.add_parameter(p.name, p.shape, from->initializer(p.name, p.shape)));
         continue;
       }
-      const std::vector<float> init = initial_value(p, seed);
-      ids_.push_back(engine.add_parameter(p.name, p.shape, init));
+      // Chunk by chunk as the engine streams the states to their tier: no full-model copy.
+      ids_.push_back(engine.add_parameter(p.name, p.shape, [this, p, seed](std::int64_t offset, std::span<float> out) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fill_initial_value(p, seed, offset, out);
+        init_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }));
     }
     // GPT-2 practice (and nanoGPT's, Hugging Face's): no weight decay for biases and LayerNorm
     // gains; the matrices and the embeddings take optimizer.params.weight_decay.
@@ -74,9 +81,13 @@ class EngineProvider final : public ParamProvider<float> {
 
   // With a profile: each engine call's time, and the compute between a begin and its end.
   ModuleView<float> begin_forward(int m) override {
+    const bool first = !construction;
+    const ProcIo io0 = first ? ProcIo::now() : ProcIo{};
     const auto t0 = StepProfile::now();
     ModuleView<float> v = view(engine_.begin_forward(modules_[m]));
     opened_ = stamp(StepProfile::engine_begin_forward, t0);
+    if (first)
+      construction = Construction{opened_.wall - t0.wall, ProcIo::now().write_bytes - io0.write_bytes, init_seconds_};
     return v;
   }
   void end_forward(int m) override {
@@ -101,6 +112,15 @@ class EngineProvider final : public ParamProvider<float> {
   }
   /// Where the provider's stamps go (inactive: nothing counted).
   StepProfile profile;
+  /// The first begin_forward of this process: the engine's construction (finalize: the tiers
+  /// opened, every initial value streamed to its home) unless a checkpoint was loaded before, plus
+  /// module 0's gather. Seconds, and the bytes the process wrote meanwhile (/proc/self/io).
+  struct Construction {
+    double seconds = 0;
+    std::int64_t written = 0;
+    double init_seconds = 0;  // of which computing GPT-2's initial values (fill_initial_value)
+  };
+  std::optional<Construction> construction;
   /// The engine's handle of ModelSpec::params[i].
   zoe::ParamId param(int i) const { return ids_.at(i); }
 
@@ -136,6 +156,7 @@ class EngineProvider final : public ParamProvider<float> {
   std::vector<zoe::ParamId> ids_;
   std::vector<zoe::ModuleId> modules_;
   StepProfile::Stamp opened_{};
+  double init_seconds_ = 0;  // in the initializers (called on the rank's thread, in finalize)
 };
 
 // --profile leaves out this many first steps of a run (thread start, first-touch faults, the
@@ -241,6 +262,42 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   };
 
   MetricsWriter metrics(rank == 0 ? opt.metrics_file : std::string(), start);
+  // --step-report: one record per step, from its start to the next step's (the update of step k
+  // runs on during step k+1's forward), the last to the end of its update (synchronize).
+  struct StepRecord {
+    double wall = 0, compute = 0, engine = 0;
+    std::int64_t read = 0, written = 0;
+  };
+  std::vector<StepRecord> records;
+  struct Mark {
+    double wall = 0, compute = 0, engine = 0;
+    ProcIo io;
+  };
+  auto mark = [&] {
+    const StepProfile& p = pp.profile;
+    Mark m{StepProfile::now().wall, p.seconds(StepProfile::other), 0, ProcIo::now()};
+    for (int k = 0; k < StepProfile::other; ++k) {
+      const auto ph = static_cast<StepProfile::Phase>(k);
+      (ph >= StepProfile::engine_begin_forward ? m.engine : m.compute) += p.seconds(ph);
+    }
+    return m;
+  };
+  std::optional<Mark> open_mark;
+  auto close_record = [&] {
+    if (!opt.step_report || !open_mark) return;
+    const Mark m = mark();
+    records.push_back({m.wall - open_mark->wall, m.compute - open_mark->compute, m.engine - open_mark->engine,
+                       m.io.read_bytes - open_mark->io.read_bytes, m.io.write_bytes - open_mark->io.write_bytes});
+    open_mark.reset();
+    if (lead) {
+      const StepRecord& r = records.back();
+      std::printf("step-report: step %zu: %.2f s; trainer compute %.2f s, in engine calls %.2f s; NVMe read %.3f GB, "
+                  "written %.3f GB (/proc/self/io)\n",
+                  records.size() + static_cast<std::size_t>(start), r.wall, r.compute, r.engine, r.read / 1e9,
+                  r.written / 1e9);
+      std::fflush(stdout);
+    }
+  };
   const double tokens_per_step = static_cast<double>(world) * GA * B * T;
   double tokens = 0;  // this process's run
   std::vector<double> loss_scales;  // this process's steps
@@ -254,7 +311,9 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     std::mt19937_64 rng(stream(opt.seed, rank, step));
     double loss = 0;
     StepProfile& prof = pp.profile;
-    prof.active = opt.profile && step >= start + kProfileWarmup;
+    prof.active = (opt.profile && step >= start + kProfileWarmup) || opt.step_report;
+    close_record();
+    if (opt.step_report) open_mark = mark();
     const auto step_begin = StepProfile::now();
     for (int mb = 0; mb < GA; ++mb) {
       const auto t0 = StepProfile::now();
@@ -268,6 +327,10 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     prof.add(StepProfile::engine_step, step_call, step_end);
     prof.add_step(step_begin, step_end);
     prof.active = false;
+    if (step + 1 == stop && opt.step_report) {
+      engine.synchronize();  // the last update's I/O belongs to this step
+      close_record();
+    }
     // The mean over every rank (all processes under a launcher), as the metrics file says.
     loss = engine.all_reduce(loss / GA, zoe::ScalarReduce::mean, "train loss");
     tokens += tokens_per_step;
@@ -303,6 +366,26 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     }
   }
   if (stop <= start) state.last_val_loss = evaluate();  // resumed with nothing left to train
+  if (lead && opt.step_report && !records.empty()) {
+    // Steady state: the records between the first (which pays the construction and first
+    // touches) and the last (which also waits for its own update): each holds one update and
+    // one forward + backward.
+    StepRecord mean;
+    const std::size_t from = records.size() > 2 ? 1 : records.size() - 1;
+    const std::size_t to = records.size() > 2 ? records.size() - 1 : records.size();
+    for (std::size_t i = from; i < to; ++i) {
+      mean.wall += records[i].wall;
+      mean.compute += records[i].compute;
+      mean.engine += records[i].engine;
+      mean.read += records[i].read;
+      mean.written += records[i].written;
+    }
+    const double n = static_cast<double>(to - from);
+    std::printf("step-report: mean of steps %zu-%zu: %.2f s per step; trainer compute %.2f s; NVMe read %.3f GB, "
+                "written %.3f GB per step\n",
+                from + 1 + static_cast<std::size_t>(start), to + static_cast<std::size_t>(start),
+                mean.wall / n, mean.compute / n, mean.read / n / 1e9, mean.written / n / 1e9);
+  }
   if (opt.profile) sh.profiles[local_rank] = pp.profile;
   if (lead) bar.finish();
   if (lead && !opt.checkpoint_dir.empty() && stop > start)
@@ -341,6 +424,24 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     std::printf("rank 0 model states: host %s, nvme %s, device %s; buffers: host %s\n",
                 gib(m.host_model_states).c_str(), gib(m.nvme_model_states).c_str(),
                 gib(m.device_model_states).c_str(), gib(m.host_buffers).c_str());
+    if (opt.step_report) {
+      if (pp.construction)
+        std::printf("step-report: construction (first begin_forward) %.2f s, %.3f GB written (%.3f GB/s), of which "
+                    "%.2f s computing the initial values; nvme model states %.3f GB\n",
+                    pp.construction->seconds, pp.construction->written / 1e9,
+                    pp.construction->written / 1e9 / pp.construction->seconds, pp.construction->init_seconds,
+                    m.nvme_model_states / 1e9);
+      std::printf("step-report: host memory: VmHWM %.3f GiB, VmRSS %.3f GiB; pinned staging %.3f GiB; host buffers "
+                  "%.3f GiB, host model states %.3f GiB; device buffers %.3f GiB, device model states %.3f GiB, "
+                  "device peak %.3f GiB (%s)\n",
+                  proc_status_bytes("VmHWM") / 1073741824.0, proc_status_bytes("VmRSS") / 1073741824.0,
+                  m.host_pinned_peak / 1073741824.0, m.host_buffers / 1073741824.0,
+                  m.host_model_states / 1073741824.0, m.device_buffers / 1073741824.0,
+                  m.device_model_states / 1073741824.0, m.device_peak / 1073741824.0,
+                  engine.compute_place().kind == zoe::DeviceKind::host ? "the host device: in host memory"
+                                                                       : "on the GPU");
+      std::fflush(stdout);
+    }
   }
 
   if (opt.sample_length > 0 && (stop == opt.steps || opt.eval_only)) {  // every rank generates (stage 3 gathers are collectives)

@@ -43,6 +43,52 @@ TEST(ModelSpec, NamesShapesAndCount) {
   EXPECT_THROW(make_model_spec(c), zoe::Error);
 }
 
+// The draws one after another, as the trainer computed them before fill_initial_value: one
+// splitmix64 stream per parameter (FNV-1a of the name mixed with the seed), Box-Muller pairs.
+std::vector<float> sequential_reference(const ParamSpec& p, std::uint64_t seed) {
+  auto mix = [](std::uint64_t& state) {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : p.name) h = (h ^ c) * 1099511628211ull;
+  std::uint64_t s0 = h ^ (seed * 0x9E3779B97F4A7C15ull);
+  std::uint64_t state = mix(s0);
+  std::vector<float> v(static_cast<std::size_t>(p.numel()));
+  auto uniform = [&] { return (static_cast<double>(mix(state) >> 11) + 1.0) * 0x1.0p-53; };
+  for (std::size_t i = 0; i < v.size(); i += 2) {
+    const double r = std::sqrt(-2.0 * std::log(uniform()));
+    const double a = 2.0 * M_PI * uniform();
+    v[i] = static_cast<float>(p.stddev * r * std::cos(a));
+    if (i + 1 < v.size()) v[i + 1] = static_cast<float>(p.stddev * r * std::sin(a));
+  }
+  return v;
+}
+
+TEST(ModelSpec, InitChunksEqualTheSequentialStreamBitwise) {
+  const ParamSpec p{"h.3.mlp.c_fc.weight", {3, 100001}, Init::normal, 0.02};  // odd numel
+  const std::vector<float> ref = sequential_reference(p, 7);
+  EXPECT_EQ(initial_value(p, 7), ref);
+  // Chunks of odd and even sizes at odd and even offsets (a pair split across two chunks).
+  std::vector<float> pieced(ref.size(), -1.0f);
+  std::int64_t offset = 0;
+  for (std::int64_t n : {1, 2, 3, 70000, 4, 99999, 1000000}) {
+    n = std::min<std::int64_t>(n, p.numel() - offset);
+    fill_initial_value(p, 7, offset, std::span<float>(pieced.data() + offset, static_cast<std::size_t>(n)));
+    offset += n;
+  }
+  ASSERT_EQ(offset, p.numel());
+  EXPECT_EQ(pieced, ref);
+  std::vector<float> ones(5, 0.0f);
+  fill_initial_value({"ln_f.weight", {9}, Init::ones}, 7, 4, ones);
+  EXPECT_EQ(ones, std::vector<float>(5, 1.0f));
+  std::vector<float> past(3);
+  EXPECT_THROW(fill_initial_value(p, 7, p.numel() - 2, past), zoe::Error);
+  EXPECT_THROW(fill_initial_value(p, 7, -1, past), zoe::Error);
+}
+
 TEST(ModelSpec, InitIsDeterministicWithGpt2Std) {
   const ModelSpec s = make_model_spec(tiny());
   const ParamSpec& proj = s.params[s.modules[1].params[kMlpProjW]];
