@@ -27,6 +27,7 @@
 #include "src/core/checkpoint_export.hpp"
 #include "src/core/checkpoint_reshard.hpp"
 #include "tests/core/test_net.hpp"
+#include "tests/core/shell.hpp"
 #include "zoe/safetensors.hpp"
 
 using namespace zoe;
@@ -290,15 +291,7 @@ const ckpt::GroupEntry& group_named(const ckpt::Manifest& m, const std::string& 
   return m.groups.front();
 }
 
-std::pair<int, std::string> shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::shell;
 }  // namespace
 
 TEST(CheckpointFrozen, ReshardOnLoadContinuesBitwise) {

@@ -15,21 +15,13 @@
 #include "src/core/checkpoint_export.hpp"
 #include "src/core/checkpoint_reshard.hpp"
 #include "tests/core/checkpoint_runs.hpp"
+#include "tests/core/shell.hpp"
 
 using namespace zoe;
 namespace fs = std::filesystem;
 
 namespace {
-// Runs a command; returns its exit status and output (stdout and stderr).
-std::pair<int, std::string> shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return {-1, ""};
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::shell;
 
 std::string file_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
