@@ -322,7 +322,7 @@ TEST_P(PageableCount, CountsCopiesBetweenDeviceAndUnregisteredHostMemory) {
   std::vector<float> w(1000);
   d.copy(w.data(), v.data(), 4000, s);     // host -> host
   EXPECT_EQ(d.pageable_copy_count(), 4);
-  std::vector<float> pinned(1000, 2.0f);
+  std::vector<float> pinned(1001, 2.0f);  // one float past the registered 4000 bytes (read below)
   ASSERT_TRUE(d.register_host_memory(pinned.data(), 4000));
   EXPECT_FALSE(d.register_host_memory(pinned.data() + 10, 100)) << "already registered";
   EXPECT_FALSE(d.register_host_memory(a, 100)) << "device memory";
