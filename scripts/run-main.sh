@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up, build the GPT trainer (Release), fetch and verify the data, and train a
 # 7.2M-parameter GPT-2 (4 layers, width 128, context 64) on 18 public-domain books with ZeRO-3
-# over 2 ranks (threads), optimizer states on NVMe under a temp dir, a checkpoint every 200 steps
+# over 2 ranks (threads), bf16 compute parameters and gradients (fp32 master weights and states),
+# optimizer states on NVMe under a temp dir, a checkpoint every 200 steps
 # and at the end. Extra arguments go to zoe-gpt after the defaults below and override them
 # (see build-main/examples/gpt/zoe-gpt --help).
 # Env: ZOE_BUILD_DIR (default build-main), ZOE_GPT_DATA (default data/gpt),
@@ -30,7 +31,7 @@ echo "build + data: $(( $(date +%s) - start )) s"
 "$build"/examples/gpt/zoe-gpt --data-dir "$data" --nvme-path "$tmp/nvme" \
   --checkpoint-dir "${ZOE_GPT_CHECKPOINT:-$tmp/checkpoint}" --checkpoint-interval 200 \
   --layers 4 --heads 4 --width 128 --context 64 --batch 16 --micro-batches 1 --steps 450 \
-  --lr 3e-3 --warmup 20 --zero-stage 3 --offload-optimizer nvme --world-size 2 \
+  --lr 3e-3 --warmup 20 --zero-stage 3 --offload-optimizer nvme --world-size 2 --precision bf16 \
   --head-chunk 1024 --eval-interval 100 --eval-batches 16 --metrics "$build/gpt-metrics.csv" "$@"
 echo "metrics per step: $build/gpt-metrics.csv"
 [[ -z "${ZOE_GPT_CHECKPOINT:-}" ]] &&
