@@ -18,7 +18,8 @@
 #      ZOE_SCALE_STEPS (5) ZOE_SCALE_BATCH (1) ZOE_SCALE_LR (2e-6, constant: Adam's first steps move
 #      every weight by ~lr, coherently across a 2816-wide residual stream and 64 residual
 #      branches; 3e-5 took the 32-layer model's loss from 11.19 to 14.67 in one step),
-#      ZOE_SCALE_MIN_PARAMS (3.0e9: refuse a smaller model unless set lower, for a trial run).
+#      ZOE_SCALE_MIN_PARAMS (3.0e9: refuse a smaller model unless set lower, for a trial run),
+#      ZOE_SCALE_UPDATE_IN_BACKWARD (1: zoe.update_in_backward; 0: the update starts at step()).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L=${ZOE_SCALE_LAYERS:-32} C=${ZOE_SCALE_WIDTH:-2816} H=${ZOE_SCALE_HEADS:-22} T=${ZOE_SCALE_CONTEXT:-256}
@@ -81,6 +82,12 @@ echo "scale-demo: dd bound at $nvme: write $(gb $write_bw)/s, read $(gb $read_bw
 
 # --- 4. The engine's configuration (zoe-gpt and zoe-estimate read the same file) -----------------
 # offload_param.buffer_size must hold the largest module's shard: the embeddings (wte + wpe).
+# zoe.update_in_backward (ZOE_SCALE_UPDATE_IN_BACKWARD, default 1): each block's CPU update
+# (NVMe reads, AdamW, writes: 30 of the step's 38 bytes per parameter) starts as soon as its
+# gradient is reduced, overlapping the rest of backward too; exact, and it needs
+# gradient_clipping 0 (a clip needs every gradient's norm first).
+UIB=true
+[[ "${ZOE_SCALE_UPDATE_IN_BACKWARD:-1}" == 0 ]] && UIB=false
 buffer_size=$(( V*C + T*C + 4096 ))
 cfg=$run/ds_config.json
 cat >"$cfg" <<EOF
@@ -88,6 +95,8 @@ cat >"$cfg" <<EOF
   "train_micro_batch_size_per_gpu": $B,
   "gradient_accumulation_steps": 1,
   "bf16": {"enabled": true},
+  "gradient_clipping": 0,
+  "zoe": {"update_in_backward": $UIB},
   "zero_optimization": {
     "stage": 3,
     "reduce_bucket_size": 0,

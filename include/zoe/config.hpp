@@ -199,6 +199,18 @@ struct ZoeConfig {
   /// forward/backward use the parameters of update k-1 (changes the math; off by default).
   /// Needs offload_optimizer cpu/nvme; not with offload_param.
   bool delayed_update = false;
+  /// The optimizer step in backward, exact (PyTorch's optimizer-in-backward hooks, LOMO's
+  /// fused update, with the states offloaded): a group's CPU update starts as soon as the
+  /// step's last micro-batch has reduced its gradient, so the update's NVMe reads and writes
+  /// overlap the rest of backward as well as the next forward; parameters and states are
+  /// bitwise those of the plain step. Needs what lets a group's update go before the others'
+  /// gradients exist: offload_optimizer cpu/nvme with ratio 1, stage 2 or 3 (stage 1 reduces at
+  /// step()), gradient_clipping 0 and no fp16 (both need the global norm first); not with
+  /// delayed_update. An inf/NaN gradient cannot skip the step (some groups are already
+  /// updated): step() throws instead. Between the last backward and step(), set_lr,
+  /// checkpoints, parameter reads/writes, the export and a forward of an updated module throw
+  /// UsageError.
+  bool update_in_backward = false;
   /// Debugging stale views (off by default; costs speed and memory, never changes results):
   /// buffers the engine frees (stage-3 gathered parameters, stage-2/3 gradient buffers) are
   /// filled with NaN as they are released, every released stage-3 gather is freed (persistent

@@ -193,6 +193,7 @@ void read_zoe(Section s, ZoeConfig& c) {
   s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
   s.boolean("overlap_step", c.overlap_step);
   s.boolean("delayed_update", c.delayed_update);
+  s.boolean("update_in_backward", c.update_in_backward);
   s.boolean("debug_poison", c.debug_poison);
 }
 
@@ -424,6 +425,7 @@ std::string Config::to_json() const {
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
               {"overlap_step", zoe.overlap_step},
               {"delayed_update", zoe.delayed_update},
+              {"update_in_backward", zoe.update_in_backward},
               {"debug_poison", zoe.debug_poison}};
   return j.dump(2);
 }

@@ -144,6 +144,34 @@ void check_zoe(Checker& k, const Config& c) {
     k.fail("zoe.delayed_update", {"zero_optimization.offload_optimizer.device"},
            "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it delays the "
            "host step), got \"none\"");
+  if (z.update_in_backward) {
+    // What a group's update may not wait for: every other gradient (norm, overflow).
+    const auto& zo = c.zero_optimization;
+    if (zo.offload_optimizer.device == OffloadDevice::none)
+      k.fail("zoe.update_in_backward", {"zero_optimization.offload_optimizer.device"},
+             "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it starts the CPU "
+             "optimizer's step in backward), got \"none\"");
+    else if (zo.offload_optimizer.ratio != 1.0)
+      k.fail("zoe.update_in_backward", {"zero_optimization.offload_optimizer.ratio"},
+             "true needs zero_optimization.offload_optimizer.ratio 1 (every sub-group on the CPU optimizer), got ",
+             zo.offload_optimizer.ratio);
+    if (zo.stage < 2)
+      k.fail("zoe.update_in_backward", {"zero_optimization.stage"},
+             "true needs zero_optimization.stage 2 or 3 (the gradients are reduced in backward; stage ", zo.stage,
+             " reduces them at step()), got ", zo.stage);
+    if (c.gradient_clipping != 0.0)
+      k.fail("zoe.update_in_backward", {"gradient_clipping"},
+             "true cannot be combined with gradient_clipping ", c.gradient_clipping,
+             ": clipping needs the global gradient norm, known only after the last group's backward");
+    if (c.fp16.enabled)
+      k.fail("zoe.update_in_backward", {"fp16.enabled"},
+             "true cannot be combined with fp16.enabled true: its loss scaling skips a step on overflow, known only after the "
+             "last group's backward (use bf16)");
+    if (z.delayed_update)
+      k.fail("zoe.update_in_backward", {"zoe.delayed_update"},
+             "true cannot be combined with zoe.delayed_update true: one moves the update into this step's backward, "
+             "the other a step later");
+  }
 }
 }  // namespace
 

@@ -57,40 +57,105 @@ void EngineImpl::start_update(const UpdatePlan& plan) {
   std::vector<PipelineGroup> host_parts;
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     Group& g = groups[gi];
-    if (g.frozen) continue;  // nothing to update: it stays settled
-    ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
-    if (policy.gathers_updates || delayed) {
-      // The new parameters wait in `updated` until after_update applies them.
-      g.updated = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
-    }
-    // Pointers are taken now: the buffers may change hands before the work runs.
-    const void* grad = snapshots[gi] ? snapshots[gi]->data() : grad_of(g);
-    void* out = g.updated ? g.updated.data() : !policy.shards_optimizer ? g.param_full.data() : g.param_shard.data();
-    // Parameter offload: device sub-groups write into a device buffer the host part copies
-    // into the tier.
-    std::shared_ptr<DeviceBuffer> device_out;
-    if (param_store) {
-      device_out = std::make_shared<DeviceBuffer>(
-          has_device_sub_groups(g) ? alloc(MemKind::buffer, dtype, g.layout->shard_numel()) : DeviceBuffer());
-      out = device_out->data();
-    }
-    if (out) update_on_device(g, plan, grad, out, *update_stream);
-    // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
-    if (!policy.shards_grads && !delayed) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
-    device.record(*g.update_done, *update_stream);
-    g.update_state = Group::UpdateState::pending;
-    g.host_done.reset();
-    if (param_store || has_offloaded_sub_groups(g)) {
-      host_parts.push_back(param_store ? param_host_part(g, static_cast<int>(gi), device_out)
-                                       : host_part(g, static_cast<int>(gi), out));
-      g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
-    }
-    // Buffers the device part reads are freed after it.
-    if (snapshots[gi]) frees.after_stream(*update_stream, DeviceBuffer(), snapshots[gi]);
-    if (policy.reduces_at_step) frees.after_stream(*update_stream, std::move(g.grad_shard));
+    // Frozen: nothing to update (it stays settled). update_step == plan.step: started in
+    // backward (zoe.update_in_backward).
+    if (g.frozen || g.update_step == plan.step) continue;
+    // The previous step's update of a group this step never used (step() waited for it only
+    // when no update began in backward).
+    if (g.update_state == Group::UpdateState::pending) after_update(g);
+    begin_group_update(gi, plan, snapshots[gi], host_parts);
   }
   if (!host_parts.empty()) pipeline->start(std::move(host_parts), plan);
   if (!config.zoe.overlap_step && !delayed) finish_update();
+}
+
+void EngineImpl::begin_group_update(std::size_t gi, const UpdatePlan& plan,
+                                    const std::shared_ptr<DeviceBuffer>& snapshot,
+                                    std::vector<PipelineGroup>& host_parts) {
+  Group& g = groups[gi];
+  ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
+  g.update_step = plan.step;
+  if (policy.gathers_updates || delayed) {
+    // The new parameters wait in `updated` until after_update applies them.
+    g.updated = alloc(MemKind::buffer, dtype, g.layout->shard_numel());
+  }
+  // Pointers are taken now: the buffers may change hands before the work runs.
+  const void* grad = snapshot ? snapshot->data() : grad_of(g);
+  void* out = g.updated ? g.updated.data() : !policy.shards_optimizer ? g.param_full.data() : g.param_shard.data();
+  // Parameter offload: device sub-groups write into a device buffer the host part copies
+  // into the tier.
+  std::shared_ptr<DeviceBuffer> device_out;
+  if (param_store) {
+    device_out = std::make_shared<DeviceBuffer>(
+        has_device_sub_groups(g) ? alloc(MemKind::buffer, dtype, g.layout->shard_numel()) : DeviceBuffer());
+    out = device_out->data();
+  }
+  if (out) update_on_device(g, plan, grad, out, *update_stream);
+  // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
+  if (!policy.shards_grads && !delayed) device.fill(g.grad_full.data(), dtype, g.layout->padded_numel(), 0.0f, *update_stream);
+  device.record(*g.update_done, *update_stream);
+  g.update_state = Group::UpdateState::pending;
+  g.host_done.reset();
+  if (param_store || has_offloaded_sub_groups(g)) {
+    host_parts.push_back(param_store ? param_host_part(g, static_cast<int>(gi), device_out)
+                                     : host_part(g, static_cast<int>(gi), out));
+    g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
+  }
+  // Buffers the device part reads are freed after it.
+  if (snapshot) frees.after_stream(*update_stream, DeviceBuffer(), snapshot);
+  if (policy.reduces_at_step) frees.after_stream(*update_stream, std::move(g.grad_shard));
+}
+
+UpdatePlan EngineImpl::plan_without_norm() const {
+  const auto& oc = config.optimizer;
+  const double l = config.scheduler.type != SchedulerType::none ? config.scheduler.lr_at(oc.lr, step_count) : lr;
+  const double inv = pre_divisor() / (scaler.scale() * world * config.gradient_accumulation_steps);
+  return UpdatePlan{optim::AdamHyper{l, oc.betas[0], oc.betas[1], oc.eps, oc.weight_decay,
+                                     oc.type == OptimizerType::adamw, oc.bias_correction},
+                    step_count + 1, static_cast<float>(inv)};
+}
+
+// zoe.update_in_backward (the optimizer step in backward: PyTorch's optimizer hooks in
+// backward, LOMO's fused update; here with the states offloaded). A group's gradient is final
+// once the step's last micro-batch reduced it; with no clipping and no loss scaling (the
+// config refuses both: they need every gradient's norm first) nothing else its update needs
+// is still to come, so its update starts then, while backward goes on: the CPU optimizer's
+// NVMe reads and writes overlap the rest of backward, not only the next forward. The math is
+// the plain step's, bit for bit. Each group is one pipeline wave (its `ready` latch: the
+// gradient sink has written its gradient), queued behind the previous step's last wave.
+void EngineImpl::start_update_in_backward(int gi) {
+  Group& g = groups[static_cast<std::size_t>(gi)];
+  if (step_update == StepUpdate::not_started) {
+    backward_plan = plan_without_norm();
+    step_update = StepUpdate::in_backward;
+  }
+  if (g.update_state == Group::UpdateState::pending) after_update(g);  // the previous step's, not yet applied
+  std::vector<PipelineGroup> host_parts;
+  begin_group_update(static_cast<std::size_t>(gi), backward_plan, nullptr, host_parts);
+  if (host_parts.empty()) return;
+  host_parts.front().ready = std::make_shared<GroupDone>();
+  grad_sink->signal(host_parts.front().ready);
+  pipeline->start(std::move(host_parts), backward_plan);
+}
+
+void EngineImpl::check_forward_after_update_in_backward(int m) const {
+  if (step_update != StepUpdate::in_backward) return;
+  const ModuleInfo& mod = modules[static_cast<std::size_t>(m)];
+  for (int gi : mod.groups) {
+    const Group& g = groups[static_cast<std::size_t>(gi)];
+    ZOE_CHECK_USAGE(g.update_step != backward_plan.step, "begin_forward('", mod.name, "') before step() with "
+                    "zoe.update_in_backward: its group '", g.name, "' already took step ", backward_plan.step,
+                    "'s update in backward; call step() first (evaluation belongs between steps)");
+  }
+}
+
+void EngineImpl::check_no_update_in_backward(const char* call) const {
+  if (step_update != StepUpdate::in_backward) return;
+  int started = 0;
+  for (const Group& g : groups) started += g.update_step == backward_plan.step ? 1 : 0;
+  ZOE_THROW(UsageError, call, " after the last micro-batch's backward and before step() with "
+            "zoe.update_in_backward: ", started, " group(s) already took step ", backward_plan.step,
+            "'s update, so the parameters and optimizer states are between two steps; call step() first");
 }
 
 PipelineGroup EngineImpl::host_part(Group& g, int index, void* out) {

@@ -248,6 +248,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
   impl_->guarded("save_checkpoint", [&] {
     Impl& I = *impl_;
     I.finalize();
+    I.check_no_update_in_backward("save_checkpoint");
     synchronize();
     const std::string tmp = ckpt::temp_dir_of(dir);
     const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
@@ -414,6 +415,7 @@ std::string Engine::load_checkpoint(const std::string& dir) {
   return impl_->guarded("load_checkpoint", [&]() -> std::string {
     Impl& I = *impl_;
     I.finalize();
+    I.check_no_update_in_backward("load_checkpoint");
     synchronize();
 
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so

@@ -461,6 +461,7 @@ ModuleTensors Engine::begin_forward(ModuleId id) {
   return impl_->guarded("begin_forward", [&] {
     impl_->finalize();
     impl_->check_module(id);
+    impl_->check_forward_after_update_in_backward(static_cast<int>(id.index));  // before any state changes
     impl_->rules.begin_forward(static_cast<int>(id.index));
     ModuleInfo& m = transition(*impl_, id, ModuleInfo::Phase::idle, ModuleInfo::Phase::forward, "begin_forward",
                                "while it is already active");
@@ -566,6 +567,7 @@ void Engine::set_lr(double lr) {
                   ") with the config's scheduler set: the scheduler drives the learning rate; remove \"scheduler\" "
                   "from the config to set it yourself, or leave it to the scheduler");
   if (!(lr >= 0.0) || !std::isfinite(lr)) ZOE_THROW_CONFIG("optimizer.params.lr", "must be finite and >= 0, got ", lr);
+  impl_->check_no_update_in_backward("set_lr");
   impl_->lr = lr;
 }
 double Engine::lr() const {

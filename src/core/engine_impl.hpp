@@ -72,6 +72,11 @@ struct EngineImpl {
   double lr;
   std::int64_t step_count = 0;
   bool delayed = false;  // zoe.delayed_update: forward/backward do not wait for the last update
+  // zoe.update_in_backward: whether this step's update has begun, group by group, in backward
+  // (in_backward from the first group's start, in flush_bucket, until step() ends; the plan is
+  // `backward_plan` then). See async_update.cpp.
+  enum class StepUpdate { not_started, in_backward } step_update = StepUpdate::not_started;
+  UpdatePlan backward_plan{};
   CallRules rules{config.gradient_accumulation_steps};  // call order; collective identity (call_rules.hpp)
   DeferredFrees frees{device, *side, config.zoe.debug_poison};  // zoe.debug_poison: NaN-filled frees
 
@@ -251,6 +256,23 @@ struct EngineImpl {
   /// Queues every group's update: device sub-groups on the update stream, offloaded ones in the
   /// pipeline; returns at once (zoe.overlap_step) or after finish_update().
   void start_update(const UpdatePlan& plan);
+  /// Queues group `gi`'s update (its device part on the update stream, its host part appended
+  /// to `host_parts`); `snapshot`: the delayed update's copy of its gradient (or null).
+  void begin_group_update(std::size_t gi, const UpdatePlan& plan, const std::shared_ptr<DeviceBuffer>& snapshot,
+                          std::vector<PipelineGroup>& host_parts);
+  /// The plan of the coming step when it needs no global gradient norm (zoe.update_in_backward:
+  /// no clipping, no loss scaling): this step's lr, step number and 1 / (world * gas * pre-divisor).
+  UpdatePlan plan_without_norm() const;
+  /// zoe.update_in_backward: starts group `gi`'s update as one pipeline wave once its gradient
+  /// of the step's last micro-batch is in the tier (the wave waits for the gradient sink).
+  void start_update_in_backward(int gi);
+  /// Throws UsageError naming `call` while this step's update has begun in backward (the
+  /// parameters and states are between two steps' values until step()).
+  void check_no_update_in_backward(const char* call) const;
+  /// Throws UsageError when module `m` uses a group whose update began in backward this step
+  /// (its parameters hold the next step's values until step()). Any other forward may run
+  /// (activation checkpointing's recompute of a module not yet through its backward).
+  void check_forward_after_update_in_backward(int m) const;
   /// Makes `side` wait for group g's update and, stages 1-2, all-gathers its new shard.
   void after_update(Group& g);
   /// Stages 1-2: all-gathers the group's updated shard into param_full, in pieces of at most

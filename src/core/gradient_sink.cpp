@@ -58,6 +58,21 @@ void GradientSink::zero(int id, std::shared_ptr<GroupDone> after) {
   });
 }
 
+void GradientSink::signal(std::shared_ptr<GroupDone> latch) {
+  // The queue runs its tasks in order and goes on after an error, so this task runs after
+  // every write queued before it; it asks the queue whether any of them failed.
+  const std::uint64_t before = io_.last_ticket();
+  io_.enqueue([this, before, latch = std::move(latch)] {
+    try {
+      io_.rethrow_error_up_to(before);
+    } catch (...) {
+      latch->set_failed();
+      return;
+    }
+    latch->set();
+  });
+}
+
 void GradientSink::drain() { io_.synchronize(); }
 
 }  // namespace zoe::core

@@ -55,6 +55,9 @@ class GradientSink {
                              std::shared_ptr<GroupDone> after);
   /// Sets sub-group `id`'s gradient to zero (no backward reached it), after `after`.
   void zero(int id, std::shared_ptr<GroupDone> after);
+  /// Sets `latch` once every tier write queued so far is done (set_failed() if one of them, or
+  /// an earlier one, threw). Never blocks.
+  void signal(std::shared_ptr<GroupDone> latch);
   /// Blocks until every queued tier write is done; rethrows the first error.
   void drain();
   /// Bytes of the pinned staging pool.

@@ -96,6 +96,12 @@ void EngineImpl::flush_bucket() {
   } else {
     reduce_groups(gis);
   }
+  // zoe.update_in_backward: the groups whose gradient of the step's last micro-batch this
+  // reduced start their update now (async_update.cpp).
+  if (config.zoe.update_in_backward)
+    for (int gi : gis)
+      if (groups[static_cast<std::size_t>(gi)].micro_batches == config.gradient_accumulation_steps)
+        start_update_in_backward(gi);
   if (!config.zero_optimization.overlap_comm) {
     // DeepSpeed without overlap_comm reduces on the compute stream: the trainer's next work
     // (the rest of backward) starts after the reduction.

@@ -90,6 +90,9 @@ struct Group {
   // after_update: pending -> settled (the side stream is ordered after the update and, stages
   // 1-2 / delayed update, the new parameters waiting in `updated` are applied).
   enum class UpdateState { settled, pending } update_state = UpdateState::settled;
+  // The step number (1-based) whose update the group started last: zoe.update_in_backward
+  // starts a group's update in backward, and step() starts only the groups still behind.
+  std::int64_t update_step = 0;
   // Stages 1-2: the updated own shard waits in `updated` until it is all-gathered into
   // param_full (lazily, before the group's next use, in module order on every rank).
   // Delayed update, every stage: the new parameters wait there until the next step().

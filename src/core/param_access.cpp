@@ -163,6 +163,7 @@ const ParamInfo& EngineImpl::param_between_steps(std::uint32_t index, const char
     ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, call, "('", param.name, "') while module '", m.name,
                     "' is in ", m.phase == ModuleInfo::Phase::forward ? "forward" : "backward",
                     ": a parameter's value is read or written between steps (end_* first)");
+  check_no_update_in_backward(call);
   finalize();
   finish_update();
   return param;

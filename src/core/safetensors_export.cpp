@@ -82,6 +82,7 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
                     "') while module '", I.modules[m].name, "' is still in ",
                     I.rules.phase(static_cast<int>(m)) == core::ModulePhase::forward ? "forward" : "backward",
                     ": end it first");
+  I.check_no_update_in_backward("export_safetensors");
   I.finalize();
   I.finish_update();  // the master weights of the last step (as gather_parameter)
   Stream& s = *I.side;

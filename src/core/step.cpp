@@ -20,7 +20,9 @@
 namespace zoe::core {
 
 StepResult EngineImpl::step() {
-  finish_update();  // the previous step's update, if it still runs
+  // The previous step's update, if it still runs; unless this step's has begun in backward
+  // (zoe.update_in_backward), queued behind it: waiting would wait for that too.
+  if (step_update == StepUpdate::not_started) finish_update();
   const int gas = config.gradient_accumulation_steps;
   for (const ModuleInfo& m : modules) {
     ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module '", m.name, "' is still in ",
@@ -150,6 +152,16 @@ StepResult EngineImpl::step() {
   const double max_norm = config.gradient_clipping;
   if (!overflow && max_norm > 0) result.clip_coef = std::min(1.0, max_norm / (result.grad_norm + 1e-6));
 
+  if (overflow && step_update == StepUpdate::in_backward) {
+    // Some groups already took this step's update: the step cannot be skipped as a whole.
+    int started = 0;
+    for (const Group& g : groups) started += g.update_step == backward_plan.step ? 1 : 0;
+    ZOE_THROW(Error, "rank ", rank, ": inf/NaN in the gradients of step ", backward_plan.step,
+              " with zoe.update_in_backward: ", started, " group(s) had already taken this step's update in "
+              "backward, so the step cannot be skipped and those groups' master weights and exp_avg / exp_avg_sq "
+              "may now hold inf/NaN; load the last checkpoint (and lower the lr, or turn zoe.update_in_backward "
+              "off to get skipped steps)");
+  }
   if (overflow) {
     result.skipped = true;
     ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped, loss scale {}", rank, scaler.scale());
@@ -158,9 +170,19 @@ StepResult EngineImpl::step() {
     UpdatePlan plan{optim::AdamHyper{lr, oc.betas[0], oc.betas[1], oc.eps, oc.weight_decay,
                                      oc.type == OptimizerType::adamw, oc.bias_correction},
                     step_count + 1, static_cast<float>(inv * result.clip_coef)};
+    if (step_update == StepUpdate::in_backward) {
+      // What the groups started in backward used must be what the step computes (set_lr was
+      // refused since; no clipping, no loss scale: validated).
+      ZOE_CHECK(backward_plan.step == plan.step && backward_plan.grad_scale == plan.grad_scale &&
+                    backward_plan.hyper.lr == plan.hyper.lr,
+                "update in backward: its plan (step ", backward_plan.step, ", lr ", backward_plan.hyper.lr,
+                ", gradient factor ", backward_plan.grad_scale, ") differs from step()'s (step ", plan.step, ", lr ",
+                plan.hyper.lr, ", ", plan.grad_scale, ")");
+    }
     ++step_count;
-    start_update(plan);
+    start_update(plan);  // the groups not started in backward
   }
+  step_update = StepUpdate::not_started;
   scaler.update(overflow);
 
   // ---- reset for the next step (the update, if running, owns the groups until it is done)

@@ -55,7 +55,7 @@ UpdatePipeline::~UpdatePipeline() {
 }
 
 void UpdatePipeline::start(std::vector<PipelineGroup> groups, const UpdatePlan& plan) {
-  ZOE_CHECK_USAGE(!running_, "UpdatePipeline::start while the previous update runs (finish() first)");
+  if (!running_) failed_ = false;  // a new update (the worker is idle: finish() drained it)
   running_ = true;
   auto shared = std::make_shared<std::vector<PipelineGroup>>(std::move(groups));
   worker_.enqueue([this, shared, plan] { run(*shared, plan); });
@@ -114,6 +114,14 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
 
   std::exception_ptr error;
   try {
+    ZOE_CHECK(!failed_, "update pipeline: an earlier wave of this update failed");
+    // The groups' gradients must be in the tier before the read-ahead reads them.
+    for (const PipelineGroup& pg : groups)
+      if (pg.ready) {
+        pg.ready->wait();
+        ZOE_CHECK(!pg.ready->failed(), "update pipeline: group ", pg.index,
+                  "'s gradient did not reach the offload tier (its error is the gradient path's)");
+      }
     std::size_t next_sub = 0;  // index into slots
     auto visit = [&](const offload::SubGroupStates& st) {
       const Slot s = slots[next_sub++];
@@ -169,6 +177,7 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
     error = std::current_exception();
   }
   if (error) {
+    failed_ = true;
     // Every group not ended fails: its `after` learns it, and its waiters are released.
     for (; ended < groups.size(); ++ended) {
       PipelineGroup& pg = groups[ended];

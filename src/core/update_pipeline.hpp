@@ -5,7 +5,11 @@
 // once. The worker then streams all their offloaded sub-groups through ONE
 // OptimizerStates::for_each, so NVMe reads run `buffer_count` deep across group boundaries
 // (read-ahead never drains at the end of a group), and runs CpuAdam (its own oneTBB arena,
-// zoe.optimizer_threads) on each. A sub-group's new compute-dtype parameters are written into
+// zoe.optimizer_threads) on each. start() may be called again before finish(): each call is a
+// *wave* the worker runs after the earlier ones (zoe.update_in_backward starts one wave per
+// group as its gradient becomes final in backward, then one at step() for the rest); a wave
+// first waits for its groups' `ready` latches (their gradients are in the tier), because the
+// read-ahead reads a sub-group's gradient with its states. A sub-group's new compute-dtype parameters are written into
 // a pinned staging buffer (PinnedPool, `staging_count` buffers, registered with the device)
 // and copied to the device on the pipeline's own copy stream; a completion thread waits for
 // that copy, returns the buffer and, after a group's last copy, sets the group's GroupDone.
@@ -72,6 +76,13 @@ class GroupDone {
  public:
   /// Marks it done and wakes every waiter (idempotent).
   void set();
+  /// Marks it done as failed (what it stood for did not happen) and wakes every waiter.
+  void set_failed() {
+    failed_.store(true, std::memory_order_release);
+    set();
+  }
+  /// True once set_failed(). Never blocks.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
   /// Blocks until set().
   void wait() const;
   /// True once set(). Never blocks.
@@ -81,6 +92,7 @@ class GroupDone {
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> failed_{false};
 };
 
 /// One offloaded sub-group of a step: its OptimizerStates id, its size and where its new
@@ -103,6 +115,7 @@ struct PipelineGroup {
   std::function<void(PipelineGroup&)> before;  // on the worker before the first sub-group (optional)
   std::function<void(bool ok)> after;      // on the worker after the last one; ok = no error so far
   std::shared_ptr<GroupDone> done;         // set once the group's output is in place
+  std::shared_ptr<GroupDone> ready;        // waited for before the wave reads anything; failed: the wave fails (optional)
 };
 
 struct UpdatePipelineOptions {
@@ -127,12 +140,13 @@ class UpdatePipeline {
   UpdatePipeline(const UpdatePipeline&) = delete;
   UpdatePipeline& operator=(const UpdatePipeline&) = delete;
 
-  /// Queues the update of `groups` (forward order) with `plan`. Throws UsageError while the
-  /// previous one is unfinished (call finish() first).
+  /// Queues the update of `groups` (forward order) with `plan` as one wave, after every wave
+  /// queued before it. Never blocks.
   void start(std::vector<PipelineGroup> groups, const UpdatePlan& plan);
-  /// Blocks until the update started last is done; rethrows its first error.
+  /// Blocks until every wave started is done; rethrows the first error. After an error every
+  /// later wave's groups fail too (their `after(false)` runs, their GroupDone is set).
   void finish();
-  /// True between start() and finish().
+  /// True between the first start() and finish().
   bool running() const { return running_; }
   /// The stream the worker copies on (callbacks may queue on it from the worker).
   Stream& copy_stream() { return *copy_; }
@@ -153,6 +167,7 @@ class UpdatePipeline {
   HostQueue completion_{"zoe-update-done"};
   HostQueue worker_{"zoe-update"};
   bool running_ = false;
+  bool failed_ = false;  // a wave threw: the later waves of this update fail without running (worker only)
 };
 
 }  // namespace zoe::core

@@ -185,5 +185,35 @@ TEST(GptPrecisionRun, TheKernelsMathTrainsInBf16LikeTheCpuOps) {
     EXPECT_NEAR(b.losses[i], a.losses[i], 2e-3 * a.losses[i]) << "step " << i;
 }
 
+
+// zoe.update_in_backward (each group's CPU update starts in backward, as soon as its gradient
+// is reduced) is the plain run bit for bit: losses, validation loss (evaluated between steps)
+// and final master weights, with everything on NVMe, activation checkpointing (the recompute
+// runs inside each block's backward scope) and one or two micro-batches.
+TEST(GptPrecisionRun, UpdateInBackwardIsThePlainRunBitwise) {
+  const test::TempDir dir("update_in_backward");
+  for (int micro_batches : {1, 2}) {
+    auto run = [&](bool in_backward) {
+      TrainOptions o = with_precision(tiny(3, zoe::OffloadDevice::nvme, dir.str()), zoe::DType::bf16);
+      o.engine.gradient_accumulation_steps = micro_batches;
+      o.engine.gradient_clipping = 0.0;  // clipping needs every gradient before any update
+      o.engine.zero_optimization.reduce_bucket_size = 0;
+      o.engine.zero_optimization.sub_group_size = 1000;
+      o.engine.zero_optimization.offload_param.device = zoe::OffloadDevice::nvme;
+      o.engine.zero_optimization.offload_param.nvme_path = dir.str();
+      o.engine.zoe.update_in_backward = in_backward;
+      o.activation_checkpointing = true;
+      o.eval_interval = 2;
+      return train(o, synthetic_tokens(), Tokenizer(), false, /*gather_parameters=*/true);
+    };
+    const TrainSummary plain = run(false), eager = run(true);
+    ASSERT_EQ(plain.losses.size(), 6u);
+    EXPECT_EQ(plain.losses, eager.losses) << micro_batches << " micro-batch(es)";
+    EXPECT_EQ(plain.final_val_loss, eager.final_val_loss) << micro_batches << " micro-batch(es)";
+    EXPECT_EQ(plain.parameters, eager.parameters) << micro_batches << " micro-batch(es)";
+    EXPECT_LT(plain.losses.back(), plain.losses.front() - 0.05);
+  }
+}
+
 }  // namespace
 }  // namespace gpt
