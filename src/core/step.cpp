@@ -22,7 +22,12 @@ namespace zoe::core {
 StepResult EngineImpl::step() {
   // The previous step's update, if it still runs; unless this step's has begun in backward
   // (zoe.update_in_backward), queued behind it: waiting would wait for that too.
-  if (step_update == StepUpdate::not_started) finish_update();
+  // (Then the error of an earlier wave surfaces here, without waiting.)
+  if (step_update == StepUpdate::not_started) {
+    finish_update();
+  } else if (pipeline) {
+    pipeline->check();
+  }
   const int gas = config.gradient_accumulation_steps;
   for (const ModuleInfo& m : modules) {
     ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module '", m.name, "' is still in ",

@@ -146,6 +146,13 @@ class UpdatePipeline {
   /// Blocks until every wave started is done; rethrows the first error. After an error every
   /// later wave's groups fail too (their `after(false)` runs, their GroupDone is set).
   void finish();
+  /// Rethrows (without clearing) the first error of the waves and copies run so far; never
+  /// blocks. zoe.update_in_backward never drains the pipeline between steps (each step's waves
+  /// queue behind the last one's), so step() asks this instead of finish().
+  void check() const {
+    worker_.rethrow_error_up_to(worker_.last_ticket());
+    completion_.rethrow_error_up_to(completion_.last_ticket());
+  }
   /// True between the first start() and finish().
   bool running() const { return running_; }
   /// The stream the worker copies on (callbacks may queue on it from the worker).

@@ -7,7 +7,9 @@
 //    yet called step(), in backward order;
 //  - what would see half-updated parameters or states between the last backward and step()
 //    is refused with UsageError and changes nothing (the run then equals the plain one);
-//  - an inf gradient makes step() throw instead of skipping;
+//  - an inf gradient makes step() throw instead of skipping; a damaged state on NVMe read by a
+//    wave in backward surfaces at the next step() (the pipeline is never drained between steps),
+//    naming the tensor, and nothing hangs;
 //  - the configurations it cannot honour are refused naming the key.
 #include <gtest/gtest.h>
 
@@ -19,6 +21,7 @@
 #include <thread>
 
 #include "src/core/test_hooks.hpp"
+#include "tests/core/swap_corruption.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -243,4 +246,43 @@ TEST(UpdateInBackward, ConfigurationsItCannotHonourAreRefused) {
       EXPECT_NE(what.find(r.other_key), std::string::npos) << what;
     }
   }
+}
+
+TEST(UpdateInBackward, AnErrorOfAWaveInBackwardSurfacesAtTheNextStep) {
+  // optim.sg0 (layer 0's first sub-group) damaged on disk after step 1: step 2's wave for
+  // layer 0, started in backward, fails its CRC32C check; the waves queued after it fail too
+  // (their GroupDone set, so the next forward does not hang), and the error is thrown by the
+  // step() (that one or a later one), not lost behind the waves that keep queueing.
+  const std::string dir = zoe::test::temp_dir("uib-crc");
+  Config c = config(3, OffloadDevice::nvme, OffloadDevice::none, true);
+  c.zero_optimization.offload_optimizer.nvme_path = dir;
+  auto ranks = make_local_ranks(1, 60.0);
+  std::string error;
+  int failed_at = -1;
+  run_ranks(ranks, [&](RankContext& ctx) {
+    Engine e(c, ctx);
+    TestNet net(e, kNet);
+    net.micro_batch(0, 8);
+    e.step();
+    e.synchronize();
+    zoe::test::corrupt_first_swap_tensor(dir, 0);
+    try {
+      for (int s = 1; s < 4; ++s) {
+        failed_at = s;
+        net.micro_batch(8 * s, 8);
+        e.step();
+      }
+      failed_at = 4;
+      e.synchronize();
+      failed_at = -1;
+    } catch (const CorruptionError& err) {
+      error = err.what();
+    }
+  });
+  EXPECT_NE(error.find("optim.sg0"), std::string::npos) << error;
+  // s = 1's backward runs the failing wave; its own step() may see it (if the wave was quick),
+  // else a later step(); never only synchronize() (4) or not at all (-1).
+  EXPECT_TRUE(failed_at >= 1 && failed_at <= 3) << "thrown at " << failed_at;
+  RecordProperty("thrown_at_step_call", failed_at);
+  std::filesystem::remove_all(dir);
 }
