@@ -198,6 +198,9 @@ PlanRow make_row(const ModelShape& model, const Cluster& cl, Config knobs, const
   z.offload_optimizer.device = c.optimizer;
   z.offload_optimizer.ratio = 1.0;
   z.offload_param.device = c.param;
+  // The rows compare layouts; when the update runs (zoe.update_in_backward, zoe.delayed_update)
+  // changes no byte counted here, and a layout without offload could not take either key.
+  knobs.zoe.update_in_backward = knobs.zoe.delayed_update = false;
   PlanRow row;
   row.rank = estimate_rank(model, cl.world_size, knobs);
   row.label = label_of(c);

@@ -125,3 +125,26 @@ TEST(EstimateRecommend, RejectsAnInvalidCluster) {
   EXPECT_THROW(plan({kPsi, 0}, c, k), zoe::ConfigError);
 }
 }  // namespace
+
+TEST(EstimateRecommend, UpdateTimingKeysChangeNoRow) {
+  // zoe.update_in_backward / zoe.delayed_update say when the update runs, not what it holds:
+  // a config with either gives every row the bytes of the same config without it (and the rows
+  // without offload, which could not take the key, are still planned).
+  zoe::Config with = small_nvme_buffers();
+  with.zero_optimization.stage = 3;
+  with.zero_optimization.offload_optimizer.device = zoe::OffloadDevice::nvme;
+  with.zero_optimization.offload_optimizer.nvme_path = "/tmp";
+  with.gradient_clipping = 0;
+  zoe::Config without = with;
+  with.zoe.update_in_backward = true;
+  const Plan a = plan({kPsi, 0}, cluster(80e9, 1e12, 1e13), with), b = plan({kPsi, 0}, cluster(80e9, 1e12, 1e13), without);
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  for (std::size_t i = 0; i < a.rows.size(); ++i) {
+    EXPECT_EQ(a.rows[i].device_bytes, b.rows[i].device_bytes) << a.rows[i].label;
+    EXPECT_EQ(a.rows[i].host_bytes_per_node, b.rows[i].host_bytes_per_node) << a.rows[i].label;
+    EXPECT_EQ(a.rows[i].nvme_bytes_per_node, b.rows[i].nvme_bytes_per_node) << a.rows[i].label;
+  }
+  with.zoe.update_in_backward = false;
+  with.zoe.delayed_update = true;
+  EXPECT_EQ(plan({kPsi, 0}, cluster(80e9, 1e12, 1e13), with).rows.size(), a.rows.size());
+}
