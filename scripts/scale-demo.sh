@@ -127,7 +127,7 @@ text = open(log).read()
 steps = [tuple(map(float, m)) for m in re.findall(
     r"step-report: step \d+: ([0-9.]+) s; trainer compute ([0-9.]+) s, in engine calls ([0-9.]+) s; NVMe read ([0-9.]+) GB, written ([0-9.]+) GB", text)]
 con = re.search(r"construction \(first begin_forward\) ([0-9.]+) s, ([0-9.]+) GB written \([0-9.]+ GB/s\), of which ([0-9.]+) s", text)
-mem = re.search(r"VmHWM ([0-9.]+) GiB.*pinned staging ([0-9.]+) GiB; host buffers ([0-9.]+) GiB.*device buffers ([0-9.]+) GiB.*device peak ([0-9.]+) GiB", text)
+mem = re.search(r"VmHWM ([0-9.]+) GiB.*pinned staging ([0-9.]+) GiB; host buffers ([0-9.]+) GiB.*device buffers ([0-9.]+) GiB.*device allocated peak ([0-9.]+) GiB, reserved peak ([0-9.]+) GiB", text)
 states = re.search(r"model states: host ([0-9.]+) MiB, nvme ([0-9.]+) MiB", text)
 e = json.load(open(est))["config"]
 losses = [float(r["loss"]) for r in csv.DictReader(open(metrics))]
