@@ -25,7 +25,7 @@ using namespace zoe;
 // The embedding (the largest module; wte tied to the head), kBlocks blocks, the head's own
 // layer norm. Elements.
 constexpr std::int64_t kEmbedding = 4'000'000, kBlock = 1'000'000, kHeadNorm = 1024;
-constexpr int kBlocks = 6, kSteps = 3;
+constexpr int kBlocks = 6, kSteps = 2;
 
 estimate::ModelShape shape() {
   return estimate::ModelShape{kEmbedding + kBlocks * kBlock + kHeadNorm, kEmbedding, 0, kBlock};
