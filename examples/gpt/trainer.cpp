@@ -419,6 +419,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     }
   }
   engine.synchronize();
+  if (rank == 0) sh.summary.memory = engine.memory_report();
   if (lead) {
     const zoe::MemoryReport m = engine.memory_report();
     std::printf("rank 0 model states: host %s, nvme %s, device %s; buffers: host %s\n",
