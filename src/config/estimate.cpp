@@ -143,7 +143,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   if (z.stage >= 1 && z.stage <= 2) {
     // allgather_bucket_size pieces of an updated shard land in a staging buffer (under two
     // pieces' worth, all ranks') when a group holds two buckets or more.
-    // (L unknown counts 0, as at stage 3.)
+    // (L unknown counts 0.)
     if (L > 0 && L >= 2 * z.allgather_bucket_size) r.buffers.device += B * 2 * z.allgather_bucket_size;
   }
   if (z.offload_param.device == OffloadDevice::none && B != 4 && L > 0) {
