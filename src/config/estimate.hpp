@@ -91,16 +91,21 @@ struct RankEstimate {
   ///      from the parameter tier) + m + grads, and later steps, G + grads + c + ⌈c/Nd⌉ with
   ///      G = min(Ψ, max(L + P, min(stage3_max_live_parameters, stage3_max_reuse_distance + L)))
   ///      (modules reused within the reuse distance stay gathered, up to the live cap; P =
-  ///      min(stage3_prefetch_bucket_size, Ψ)) and, at Nd > 1, a coalesced prefetch's staging
-  ///      c = min(Ψ, P + m);
-  ///    stage 2: grads; stages 0-1: bucketed;
+  ///      min(stage3_prefetch_bucket_size, Ψ)) and, at Nd > 1 while G < Ψ, a coalesced
+  ///      prefetch's staging c = min(Ψ, P + m) (else c = 0);
+  ///    stage 2, the larger of grads and Ψt + r(Ψt) + 2t (t = trainable_shard_elements): no
+  ///      acquire reaps at stage 2, so every gradient buffer of the step waits for step(),
+  ///      beside the new shards of this step and of the last one;
+  ///    stages 0-1: bucketed;
   ///    stages 1-2, when the largest layer holds 2·a or more with a = allgather_bucket_size,
   ///      also the gather pieces' staging 2a; without offload_param in a 16-bit dtype at least
   ///      the construction's fp32 chunk, 4/B · min(sub_group_size, the largest module's part).
   ///    L unknown: bucketed, and at stage 3 also P gathered plus a coalesced gather's staging
-  ///    P + ⌈P/Nd⌉ (P capped by stage3_max_live_parameters). Measured against the engine (tests/estimate/
-  ///    test_device_peak.cpp) with reduce_bucket_size 0; a step whose side stream or NVMe
-  ///    writes fall far behind the compute holds more (the buffers wait longer to be freed).
+  ///    P + ⌈P/Nd⌉ (P capped by stage3_max_live_parameters). Measured against the engine
+  ///    (tests/estimate/test_device_peak.cpp, tests/gpt/test_memory_estimate.cpp: within 10%)
+  ///    with reduce_bucket_size 0; a step whose frees fall behind holds more (a small
+  ///    stage3_max_reuse_distance, which gathers every module again in backward: up to 1.32x).
+  ///    Covers zoe's own allocations only, not the trainer's activations.
   ///  host: offload_optimizer nvme: buffer_count pinned buffers, each the largest sub-group's
   ///    three fp32 states then its fp32 gradient, page(page(12·l) + 4·l) bytes with
   ///    l = min(sub_group_size, module shard, o) and page() rounding up to whole 4096-byte
