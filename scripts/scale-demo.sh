@@ -9,7 +9,8 @@
 # step measured (/proc/self/io) against the formula, host memory peak (VmHWM) and pinned staging,
 # construction time and GB/s against the dd bound, step time, step time over max(compute alone,
 # NVMe I/O alone), and zoe-estimate's prediction for the same configuration next to the
-# engine's memory report. README.md "The scale demo" records a run and explains the method.
+# engine's memory report (device buffers against the allocated peak, torch's
+# max_memory_allocated; the reserved peak beside it). README.md "The scale demo" records a run and explains the method.
 # Usage: scripts/scale-demo.sh [extra zoe-gpt flags]   (they override the defaults below)
 # Env: ZOE_BUILD_DIR (default build-scale), ZOE_GPT_DATA (default data/gpt), ZOE_DATA_SOURCE (as
 #      scripts/run-main.sh), ZOE_SCALE_NVME (the NVMe directory; default /work/zoe-scale-nvme if
@@ -136,7 +137,7 @@ text = open(log).read()
 steps = [tuple(map(float, m)) for m in re.findall(
     r"step-report: step \d+: ([0-9.]+) s; trainer compute ([0-9.]+) s, in engine calls ([0-9.]+) s; NVMe read ([0-9.]+) GB, written ([0-9.]+) GB", text)]
 con = re.search(r"construction \(first begin_forward\) ([0-9.]+) s, ([0-9.]+) GB written \([0-9.]+ GB/s\), of which ([0-9.]+) s", text)
-mem = re.search(r"VmHWM ([0-9.]+) GiB.*pinned staging ([0-9.]+) GiB; host buffers ([0-9.]+) GiB.*device buffers ([0-9.]+) GiB.*device peak ([0-9.]+) GiB", text)
+mem = re.search(r"VmHWM ([0-9.]+) GiB.*pinned staging ([0-9.]+) GiB; host buffers ([0-9.]+) GiB.*device buffers ([0-9.]+) GiB.*device allocated peak ([0-9.]+) GiB, reserved peak ([0-9.]+) GiB", text)
 states = re.search(r"model states: host ([0-9.]+) MiB, nvme ([0-9.]+) MiB", text)
 e = json.load(open(est))["config"]
 losses = [float(r["loss"]) for r in csv.DictReader(open(metrics))]
@@ -165,7 +166,8 @@ print(f"loss per step: {' '.join(f'{x:.3f}' for x in losses)} (ln V = 10.825)")
 print(f"NVMe bytes per step (/proc/self/io, mean of {len(steps)} steps): read {read/GB:.2f} GB, written {written/GB:.2f} GB; "
       f"formula read 20 Psi = {f_read/GB:.2f} GB, written 18 Psi = {f_write/GB:.2f} GB; measured/formula {read/f_read:.3f} / {written/f_write:.3f}")
 print(f"host memory: VmHWM {mem.group(1)} GiB (goal <= 8 GiB); pinned staging {mem.group(2)} GiB; "
-      f"device buffers of the host device (in host memory) peak {mem.group(5)} GiB")
+      f"device buffers of the host device (in host memory): allocated peak {mem.group(5)} GiB, "
+      f"reserved peak {mem.group(6)} GiB (with its block cache)")
 print(f"construction: {con.group(1)} s for {con.group(2)} GB written = {float(con.group(2))/float(con.group(1)):.3f} GB/s "
       f"vs dd write bound {wbw/GB:.3f} GB/s ({float(con.group(2))/float(con.group(1))/(wbw/GB):.2f} of it); "
       f"{con.group(3)} s of it computing GPT-2's initial values (Box-Muller in double, {float(con.group(3))*1e9/psi:.1f} ns per element)")
@@ -174,6 +176,7 @@ print(f"step time (mean of steps 2-{len(steps)-1}): {wall:.1f} s; trainer comput
 print(f"step / max(compute alone, NVMe I/O alone) = {wall:.1f} / {max(compute, io_alone):.1f} = {wall/max(compute, io_alone):.3f} (goal <= 1.15)")
 print(f"zoe-estimate vs measured: nvme model states {e['model_states']['nvme']/2**30:.2f} GiB vs {float(states.group(2))/1024:.2f} GiB; "
       f"host buffers {e['buffers']['host']/2**30:.2f} GiB vs {mem.group(3)} GiB (pinned {mem.group(2)} GiB); "
-      f"device buffers {e['buffers']['device']/2**30:.2f} GiB vs peak {mem.group(5)} GiB")
+      f"device buffers {(e['model_states']['device'] + e['buffers']['device'])/2**30:.3f} GiB vs allocated peak {mem.group(5)} GiB "
+      f"(ratio {(e['model_states']['device'] + e['buffers']['device'])/2**30/float(mem.group(5)):.3f}; reserved peak {mem.group(6)} GiB, block cache included)")
 print(f"machine: {cores} cores shared with other processes (load average now: {open('/proc/loadavg').read().split()[0]})")
 EOF

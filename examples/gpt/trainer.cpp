@@ -419,6 +419,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     }
   }
   engine.synchronize();
+  if (rank == 0) sh.summary.memory = engine.memory_report();
   if (lead) {
     const zoe::MemoryReport m = engine.memory_report();
     std::printf("rank 0 model states: host %s, nvme %s, device %s; buffers: host %s\n",
@@ -433,11 +434,12 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
                     m.nvme_model_states / 1e9);
       std::printf("step-report: host memory: VmHWM %.3f GiB, VmRSS %.3f GiB; pinned staging %.3f GiB; host buffers "
                   "%.3f GiB, host model states %.3f GiB; device buffers %.3f GiB, device model states %.3f GiB, "
-                  "device peak %.3f GiB (%s)\n",
+                  "device allocated peak %.3f GiB, reserved peak %.3f GiB (%s)\n",
                   proc_status_bytes("VmHWM") / 1073741824.0, proc_status_bytes("VmRSS") / 1073741824.0,
                   m.host_pinned_peak / 1073741824.0, m.host_buffers / 1073741824.0,
                   m.host_model_states / 1073741824.0, m.device_buffers / 1073741824.0,
                   m.device_model_states / 1073741824.0, m.device_peak / 1073741824.0,
+                  m.device_reserved_peak / 1073741824.0,
                   engine.compute_place().kind == zoe::DeviceKind::host ? "the host device: in host memory"
                                                                        : "on the GPU");
       std::fflush(stdout);

@@ -11,6 +11,7 @@
 #include "examples/gpt/dataset.hpp"
 #include "examples/gpt/options.hpp"
 #include "examples/gpt/tokenizer.hpp"
+#include "zoe/engine.hpp"
 
 namespace gpt {
 
@@ -24,6 +25,9 @@ struct TrainSummary {
   /// unless fp16), and the (0-based) steps the engine skipped for an inf/NaN gradient.
   std::vector<double> loss_scales;
   std::vector<int> skipped_steps;
+  /// Rank 0's Engine::memory_report() after the last step (bytes; device_peak: its allocated
+  /// peak over the whole run).
+  zoe::MemoryReport memory;
   /// Final fp32 master values by HF name (numel floats each), when train() was asked for them.
   std::map<std::string, std::vector<float>> parameters;
 };

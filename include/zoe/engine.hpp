@@ -206,11 +206,19 @@ struct StepResult {
 
 /// Bytes a rank holds, per tier, split into model states (compute params, gradients,
 /// master weights, exp_avg, exp_avg_sq) and buffers (gather buffers, staging, buckets).
-/// device_peak: the device allocator's high-water mark. host_pinned_peak: the most pinned
-/// staging memory (NVMe tiers' buffers, page-locked when RLIMIT_MEMLOCK allows) this rank
-/// holds at any time; the pools are sized once, so it equals their total.
+/// The *_model_states and *_buffers are what the rank holds now (at the call).
+/// device_peak: the allocated peak, the most bytes of live device buffers (model states and
+/// buffers, including those freed by the engine but waiting for queued work to pass them) at
+/// any time since the engine's device was created, as torch.cuda.max_memory_allocated counts.
+/// device_reserved_peak: the most the device's allocator held at any time, live blocks plus
+/// the freed ones it keeps for reuse (torch.cuda.max_memory_reserved); >= device_peak. On
+/// CUDA it is the default memory pool's, which other users of the pool on that GPU share.
+/// host_pinned_peak: the most pinned staging memory (NVMe tiers' buffers, page-locked when
+/// RLIMIT_MEMLOCK allows) this rank holds at any time; the pools are sized once, so it equals
+/// their total. A snapshot taken by Engine::memory_report() (called, like every Engine call,
+/// from the thread that drives the engine).
 struct MemoryReport {
-  std::int64_t device_model_states = 0, device_buffers = 0, device_peak = 0;
+  std::int64_t device_model_states = 0, device_buffers = 0, device_peak = 0, device_reserved_peak = 0;
   std::int64_t host_model_states = 0, host_buffers = 0, host_pinned_peak = 0;
   std::int64_t nvme_model_states = 0;
 };

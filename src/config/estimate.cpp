@@ -43,6 +43,8 @@ std::string format_bytes(std::int64_t bytes, bool binary) {
 RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config) {
   if (model.parameters < 1) ZOE_THROW_CONFIG("parameters", "must be >= 1, got ", model.parameters);
   if (model.largest_layer < 0) ZOE_THROW_CONFIG("largest_layer", "must be >= 0, got ", model.largest_layer);
+  if (model.next_largest_layer < 0)
+    ZOE_THROW_CONFIG("next_largest_layer", "must be >= 0, got ", model.next_largest_layer);
   if (world_size < 1) ZOE_THROW_CONFIG("world_size", "must be >= 1, got ", world_size);
   if (model.frozen_parameters < 0 || model.frozen_parameters > model.parameters)
     ZOE_THROW_CONFIG("frozen_parameters", "must be in [0, parameters = ", model.parameters, "], got ",
@@ -90,23 +92,65 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   r.model_states += r.gradients;
   r.model_states += r.optimizer_states;
 
-  // Buffers, by the rules documented in the header.
+  // Buffers, by the rules documented in the header: the device's allocated peak (the most
+  // bytes of live device buffers at any time, as torch.cuda.max_memory_allocated counts), less
+  // the model states.
+  const std::int64_t L = std::min(model.largest_layer, psi);
+  const std::int64_t m = model.next_largest_layer > 0 ? std::min(model.next_largest_layer, L) : L;
+  auto shard_of = [nd](std::int64_t n) { return (n + nd - 1) / nd; };
   // The gradient bucket: its groups' gradients, their flattened copy and the reduced shards.
   const std::int64_t bucket = std::min(z.reduce_bucket_size, psi_t);
-  r.buffers.device = B * (2 * bucket + (bucket + nd - 1) / nd);
-  const std::int64_t L = std::min(model.largest_layer, psi);
-  if (z.stage == 3) {
-    const std::int64_t P = std::min(z.stage3_prefetch_bucket_size, psi);
-    const std::int64_t gathered = std::min(psi, std::max(L, std::min(z.stage3_max_live_parameters, L + P)));
-    // A coalesced all-gather stages what it gathers once more (and its shards, 1/Nd): at most
-    // the prefetch bucket and the group that passes it.
-    const std::int64_t coalesced = std::min(psi, L + P);
-    r.buffers.device += B * gathered + B * L + B * (coalesced + (coalesced + nd - 1) / nd);
-  } else if (z.stage >= 1) {
+  const std::int64_t bucketed = 2 * bucket + shard_of(bucket);
+  // A reduced shard goes into a buffer of its own (freed once the tier has copied it) unless it
+  // lands straight in a device gradient shard (a model state) of one micro-batch.
+  const bool own_reduced = (offloaded && off == t) || (z.stage >= 2 && config.gradient_accumulation_steps > 1);
+  auto reduced = [&](std::int64_t n) { return own_reduced ? shard_of(n) : 0; };
+  std::int64_t elements = 0;  // of the compute dtype
+  if (z.stage >= 2 && L > 0) {
+    // The module in backward: its gradient and reduced shard; the module before it: the same,
+    // freed but given back only at the next module's acquire (the engine's deferred frees).
+    const std::int64_t grads = std::max(L + reduced(L) + m + reduced(m), bucketed);
+    if (z.stage == 3) {
+      const std::int64_t P = std::min(z.stage3_prefetch_bucket_size, psi);
+      const std::int64_t staging = z.offload_param.device != OffloadDevice::none ? shard_of(L) : 0;
+      // The first step (no recorded order: nothing prefetched or kept): the largest module
+      // gathered, its shard staged from the parameter tier, and the module before it still held.
+      const std::int64_t first = L + staging + m + grads;
+      // Later steps: modules reused within stage3_max_reuse_distance stay gathered, next ones
+      // are prefetched, never past stage3_max_live_parameters (a module's own gather always
+      // runs); several groups prefetched together are all-gathered through one staging copy.
+      const std::int64_t gathered =
+          std::min(psi, std::max(L + P, std::min(z.stage3_max_live_parameters, z.stage3_max_reuse_distance + L)));
+      const std::int64_t coalesced = nd > 1 && P > 0 && gathered < psi ? std::min(psi, P + m) : 0;
+      const std::int64_t later = gathered + grads + coalesced + shard_of(coalesced);
+      elements = std::max(first, later);
+    } else {
+      // Stage 2 gives gradient buffers back at step() only (no gathers, so no acquire reaps
+      // them): every module's gradient and reduced shard, and the step's new shards (of this
+      // step and of the last one, freed after its all-gather in this step's forward).
+      const std::int64_t all = psi_t + reduced(psi_t) + 2 * t;
+      elements = std::max(grads, all);
+    }
+  } else if (z.stage == 3) {
+    // Largest module unknown: the prefetch bucket gathered and staged once more (a coalesced
+    // all-gather's copy and its shards).
+    const std::int64_t P = std::min({z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters, psi});
+    elements = bucketed + P + P + shard_of(P);
+  } else {
+    elements = bucketed;  // stages 0-1 (the gradients are model states, reduced at the step), or L unknown
+  }
+  r.buffers.device = B * elements;
+  if (z.stage >= 1 && z.stage <= 2) {
     // allgather_bucket_size pieces of an updated shard land in a staging buffer (under two
     // pieces' worth, all ranks') when a group holds two buckets or more.
-    // (L unknown counts 0, as at stage 3.)
+    // (L unknown counts 0.)
     if (L > 0 && L >= 2 * z.allgather_bucket_size) r.buffers.device += B * 2 * z.allgather_bucket_size;
+  }
+  if (z.offload_param.device == OffloadDevice::none && B != 4 && L > 0) {
+    // Construction: 16-bit device parameters are cast from an fp32 chunk on the device.
+    const std::int64_t chunk = std::min(std::max(kAlign, z.sub_group_size / kAlign * kAlign),
+                                        z.stage == 3 ? round_up(shard_of(L), kAlign) : L);
+    r.buffers.device = std::max(r.buffers.device, 4 * chunk);
   }
   // Sub-groups never span modules: the largest is bounded by the largest module's shard.
   const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);

@@ -35,8 +35,10 @@ struct TierBytes {
 };
 
 /// What is trained: parameter count Ψ (elements), the largest module's parameter count
-/// (elements; 0 = unknown, then stage 3's gathered-layer buffers are not counted), and how many
-/// of the Ψ are frozen (Ψf, ParamOptions::frozen: the fine-tuning case). Frozen parameters
+/// (elements; 0 = unknown, then the per-module device buffers of stages 2-3 are not counted),
+/// the second largest module's (elements; 0 = unknown: taken as the largest; a GPT's
+/// transformer block beside its embedding), and how many of the Ψ are frozen (Ψf,
+/// ParamOptions::frozen: the fine-tuning case). Frozen parameters
 /// cost only their compute-dtype value (full at stages 0-2, the shard at stage 3, on
 /// offload_param's tier) and their stage-3 gathers; gradients, optimizer states and gradient
 /// traffic count only the trainable Ψt = Ψ - Ψf.
@@ -44,6 +46,7 @@ struct ModelShape {
   std::int64_t parameters = 0;
   std::int64_t largest_layer = 0;
   std::int64_t frozen_parameters = 0;
+  std::int64_t next_largest_layer = 0;
 };
 
 /// One rank's bytes for one configuration.
@@ -73,13 +76,36 @@ struct RankEstimate {
   TierBytes model_states;
 
   /// Working buffers, by these rules (B = compute_bytes, s = shard_elements, Ψ):
-  ///  device: the gradient bucket B·(2b + ⌈b/Nd⌉) with b = min(reduce_bucket_size, Ψ) (its
-  ///    groups' gradients, their flattened copy, the reduced shards); at stage 3 also the
-  ///    gathered parameters B·min(Ψ, max(L, min(stage3_max_live_parameters, L + P))) with L
-  ///    the largest layer and P = min(stage3_prefetch_bucket_size, Ψ), the gradient of the
-  ///    layer in backward B·L, and a coalesced all-gather's staging B·(c + ⌈c/Nd⌉) with
-  ///    c = min(Ψ, L + P); at stages 1-2, when the largest layer holds 2·a or more with
-  ///    a = allgather_bucket_size, the gather pieces' staging B·2a (L unknown: 0).
+  ///  device: the allocated peak of the device's working buffers, the most bytes of live
+  ///    buffers at any moment of a step (torch.cuda.max_memory_allocated; Engine's
+  ///    MemoryReport::device_peak is this plus model_states.device), not the allocator's
+  ///    reserved bytes. In elements of B, with L the largest module, m the second largest
+  ///    (L if unknown), r(n) = ⌈n/Nd⌉ for a reduced shard that needs a buffer of its own (every
+  ///    sub-group offloaded, or gradient_accumulation_steps > 1; else 0) and the bucket
+  ///    b = min(reduce_bucket_size, Ψt), bucketed = 2b + ⌈b/Nd⌉ (its groups' gradients, their
+  ///    flattened copy, the reduced shards):
+  ///    stages 2-3, grads = max(L + r(L) + m + r(m), bucketed): the gradient and reduced shard
+  ///      of the module in backward and of the one before it, whose buffers the engine frees
+  ///      after the side stream passes them and gets back at the next module's acquire;
+  ///    stage 3, the larger of the first step, L + ⌈L/Nd⌉·[offload_param] (its shard staged
+  ///      from the parameter tier) + m + grads, and later steps, G + grads + c + ⌈c/Nd⌉ with
+  ///      G = min(Ψ, max(L + P, min(stage3_max_live_parameters, stage3_max_reuse_distance + L)))
+  ///      (modules reused within the reuse distance stay gathered, up to the live cap; P =
+  ///      min(stage3_prefetch_bucket_size, Ψ)) and, at Nd > 1 while G < Ψ, a coalesced
+  ///      prefetch's staging c = min(Ψ, P + m) (else c = 0);
+  ///    stage 2, the larger of grads and Ψt + r(Ψt) + 2t (t = trainable_shard_elements): no
+  ///      acquire reaps at stage 2, so every gradient buffer of the step waits for step(),
+  ///      beside the new shards of this step and of the last one;
+  ///    stages 0-1: bucketed;
+  ///    stages 1-2, when the largest layer holds 2·a or more with a = allgather_bucket_size,
+  ///      also the gather pieces' staging 2a; without offload_param in a 16-bit dtype at least
+  ///      the construction's fp32 chunk, 4/B · min(sub_group_size, the largest module's part).
+  ///    L unknown: bucketed, and at stage 3 also P gathered plus a coalesced gather's staging
+  ///    P + ⌈P/Nd⌉ (P capped by stage3_max_live_parameters). Measured against the engine
+  ///    (tests/estimate/test_device_peak.cpp, tests/gpt/test_memory_estimate.cpp: within 10%)
+  ///    with reduce_bucket_size 0; a step whose frees fall behind holds more (a small
+  ///    stage3_max_reuse_distance, which gathers every module again in backward: up to 1.32x).
+  ///    Covers zoe's own allocations only, not the trainer's activations.
   ///  host: offload_optimizer nvme: buffer_count pinned buffers, each the largest sub-group's
   ///    three fp32 states then its fp32 gradient, page(page(12·l) + 4·l) bytes with
   ///    l = min(sub_group_size, module shard, o) and page() rounding up to whole 4096-byte

@@ -57,7 +57,9 @@ OJson plan_to_json(const Plan& plan, const std::optional<RankEstimate>& config_r
   OJson j;
   j["model"] = {{"parameters", plan.model.parameters},
                 {"frozen_parameters", plan.model.frozen_parameters},
-                {"largest_layer", plan.model.largest_layer > 0 ? OJson(plan.model.largest_layer) : OJson(nullptr)}};
+                {"largest_layer", plan.model.largest_layer > 0 ? OJson(plan.model.largest_layer) : OJson(nullptr)},
+                {"next_largest_layer",
+                 plan.model.next_largest_layer > 0 ? OJson(plan.model.next_largest_layer) : OJson(nullptr)}};
   j["cluster"] = {{"world_size", c.world_size},
                   {"gpus_per_node", c.gpus_per_node},
                   {"gpu_bytes", c.gpu_bytes},

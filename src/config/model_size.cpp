@@ -105,6 +105,7 @@ ModelShape gpt_model(std::int64_t layers, std::int64_t hidden, std::int64_t voca
   ModelShape m;
   m.parameters = vocab * h + seq_len * h + layers * block + 2 * h;
   m.largest_layer = std::max(vocab * h, block);
+  m.next_largest_layer = layers > 1 || vocab * h >= block ? block : vocab * h;  // a block (or wte)
   return m;
 }
 

@@ -32,7 +32,7 @@ SafetensorsSummary read_safetensors_headers(const std::vector<std::string>& path
 /// A GPT-2-style decoder (Radford et al. 2019): token embedding V·h (tied with the output
 /// layer), position embedding S·h, per layer 12h² + 13h (attention QKV 3h² + 3h, projection
 /// h² + h, MLP 8h² + 5h, two layer norms 4h), final layer norm 2h. The largest layer is
-/// max(V·h, 12h² + 13h). GPT-2 small (12, 768, 50257, 1024) gives 124,439,808. Throws
+/// max(V·h, 12h² + 13h), the next largest a block (V·h for one block larger than it). GPT-2 small (12, 768, 50257, 1024) gives 124,439,808. Throws
 /// ConfigError unless every argument is >= 1.
 ModelShape gpt_model(std::int64_t layers, std::int64_t hidden, std::int64_t vocab, std::int64_t seq_len);
 

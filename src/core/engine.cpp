@@ -523,10 +523,11 @@ static void log_step(const core::EngineImpl& I, std::int64_t calls, std::int64_t
     const auto& L = I.ledger;
     using core::MemKind;
     using core::Tier;
-    ZOE_LOG_INFO("step={} memory (bytes) | device: model states {}, buffers {}, peak {} | host: model states {}, "
-                 "buffers {} | nvme: model states {}",
+    const DeviceMemoryStats d = I.device.memory_stats();
+    ZOE_LOG_INFO("step={} memory (bytes) | device: model states {}, buffers {}, allocated peak {}, reserved peak {} | "
+                 "host: model states {}, buffers {} | nvme: model states {}",
                  calls, L.get(Tier::device, MemKind::model_state), L.get(Tier::device, MemKind::buffer),
-                 I.device.memory_stats().peak_bytes, L.get(Tier::host, MemKind::model_state),
+                 d.peak_bytes, d.reserved_peak_bytes, L.get(Tier::host, MemKind::model_state),
                  L.get(Tier::host, MemKind::buffer), L.get(Tier::nvme, MemKind::model_state));
   }
 }
@@ -585,7 +586,9 @@ MemoryReport Engine::memory_report() const {
   using core::Tier;
   r.device_model_states = I.ledger.get(Tier::device, MemKind::model_state);
   r.device_buffers = I.ledger.get(Tier::device, MemKind::buffer);
-  r.device_peak = I.device.memory_stats().peak_bytes;
+  const DeviceMemoryStats d = I.device.memory_stats();
+  r.device_peak = d.peak_bytes;
+  r.device_reserved_peak = d.reserved_peak_bytes;
   r.host_model_states = I.ledger.get(Tier::host, MemKind::model_state);
   r.host_buffers = I.ledger.get(Tier::host, MemKind::buffer);
   r.host_pinned_peak = (I.states ? I.states->staging_bytes() : 0) + (I.param_store ? I.param_store->staging_bytes() : 0) +

@@ -7,10 +7,17 @@ namespace zoe {
 bool AddressRanges::insert(const void* p, std::size_t bytes) {
   if (!p || bytes == 0 || overlaps(p, bytes)) return false;
   ranges_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
+  total_bytes_ += bytes;
   return true;
 }
 
-bool AddressRanges::erase(const void* p) { return ranges_.erase(reinterpret_cast<std::uintptr_t>(p)) == 1; }
+bool AddressRanges::erase(const void* p) {
+  auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == ranges_.end()) return false;
+  total_bytes_ -= it->second;
+  ranges_.erase(it);
+  return true;
+}
 
 bool AddressRanges::overlaps(const void* p, std::size_t bytes) const {
   const auto a = reinterpret_cast<std::uintptr_t>(p);

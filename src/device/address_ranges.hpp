@@ -24,9 +24,12 @@ class AddressRanges {
   /// True if [p, p + bytes) lies entirely inside one range of the set.
   bool contains(const void* p, std::size_t bytes) const;
   std::size_t size() const noexcept { return ranges_.size(); }
+  /// The sum of the ranges' bytes.
+  std::size_t total_bytes() const noexcept { return total_bytes_; }
 
  private:
   std::map<std::uintptr_t, std::size_t> ranges_;  // begin -> bytes
+  std::size_t total_bytes_ = 0;
 };
 
 }  // namespace zoe

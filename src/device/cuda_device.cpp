@@ -169,12 +169,27 @@ void CudaDevice::deallocate(void* ptr) {
 
 DeviceMemoryStats CudaDevice::memory_stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  DeviceMemoryStats s = stats_;
+  cudaMemPool_t pool;
+  ZOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal_), "cudaDeviceGetDefaultMemPool");
+  std::uint64_t reserved = 0, high = 0;
+  ZOE_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+                 "cudaMemPoolGetAttribute(ReservedMemCurrent)");
+  ZOE_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &high),
+                 "cudaMemPoolGetAttribute(ReservedMemHigh)");
+  s.reserved_bytes = static_cast<std::int64_t>(reserved);
+  s.reserved_peak_bytes = static_cast<std::int64_t>(high);
+  return s;
 }
 
 void CudaDevice::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_bytes = stats_.current_bytes;
+  cudaMemPool_t pool;
+  ZOE_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal_), "cudaDeviceGetDefaultMemPool");
+  std::uint64_t zero = 0;  // the only value ReservedMemHigh takes: reset to the current
+  ZOE_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero),
+                 "cudaMemPoolSetAttribute(ReservedMemHigh)");
 }
 
 bool CudaDevice::register_host_memory(void* ptr, std::size_t bytes) {

@@ -38,7 +38,12 @@ class CudaDevice final : public Device {
 
   void* allocate(std::size_t bytes) override;
   void deallocate(void* ptr) override;
+  /// Allocated: zoe's own count of the bytes requested of live blocks. Reserved: the default
+  /// memory pool's cudaMemPoolAttrReservedMemCurrent / ReservedMemHigh (the pool keeps freed
+  /// memory: release threshold UINT64_MAX), which also counts other users of that pool on this
+  /// device. Thread-safe. Throws CudaError if the pool cannot be queried.
   DeviceMemoryStats memory_stats() const override;
+  /// Both peaks to the current values (the pool's ReservedMemHigh reset to its current). Thread-safe.
   void reset_peak() override;
   bool register_host_memory(void* ptr, std::size_t bytes) override;
   void unregister_host_memory(void* ptr) override;

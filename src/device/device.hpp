@@ -33,9 +33,17 @@ class Event {
   virtual ~Event() = default;
 };
 
+/// Device memory in bytes, as torch.cuda counts it. Allocated: the sizes passed to allocate()
+/// for blocks not yet deallocate()d (live buffers; torch.cuda.memory_allocated /
+/// max_memory_allocated). Reserved: what the allocator holds for them, live blocks rounded up to
+/// its granularity plus the freed blocks it keeps for reuse (HostDevice's block cache and
+/// quarantine, the CUDA stream-ordered pool; torch.cuda.memory_reserved / max_memory_reserved),
+/// so reserved >= allocated. Peaks are high-water marks since construction or reset_peak().
 struct DeviceMemoryStats {
-  std::int64_t current_bytes = 0;  // bytes allocated now via allocate()
-  std::int64_t peak_bytes = 0;     // high-water mark since construction / reset_peak()
+  std::int64_t current_bytes = 0;        // allocated now
+  std::int64_t peak_bytes = 0;           // most allocated at any time (the allocated peak)
+  std::int64_t reserved_bytes = 0;       // reserved now
+  std::int64_t reserved_peak_bytes = 0;  // most reserved at any time (the reserved peak)
 };
 
 class Device {
@@ -54,7 +62,9 @@ class Device {
   virtual void* allocate(std::size_t bytes) = 0;
   /// Frees memory from allocate(); nullptr is ignored. Caller ensures no queued work uses it.
   virtual void deallocate(void* ptr) = 0;
+  /// A consistent snapshot of the counters (one lock). Thread-safe.
   virtual DeviceMemoryStats memory_stats() const = 0;
+  /// Sets both peaks to the current values (torch.cuda.reset_peak_memory_stats). Thread-safe.
   virtual void reset_peak() = 0;
   /// Page-locks host memory for fast async copies (cudaHostRegister; no-op on host).
   /// Returns false if the backend refused (caller falls back to pageable memory).

@@ -123,6 +123,7 @@ void* HostDevice::allocate(std::size_t bytes) {
   }
   sizes_.emplace(ptr, bytes);
   blocks_.insert(ptr, rounded);
+  stats_.reserved_peak_bytes = std::max(stats_.reserved_peak_bytes, static_cast<std::int64_t>(blocks_.total_bytes()));
   return ptr;
 }
 
@@ -169,12 +170,15 @@ void HostDevice::deallocate(void* ptr) {
 
 DeviceMemoryStats HostDevice::memory_stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  DeviceMemoryStats s = stats_;
+  s.reserved_bytes = static_cast<std::int64_t>(blocks_.total_bytes());
+  return s;
 }
 
 void HostDevice::reset_peak() {
   std::lock_guard lock(mutex_);
   stats_.peak_bytes = stats_.current_bytes;
+  stats_.reserved_peak_bytes = static_cast<std::int64_t>(blocks_.total_bytes());
 }
 
 bool HostDevice::register_host_memory(void* ptr, std::size_t bytes) {

@@ -89,6 +89,9 @@ class HostDevice final : public Device {
 
   void* allocate(std::size_t bytes) override;
   void deallocate(void* ptr) override;
+  /// Allocated: the bytes requested of the live blocks. Reserved: the 256-byte-rounded bytes of
+  /// every block the device holds, live, in the block cache or in the poison quarantine (what
+  /// the footprint in host memory is). Thread-safe.
   DeviceMemoryStats memory_stats() const override;
   /// Bytes held by the block cache (freed, not returned to the system).
   std::size_t cached_bytes() const;

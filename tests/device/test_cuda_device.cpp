@@ -73,6 +73,9 @@ TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   auto* dsum = static_cast<double*>(dev.allocate(8));
   auto* dfin = static_cast<int*>(dev.allocate(2 * sizeof(int)));
   EXPECT_EQ(dev.memory_stats().current_bytes, std::int64_t(n * 10 + 8 + 8));
+  // The pool reserves at least what is allocated (its granularity rounds up).
+  EXPECT_GE(dev.memory_stats().reserved_bytes, dev.memory_stats().current_bytes);
+  EXPECT_GE(dev.memory_stats().reserved_peak_bytes, dev.memory_stats().reserved_bytes);
   dev.copy(dx, x.data(), n * 4, *s);
   dev.cast(dx, DType::f32, dh, DType::bf16, n, *s);
   dev.scale(dh, DType::bf16, n, 0.3f, *s);
@@ -127,6 +130,13 @@ TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
                   static_cast<void*>(dsum), static_cast<void*>(dfin)})
     dev.deallocate(p);
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);
+  // Freed memory stays in the pool (release threshold UINT64_MAX): still reserved, as torch's
+  // memory_reserved after a free; reset_peak brings the reserved peak down to it.
+  const DeviceMemoryStats after = dev.memory_stats();
+  EXPECT_GE(after.reserved_bytes, std::int64_t(n * 10));
+  dev.reset_peak();
+  EXPECT_EQ(dev.memory_stats().peak_bytes, 0);
+  EXPECT_EQ(dev.memory_stats().reserved_peak_bytes, dev.memory_stats().reserved_bytes);
 }
 
 TEST(CudaDeviceOnGpu, AdamKernelMatchesTheHostDeviceBitwise) {

@@ -104,6 +104,46 @@ TEST(HostDevice, FreedLargeBlocksAreReusedAndAMissReleasesTheCache) {
   EXPECT_EQ(dev.cached_bytes(), 3 * HostDevice::kCacheMinBytes);
 }
 
+// Allocated (torch's memory_allocated) counts the requested bytes of live blocks; reserved
+// (memory_reserved) every block the device holds, 256-byte rounded, cached ones included.
+TEST(HostDevice, AllocatedAndReservedPeaksAreCountedApart) {
+  HostDevice dev;
+  const auto round = [](std::size_t b) { return static_cast<std::int64_t>((b + 255) / 256 * 256); };
+  const std::size_t big = 2 * HostDevice::kCacheMinBytes + 100, small = 1000;
+  void* a = dev.allocate(big);
+  void* s = dev.allocate(small);
+  DeviceMemoryStats m = dev.memory_stats();
+  EXPECT_EQ(m.current_bytes, static_cast<std::int64_t>(big + small));
+  EXPECT_EQ(m.reserved_bytes, round(big) + round(small));
+  EXPECT_EQ(m.reserved_peak_bytes, round(big) + round(small));
+  dev.deallocate(a);
+  m = dev.memory_stats();
+  EXPECT_EQ(m.current_bytes, static_cast<std::int64_t>(small));
+  EXPECT_EQ(m.peak_bytes, static_cast<std::int64_t>(big + small));
+  // The freed block stays reserved in the cache (not under ASan, which frees it).
+  const std::int64_t cached = HostDevice::kCachesBlocks ? round(big) : 0;
+  EXPECT_EQ(m.reserved_bytes, cached + round(small));
+  EXPECT_EQ(m.reserved_peak_bytes, round(big) + round(small));
+  // A cache hit takes nothing new from the system.
+  a = dev.allocate(big);
+  EXPECT_EQ(dev.memory_stats().reserved_bytes, round(big) + round(small));
+  dev.deallocate(a);
+  // A miss past the live peak releases the cache first: the reserved peak is the new block's.
+  const std::size_t larger = 3 * HostDevice::kCacheMinBytes;
+  void* b = dev.allocate(larger);
+  m = dev.memory_stats();
+  EXPECT_EQ(m.reserved_bytes, round(larger) + round(small));
+  EXPECT_EQ(m.reserved_peak_bytes, round(larger) + round(small));
+  EXPECT_EQ(m.peak_bytes, static_cast<std::int64_t>(larger + small));
+  dev.deallocate(b);
+  dev.reset_peak();
+  m = dev.memory_stats();
+  EXPECT_EQ(m.peak_bytes, static_cast<std::int64_t>(small));
+  EXPECT_EQ(m.reserved_peak_bytes, m.reserved_bytes);
+  EXPECT_EQ(m.reserved_bytes, (HostDevice::kCachesBlocks ? round(larger) : 0) + round(small));
+  dev.deallocate(s);
+}
+
 TEST(HostDevice, CachedBlocksDoNotCountAgainstCapacity) {
   HostDevice dev(3 * HostDevice::kCacheMinBytes);
   void* a = dev.allocate(2 * HostDevice::kCacheMinBytes);

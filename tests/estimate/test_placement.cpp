@@ -69,22 +69,50 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   auto bucket = [](std::int64_t b) { return 2 * (2 * b + (b + kNd - 1) / kNd); };
   EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers, (TierBytes{bucket(200'000'000), 0, 0}));
   EXPECT_EQ(estimate_rank({1000, 0}, kNd, c).buffers, (TierBytes{bucket(1000), 0, 0}));
-  // Stages 1-2: allgather_bucket_size pieces stage 2a once a layer holds 2a.
+  // Stage 2 with the largest layer known: every gradient buffer of the step (given back at
+  // step()) and two new shards (this step's and the last one's), larger than the bucket here;
+  // allgather_bucket_size pieces stage 2a once a layer holds 2a.
   c.zero_optimization.allgather_bucket_size = 1000;
+  EXPECT_EQ(estimate_rank({kPsi, 1999}, kNd, c).buffers.device, 2 * (kPsi + 2 * kShard));
+  EXPECT_EQ(estimate_rank({kPsi, 2000}, kNd, c).buffers.device, 2 * (kPsi + 2 * kShard) + 2 * 2000);
+  c.zero_optimization.stage = 1;  // stage 1: the bucket (its gradients are model states)
   EXPECT_EQ(estimate_rank({kPsi, 1999}, kNd, c).buffers.device, bucket(200'000'000));
-  EXPECT_EQ(estimate_rank({kPsi, 2000}, kNd, c).buffers.device, bucket(200'000'000) + 2 * 2000);
-  // Stage 3: bucket + gathered (largest layer + prefetch) + the gradient of the largest layer
-  // + a coalesced gather's staging of L + P and its shards.
+  // Stage 3 (the device's allocated peak): the larger of the first step (the largest layer L
+  // gathered, the layer m before it still held, the gradients of both; no reduced-shard
+  // buffers without optimizer offload) and later steps (G gathered: min(Psi, max(L + P,
+  // min(live cap, reuse distance + L))), the same gradients, a coalesced prefetch's staging
+  // c + c/Nd with c = P + m). The bucket (100 elements) is smaller than the layers' gradients.
   c = knobs(3);
   c.zero_optimization.reduce_bucket_size = 100;
   c.zero_optimization.stage3_prefetch_bucket_size = 30'000'000;
-  const std::int64_t L = 20'000'000;
-  const std::int64_t staging = 2 * ((L + 30'000'000) + (L + 30'000'000 + kNd - 1) / kNd);
-  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, bucket(100) + 2 * ((L + 30'000'000) + L) + staging);
-  c.zero_optimization.stage3_max_live_parameters = 25'000'000;  // caps the gathered part, not below L
-  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, bucket(100) + 2 * (25'000'000 + L) + staging);
-  c.zero_optimization.stage3_max_live_parameters = 1;
-  EXPECT_EQ(estimate_rank({kPsi, L}, kNd, c).buffers.device, bucket(100) + 2 * (L + L) + staging);
+  const std::int64_t L = 20'000'000, m = 5'000'000, P = 30'000'000;
+  const std::int64_t grads = L + m;
+  auto coalesced = [](std::int64_t x) { return x + (x + kNd - 1) / kNd; };
+  // Reuse distance and live cap at their defaults (1e9 each): G = min(Psi, 1e9) = Psi, all
+  // gathered, so nothing is prefetched (no coalesced staging).
+  EXPECT_EQ(estimate_rank({kPsi, L, 0, m}, kNd, c).buffers.device, 2 * (kPsi + grads));
+  c.zero_optimization.stage3_max_reuse_distance = 0;  // nothing kept: G = L + P
+  EXPECT_EQ(estimate_rank({kPsi, L, 0, m}, kNd, c).buffers.device, 2 * (L + P + grads + coalesced(P + m)));
+  c.zero_optimization.stage3_max_live_parameters = 1;  // G stays L + P (the prefetch stops at the cap, but never below it)
+  EXPECT_EQ(estimate_rank({kPsi, L, 0, m}, kNd, c).buffers.device, 2 * (L + P + grads + coalesced(P + m)));
+  // The second largest layer unknown: taken as L. One rank: no coalesced staging; the first
+  // step (L + m gathered, L + m gradients) is larger with prefetch off.
+  c.zero_optimization.stage3_prefetch_bucket_size = 0;
+  EXPECT_EQ(estimate_rank({kPsi, L}, 1, c).buffers.device, 2 * (L + L + 2 * L));
+  // Optimizer offload (every sub-group): each gradient has a reduced shard of its own; offload_param
+  // stages the largest layer's shard in the first step.
+  c = knobs(3, OffloadDevice::cpu, OffloadDevice::cpu);
+  c.zero_optimization.reduce_bucket_size = 0;
+  c.zero_optimization.stage3_max_reuse_distance = 0;
+  const std::int64_t r = (L + kNd - 1) / kNd, rm = (m + kNd - 1) / kNd;
+  const std::int64_t first = L + r + m + (L + r + m + rm);
+  const std::int64_t later = L + 50'000'000 + (L + r + m + rm) + coalesced(50'000'000 + m);
+  EXPECT_EQ(estimate_rank({kPsi, L, 0, m}, kNd, c).buffers.device, 2 * std::max(first, later));
+  // Stage 2 with optimizer offload: every gradient with its reduced shard, two new shards.
+  c = knobs(2, OffloadDevice::cpu);
+  c.zero_optimization.reduce_bucket_size = 0;
+  c.zero_optimization.allgather_bucket_size = 1'000'000'000;
+  EXPECT_EQ(estimate_rank({kPsi, L, 0, m}, kNd, c).buffers.device, 2 * (kPsi + kShard + 2 * kShard));
   // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element in
   // whole pages (120,000,000 bytes -> 120,000,512), then its 4-byte gradient, in whole pages
   // (160,002,048), plus one gradient buffer (40,000,000 -> 40,001,536).

@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
       "zoe-estimate: model-state memory per rank for plain data parallelism and ZeRO stages 1-3 with\n"
       "optimizer/parameter offload to CPU or NVMe (ZeRO, arXiv 1910.02054: (2+2+K)Psi, K = 12),\n"
       "traffic per step, and a recommended configuration."};
-  std::string params, gpt, largest, frozen, gpu_mem, host_mem, nvme = "0", config_path;
+  std::string params, gpt, largest, next_largest, frozen, gpu_mem, host_mem, nvme = "0", config_path;
   std::vector<std::string> safetensors;
   int world_size = 1, gpus_per_node = 8;
   AutoInputs auto_inputs;  // a config's "auto" keys (Hugging Face's trainer values)
@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
   model->require_option(1);
   app.add_option("--largest-layer", largest,
                  "parameters of the largest module (default: from --gpt, the largest safetensors tensor, else unknown)");
+  app.add_option("--next-largest-layer", next_largest,
+                 "parameters of the second largest module (default: from --gpt, a block; else taken as the largest)");
   app.add_option("--frozen", frozen,
                  "how many of the parameters are frozen (fine-tuning: no gradients, no optimizer states), e.g. 6.5B");
   app.add_option("-n,--world-size", world_size, "data-parallel ranks (GPUs in all)")->check(CLI::PositiveNumber);
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
       shape.largest_layer = s.largest_tensor;
     }
     if (!largest.empty()) shape.largest_layer = parse_count(largest, "--largest-layer");
+    if (!next_largest.empty()) shape.next_largest_layer = parse_count(next_largest, "--next-largest-layer");
     if (!frozen.empty()) {
       shape.frozen_parameters = parse_count(frozen, "--frozen");
       if (shape.frozen_parameters > shape.parameters)
