@@ -242,8 +242,10 @@ PlanRow make_row(const ModelShape& model, const Cluster& cl, Config knobs, const
   z.offload_optimizer.device = c.optimizer;
   z.offload_optimizer.ratio = 1.0;
   z.offload_param.device = c.param;
-  // The rows compare layouts; when the update runs (zoe.update_in_backward, zoe.delayed_update)
-  // changes no byte counted here, and a layout without offload could not take either key.
+  // The rows compare layouts; a layout without offload could not take the update-timing keys
+  // (zoe.update_in_backward, zoe.delayed_update), and the estimate does not model them: at
+  // stage 3 with every sub-group offloaded (their use) they hold no device byte; at stage 2
+  // the update in backward allocates each group's new shard at its backward, not at step().
   knobs.zoe.update_in_backward = knobs.zoe.delayed_update = false;
   PlanRow row;
   row.rank = estimate_rank(model, cl.world_size, knobs);

@@ -127,7 +127,7 @@ TEST(EstimateRecommend, RejectsAnInvalidCluster) {
 }  // namespace
 
 TEST(EstimateRecommend, UpdateTimingKeysChangeNoRow) {
-  // zoe.update_in_backward / zoe.delayed_update say when the update runs, not what it holds:
+  // zoe.update_in_backward / zoe.delayed_update say when the update runs; the rows do not model it:
   // a config with either gives every row the bytes of the same config without it (and the rows
   // without offload, which could not take the key, are still planned).
   zoe::Config with = small_nvme_buffers();
