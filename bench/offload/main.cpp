@@ -3,7 +3,9 @@
 //      sizes Ψ, next to its parts measured alone in the same run (step_bench.cpp);
 //  (b) Engine::step() followed by the next forward, against each alone (overlap_bench.cpp);
 //  (c) the whole CPU step (gradient add, norm, clip, AdamW, bf16 copy) with host-memory states
-//      against the bound of its bytes (cpu_step_bench.cpp).
+//      against the bound of its bytes (cpu_step_bench.cpp);
+//  (d) construction with the states and parameters on NVMe against max(initializer alone,
+//      writes alone) (construction_bench.cpp; not in the default cases).
 // Cases run one at a time and free their memory before the next (the 1B host case holds
 // 16 GB of states and fp32 gradients). NVMe files go to a fresh directory under
 // --nvme-path, removed at the end.
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/offload/construction_bench.hpp"
 #include "bench/offload/cpu_step_bench.hpp"
 #include "bench/offload/overlap_bench.hpp"
 #include "bench/offload/step_bench.hpp"
@@ -56,6 +59,8 @@ int main(int argc, char** argv) {
   zoe::bench::StepBenchOptions so;
   zoe::bench::OverlapBenchOptions oo;
   zoe::bench::CpuStepBenchOptions co;
+  zoe::bench::ConstructionBenchOptions no;
+  double construction_psi_m = 200;
   double cpu_step_psi_m = 100;
   std::vector<std::string> cases{"step", "overlap", "cpu-step"}, tiers{"cpu", "nvme"}, overlap_tiers{"cpu", "nvme"};
   std::vector<double> psi_m{100, 500, 1000};
@@ -65,7 +70,12 @@ int main(int argc, char** argv) {
   int reps = 3;
 
   CLI::App app{"zoe-offload-bench: optimizer step over host/NVMe states vs its parts; step + next forward overlap"};
-  app.add_option("--cases", cases, "which parts to run")->check(CLI::IsMember({"step", "overlap", "cpu-step"}));
+  app.add_option("--cases", cases, "which parts to run")
+      ->check(CLI::IsMember({"step", "overlap", "cpu-step", "construction"}));
+  app.add_option("--construction-psi", construction_psi_m,
+                 "(construction) model size in millions of elements (18 bytes each on NVMe, written twice)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--construction-modules", no.modules, "(construction) modules")->check(CLI::Range(1, 1024));
   app.add_option("--cpu-step-psi", cpu_step_psi_m, "(cpu-step) model size in millions of elements")
       ->check(CLI::PositiveNumber);
   app.add_flag("--thread-cpu", co.thread_cpu,
@@ -107,11 +117,15 @@ int main(int argc, char** argv) {
   co.sub_group_numel = so.sub_group_numel;
   co.threads = so.threads;
   co.reps = std::max(reps, 5);
+  no.psi = elements(construction_psi_m);
+  no.sub_group_numel = so.sub_group_numel;
+  no.buffer_count = so.buffer_count;
+  no.reps = reps;
 
   zoe::bench::Report report(json);
   try {
     TempDir dir(nvme_parent);
-    so.nvme_dir = oo.nvme_dir = dir.path();
+    so.nvme_dir = oo.nvme_dir = no.nvme_dir = dir.path();
     report.text("# zoe-offload-bench: load average %s (2 shared cores); NVMe files in %s\n",
                 zoe::bench::load_average().c_str(), dir.path().c_str());
     auto has = [&](const std::string& c) { return std::find(cases.begin(), cases.end(), c) != cases.end(); };
@@ -121,6 +135,7 @@ int main(int argc, char** argv) {
     if (has("overlap"))
       for (const std::string& t : overlap_tiers) zoe::bench::run_overlap_case(oo, tier_of(t), report);
     if (has("cpu-step")) zoe::bench::run_cpu_step_case(co, report);
+    if (has("construction")) zoe::bench::run_construction_case(no, report);
     report.text("# load average at the end: %s\n", zoe::bench::load_average().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zoe-offload-bench: %s\n", e.what());

@@ -238,6 +238,8 @@ struct EngineImpl {
                                          std::span<float> moments)>;
   /// write_initial_values with the values of `source` (a checkpoint): the same chunks, the
   /// same homes and roundings; `with_moments` also sets exp_avg / exp_avg_sq (else zero).
+  /// `source` runs on the calling thread, filling chunk k+1 while a writer thread stores
+  /// chunk k (ChunkPipeline); the first error of either is rethrown once both have stopped.
   void write_values(const ChunkSource& source, bool with_moments);
   /// Fills `out` with the group's fp32 initial values of flat elements [begin, begin +
   /// out.size()) from the parameters' initializers (padding zero). Throws Error naming the

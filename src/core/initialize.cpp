@@ -5,15 +5,20 @@
 // its homes: the sub-group's master weights (device memory or the offload tier, moments
 // zero) and the compute-dtype parameters (device memory or the parameter tier). Chunks are
 // at most sub_group_size elements and, inside the optimizer range, exactly the sub-groups, so
-// host memory holds one chunk (plus the tiers' staging buffers) however large the model.
+// host memory holds two chunks (plus the tiers' staging buffers) however large the model.
+// The chunks are pipelined (ChunkPipeline): this thread computes chunk k+1 (the initializers,
+// or a checkpoint's reads) while a writer thread stores chunk k (the tiers' writes, the casts,
+// the device copies), so construction takes the larger of the two, not their sum.
 // Padding is zero. The values and roundings are those of a whole-buffer copy, element by
 // element, so the result is bitwise the same whatever the chunking.
 #include <algorithm>
 #include <exception>
+#include <functional>
 #include <new>
 #include <vector>
 
 #include "src/common/check.hpp"
+#include "src/core/chunk_pipeline.hpp"
 #include "src/core/engine_impl.hpp"
 #include "src/device/host_elementwise.hpp"
 
@@ -58,70 +63,81 @@ void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
   std::int64_t largest = 0;  // elements of the longest chunk
   for (const Group& g : groups)
     largest = std::max(largest, std::min(sub, policy.shards_params ? g.layout->shard_numel() : g.layout->padded_numel()));
-  // [master | exp_avg | exp_avg_sq] of one chunk (the moments only `with_moments`).
-  std::vector<float> chunk(static_cast<std::size_t>(largest) * (with_moments ? 3 : 1));
   // Device parameters in a 16-bit dtype are cast on the device from an fp32 copy (the same
-  // rounding as the device's casts everywhere else).
+  // rounding as the device's casts everywhere else); the writer's stores run one at a time.
   DeviceBuffer staging;
   if (!param_store && dtype != DType::f32) staging = alloc(MemKind::buffer, DType::f32, largest);
+  // The parameter tier's write buffer of the group being stored: the whole shard (the writer's
+  // alone: leased by write_buffer before the group's first chunk, stored by commit after its last).
+  void* home = nullptr;
+  // Stores chunk [a, b) of group g (see the file comment for its homes).
+  auto store_chunk = [&](Group& g, std::int64_t base, std::int64_t a, std::int64_t b, const float* chunk) {
+    const auto n = static_cast<std::size_t>(b - a);
+    const std::int64_t opt_end = g.opt_begin + g.opt_numel;
+    if (a >= g.opt_begin && a < opt_end) {
+      const SubGroup& sg = g.subgroups[static_cast<std::size_t>((a - g.opt_begin) / sub)];
+      if (with_moments && sg.offloaded()) {
+        states->write_all(sg.offload_id, chunk);
+      } else if (with_moments) {
+        device.copy(sg.master(), chunk, 3 * n * sizeof(float), s);
+      } else if (sg.offloaded()) {
+        states->write_initial(sg.offload_id, std::span<const float>(chunk, n));
+      } else {
+        device.copy(sg.master(), chunk, n * sizeof(float), s);
+        device.fill(sg.master() + n, DType::f32, 2 * n, 0.0f, s);
+      }
+    }
+    const std::int64_t at = a - base;  // in the rank's parameters
+    if (param_store) {
+      host_ops::cast(chunk, DType::f32, static_cast<char*>(home) + static_cast<std::size_t>(at) * esz, dtype, n);
+    } else {
+      const DeviceBuffer& dst = policy.shards_params ? g.param_shard : g.param_full;
+      if (dtype == DType::f32) {
+        device.copy(dst.at(at), chunk, n * sizeof(float), s);
+      } else {
+        device.copy(staging.data(), chunk, n * sizeof(float), s);
+        device.cast(staging.data(), DType::f32, dst.at(at), dtype, n, s);
+      }
+    }
+    device.synchronize(s);  // the device copies have read the chunk
+  };
 
-  for (Group& g : groups) {
-    const FlatLayout& L = *g.layout;
-    // This rank's part of the flat buffer, [base, base + len): what its parameters hold.
-    const std::int64_t base = policy.shards_params ? L.shard_begin(rank) : 0;
-    const std::int64_t len = policy.shards_params ? L.shard_numel() : L.padded_numel();
-    const std::int64_t opt_end = g.opt_begin + g.opt_numel;  // inside [base, base + len)
-    // Chunks: the sub-groups inside the optimizer range, sub_group_size pieces outside it.
-    std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
-    auto cut = [&](std::int64_t a, std::int64_t b) {
-      for (std::int64_t x = a; x < b; x += sub) chunks.emplace_back(x, std::min(b, x + sub));
-    };
-    cut(base, g.opt_begin);
-    cut(g.opt_begin, opt_end);
-    cut(opt_end, base + len);
-
-    void* home = param_store ? param_store->write_buffer(g.param_id) : nullptr;  // the whole shard
-    try {
+  // Two chunk buffers, each [master | exp_avg | exp_avg_sq] of one chunk (the moments only
+  // `with_moments`): this thread fills one while the writer stores the other (chunk_pipeline.hpp);
+  // declared after what its stores use, so it is drained before they go.
+  ChunkPipeline pipeline(static_cast<std::size_t>(largest) * (with_moments ? 3 : 1));
+  try {
+    for (Group& g : groups) {
+      const FlatLayout& L = *g.layout;
+      // This rank's part of the flat buffer, [base, base + len): what its parameters hold.
+      const std::int64_t base = policy.shards_params ? L.shard_begin(rank) : 0;
+      const std::int64_t len = policy.shards_params ? L.shard_numel() : L.padded_numel();
+      const std::int64_t opt_end = g.opt_begin + g.opt_numel;  // inside [base, base + len)
+      // Chunks: the sub-groups inside the optimizer range, sub_group_size pieces outside it.
+      std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
+      auto cut = [&](std::int64_t a, std::int64_t b) {
+        for (std::int64_t x = a; x < b; x += sub) chunks.emplace_back(x, std::min(b, x + sub));
+      };
+      cut(base, g.opt_begin);
+      cut(g.opt_begin, opt_end);
+      cut(opt_end, base + len);
+      if (param_store) pipeline.run([this, &g, &home] { home = param_store->write_buffer(g.param_id); });
       for (auto [a, b] : chunks) {
         const auto n = static_cast<std::size_t>(b - a);
-        std::span<float> values(chunk.data(), n);
+        std::span<float> chunk = pipeline.acquire();
         const bool in_range = a >= g.opt_begin && a < opt_end;
-        source(g, a, values, in_range && with_moments ? std::span<float>(chunk.data() + n, 2 * n) : std::span<float>());
-        if (in_range) {
-          const SubGroup& sg = g.subgroups[static_cast<std::size_t>((a - g.opt_begin) / sub)];
-          if (with_moments && sg.offloaded()) {
-            states->write_all(sg.offload_id, chunk.data());
-          } else if (with_moments) {
-            device.copy(sg.master(), chunk.data(), 3 * n * sizeof(float), s);
-          } else if (sg.offloaded()) {
-            states->write_initial(sg.offload_id, values);
-          } else {
-            device.copy(sg.master(), values.data(), n * sizeof(float), s);
-            device.fill(sg.master() + n, DType::f32, 2 * n, 0.0f, s);
-          }
-        }
-        const std::int64_t at = a - base;  // in the rank's parameters
-        if (param_store) {
-          host_ops::cast(values.data(), DType::f32, static_cast<char*>(home) + static_cast<std::size_t>(at) * esz,
-                         dtype, n);
-        } else {
-          const DeviceBuffer& dst = policy.shards_params ? g.param_shard : g.param_full;
-          if (dtype == DType::f32) {
-            device.copy(dst.at(at), values.data(), n * sizeof(float), s);
-          } else {
-            device.copy(staging.data(), values.data(), n * sizeof(float), s);
-            device.cast(staging.data(), DType::f32, dst.at(at), dtype, n, s);
-          }
-        }
-        device.synchronize(s);  // the device copies have read `chunk`
+        source(g, a, chunk.first(n), in_range && with_moments ? chunk.subspan(n, 2 * n) : std::span<float>());
+        pipeline.submit([&store_chunk, &g, base, a, b, data = chunk.data()] { store_chunk(g, base, a, b, data); });
       }
-    } catch (...) {
-      if (param_store) param_store->abort_write();
-      throw;
+      if (param_store) pipeline.run([this, &g] { param_store->commit(g.param_id); });
     }
-    if (param_store) param_store->commit(g.param_id);
+    if (states && !with_moments) pipeline.run([this] { states->finish_initial(); });
+    pipeline.finish();
+  } catch (...) {
+    pipeline.abandon();  // nothing of this call outlives it
+    if (param_store) param_store->abort_write();
+    throw;
   }
-  if (states && !with_moments) states->finish_initial();
 }
 
 }  // namespace zoe::core

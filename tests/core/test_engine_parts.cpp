@@ -1,14 +1,21 @@
 // The parts EngineImpl composes, each alone: ExecutionTrace (the order stage-3 prefetch
-// follows) and DeferredFrees (buffers freed once the device is past them).
+// follows), DeferredFrees (buffers freed once the device is past them) and ChunkPipeline
+// (construction's chunks filled on the caller's thread while the writer stores the previous one).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <future>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
+#include "src/core/chunk_pipeline.hpp"
 #include "src/core/deferred_frees.hpp"
 #include "src/core/execution_trace.hpp"
 #include "src/device/host_device.hpp"
+#include "zoe/error.hpp"
 
 using namespace zoe;
 using namespace zoe::core;
@@ -81,4 +88,105 @@ TEST(DeferredFrees, PoisonFillsTheBufferWithNanBeforeItIsFreed) {
   EXPECT_EQ(nan_count, 64);
   EXPECT_TRUE(frees.reap_oldest());
   EXPECT_EQ(ledger.get(Tier::device, MemKind::buffer), 0);
+}
+
+// Ten chunks through two slots: every store runs on one other thread, in order, and reads the
+// values its chunk was filled with; chunk k+1 is filled while chunk k's store still runs, and
+// the filling of chunk k+2 waits for it (two slots: no third chunk in host memory).
+TEST(ChunkPipeline, FillsTheNextChunkWhileTheWriterStoresThePreviousOneInOrder) {
+  ChunkPipeline p(4);
+  std::vector<float> stored;  // written by the stores only, read after finish()
+  std::vector<std::thread::id> writers;
+  std::promise<void> second_filled;
+  std::shared_future<void> gate = second_filled.get_future().share();
+  for (int k = 0; k < 10; ++k) {
+    std::span<float> chunk;
+    if (k == 2) {
+      // Store 0 is held until chunk 1 is filled, so this acquire (slot 0 again) cannot return yet.
+      auto third = std::async(std::launch::async, [&] { return p.acquire(); });
+      EXPECT_EQ(third.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+          << "chunk 2 was handed out while chunk 0's store held its slot";
+      second_filled.set_value();
+      chunk = third.get();
+    } else {
+      chunk = p.acquire();
+    }
+    ASSERT_EQ(chunk.size(), 4u);
+    for (float& x : chunk) x = static_cast<float>(k);
+    p.submit([&, k, chunk] {
+      if (k == 0) gate.wait();  // chunk 1 is filled meanwhile
+      writers.push_back(std::this_thread::get_id());
+      for (float x : chunk) ASSERT_EQ(x, static_cast<float>(k));
+      stored.push_back(chunk[0]);
+    });
+  }
+  std::atomic<bool> flushed{false};
+  p.run([&] { flushed = true; });  // work without a slot, after every store
+  p.finish();
+  EXPECT_EQ(stored, (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_TRUE(flushed.load());
+  EXPECT_EQ(p.completed(), 11u);
+  ASSERT_EQ(writers.size(), 10u);
+  for (std::thread::id id : writers) {
+    EXPECT_EQ(id, writers[0]) << "stores ran on more than one thread";
+    EXPECT_NE(id, std::this_thread::get_id()) << "a store ran on the filling thread";
+  }
+}
+
+// A store that throws (a disk error in the middle of construction): the later stores and work
+// are skipped, the error surfaces at the next acquire of its slot (or finish), and nothing hangs.
+TEST(ChunkPipeline, AStoreErrorSurfacesAndTheLaterStoresAreSkipped) {
+  ChunkPipeline p(2);
+  std::atomic<int> ran{0};
+  int acquired = 0;
+  try {
+    for (int k = 0; k < 10; ++k) {
+      p.acquire();
+      ++acquired;
+      p.submit([&, k] {
+        if (k == 1) throw std::runtime_error("sector 42 is gone");
+        ++ran;
+      });
+    }
+    ADD_FAILURE() << "no acquire rethrew the store's error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "sector 42 is gone");
+  }
+  // Chunk 3 reuses chunk 1's slot, so its acquire waits for that store and throws at the latest.
+  EXPECT_GE(acquired, 2);
+  EXPECT_LE(acquired, 3);
+  EXPECT_THROW(p.finish(), std::runtime_error);
+  p.abandon();  // the error is dropped, nothing is queued: returns at once
+  EXPECT_EQ(ran.load(), 1) << "a store after the failed one ran";
+  EXPECT_EQ(p.completed(), 1u);
+
+  // The same error, reported by finish() when no acquire came after it.
+  ChunkPipeline q(2);
+  q.acquire();
+  q.submit([] { throw std::runtime_error("write failed"); });
+  std::atomic<bool> flushed{false};
+  q.run([&] { flushed = true; });
+  EXPECT_THROW(q.finish(), std::runtime_error);
+  EXPECT_FALSE(flushed.load());
+}
+
+// The filling side fails (an initializer throws): abandon() returns once the store in flight
+// has finished, so nothing the pipeline runs outlives the caller's buffers.
+TEST(ChunkPipeline, AbandonWaitsForTheStoreInFlightAndMisuseIsRefused) {
+  std::atomic<bool> done{false};
+  {
+    ChunkPipeline p(1);
+    p.acquire();
+    p.submit([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      done = true;
+    });
+    p.acquire();  // filled, then the caller fails: never submitted
+    p.abandon();
+    EXPECT_TRUE(done.load());
+    EXPECT_THROW(p.submit([] {}), UsageError) << "abandon() returned the unsubmitted slot";
+    p.acquire();
+    EXPECT_THROW(p.acquire(), UsageError) << "a second slot while one is being filled";
+  }
+  EXPECT_THROW(ChunkPipeline(4, 0), UsageError);
 }
