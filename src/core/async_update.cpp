@@ -138,6 +138,12 @@ void EngineImpl::start_update_in_backward(int gi) {
   pipeline->start(std::move(host_parts), backward_plan);
 }
 
+int EngineImpl::groups_updated_in_backward() const {
+  int started = 0;
+  for (const Group& g : groups) started += g.update_step == backward_plan.step ? 1 : 0;
+  return started;
+}
+
 void EngineImpl::check_forward_after_update_in_backward(int m) const {
   if (step_update != StepUpdate::in_backward) return;
   const ModuleInfo& mod = modules[static_cast<std::size_t>(m)];
@@ -151,10 +157,8 @@ void EngineImpl::check_forward_after_update_in_backward(int m) const {
 
 void EngineImpl::check_no_update_in_backward(const char* call) const {
   if (step_update != StepUpdate::in_backward) return;
-  int started = 0;
-  for (const Group& g : groups) started += g.update_step == backward_plan.step ? 1 : 0;
   ZOE_THROW(UsageError, call, " after the last micro-batch's backward and before step() with "
-            "zoe.update_in_backward: ", started, " group(s) already took step ", backward_plan.step,
+            "zoe.update_in_backward: ", groups_updated_in_backward(), " group(s) already took step ", backward_plan.step,
             "'s update, so the parameters and optimizer states are between two steps; call step() first");
 }
 

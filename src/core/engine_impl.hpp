@@ -271,6 +271,8 @@ struct EngineImpl {
   /// Throws UsageError naming `call` while this step's update has begun in backward (the
   /// parameters and states are between two steps' values until step()).
   void check_no_update_in_backward(const char* call) const;
+  /// Groups that already took this step's update in backward (valid while step_update is in_backward).
+  int groups_updated_in_backward() const;
   /// Throws UsageError when module `m` uses a group whose update began in backward this step
   /// (its parameters hold the next step's values until step()). Any other forward may run
   /// (activation checkpointing's recompute of a module not yet through its backward).

@@ -159,10 +159,8 @@ StepResult EngineImpl::step() {
 
   if (overflow && step_update == StepUpdate::in_backward) {
     // Some groups already took this step's update: the step cannot be skipped as a whole.
-    int started = 0;
-    for (const Group& g : groups) started += g.update_step == backward_plan.step ? 1 : 0;
     ZOE_THROW(Error, "rank ", rank, ": inf/NaN in the gradients of step ", backward_plan.step,
-              " with zoe.update_in_backward: ", started, " group(s) had already taken this step's update in "
+              " with zoe.update_in_backward: ", groups_updated_in_backward(), " group(s) had already taken this step's update in "
               "backward, so the step cannot be skipped and those groups' master weights and exp_avg / exp_avg_sq "
               "may now hold inf/NaN; load the last checkpoint (and lower the lr, or turn zoe.update_in_backward "
               "off to get skipped steps)");
