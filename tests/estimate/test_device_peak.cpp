@@ -1,10 +1,17 @@
 // zoe-estimate's device working buffers against the engine's measured allocated peak
 // (MemoryReport::device_peak, torch's max_memory_allocated: live bytes, not the host device's
-// block cache): model_states.device + buffers.device within 10% of it, for a GPT-shaped model
+// block cache): model_states.device + buffers.device within 10% of it (plus the timing window
+// below), for a GPT-shaped model
 // trained as zoe-gpt trains it with activation checkpointing (an embedding tied to a head that
 // computes inside its backward scope, blocks recomputed right before their backward), at
 // ZeRO-3 with parameter offload (cpu, nvme), prefetch on and off, and at ZeRO-2. Also checked:
 // the reserved peak (block cache included) is at least the allocated peak.
+// The allocated peak depends on the side stream's pace: the previous module's gradient and
+// reduced shard are freed after the side stream passes them and given back at the next acquire
+// only if it has (DeferredFrees::reap(false)). The estimate counts them held; a run whose side
+// stream kept up measures up to that window less (seen: 34.34 MiB against 38.15 at world 1, on
+// a loaded CI machine), one whose side stream fell behind up to a window more (35.29 against
+// 33.38 at world 2). So the band is 10% of the measured peak plus that window.
 // Ranks are threads on the host device; with ZOE_HOST_MEMORY=discrete (the _discrete entry)
 // its modelled copy engines move every host <-> device byte.
 #include <gtest/gtest.h>
@@ -88,9 +95,13 @@ class DevicePeak : public ::testing::Test {
     return c;
   }
 
+  // Bytes of one block's bf16 gradient and its reduced shard: what the engine gives back at the
+  // next acquire only if the side stream has passed it (the timing window above).
+  static double deferred_window(int world) { return 2.0 * static_cast<double>(kBlock + (kBlock + world - 1) / world); }
+
   // The estimate's device bytes (model states + working buffers) within 10% of every rank's
-  // allocated peak.
-  void expect_within_10_percent(const Config& c, int world, const char* what) {
+  // allocated peak, give or take the deferred-free window.
+  void expect_near_measured(const Config& c, int world, const char* what) {
     SCOPED_TRACE(what);
     const estimate::RankEstimate est = estimate::estimate_rank(shape(), world, c);
     const std::int64_t predicted = est.model_states.device + est.buffers.device;
@@ -98,7 +109,8 @@ class DevicePeak : public ::testing::Test {
       std::printf("%s (world %d): predicted %.2f MiB, allocated peak %.2f MiB (ratio %.3f), reserved peak %.2f MiB\n",
                   what, world, predicted / 1048576.0, p.allocated / 1048576.0,
                   static_cast<double>(predicted) / static_cast<double>(p.allocated), p.reserved / 1048576.0);
-      EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(p.allocated), 0.10 * static_cast<double>(p.allocated));
+      EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(p.allocated),
+                  0.10 * static_cast<double>(p.allocated) + deferred_window(world));
       EXPECT_GE(p.reserved, p.allocated);
     }
   }
@@ -106,16 +118,16 @@ class DevicePeak : public ::testing::Test {
 };
 
 TEST_F(DevicePeak, StageThreeWithParameterOffload) {
-  expect_within_10_percent(config(3, OffloadDevice::cpu, OffloadDevice::cpu), 1, "stage 3, cpu/cpu");
-  expect_within_10_percent(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 1, "stage 3, nvme/nvme");
-  expect_within_10_percent(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 2, "stage 3, nvme/nvme");
+  expect_near_measured(config(3, OffloadDevice::cpu, OffloadDevice::cpu), 1, "stage 3, cpu/cpu");
+  expect_near_measured(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 1, "stage 3, nvme/nvme");
+  expect_near_measured(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 2, "stage 3, nvme/nvme");
 }
 
 TEST_F(DevicePeak, StageThreePrefetchOnAndOff) {
   Config c = config(3, OffloadDevice::nvme, OffloadDevice::nvme);
   c.zero_optimization.stage3_prefetch_bucket_size = 0;
-  expect_within_10_percent(c, 1, "stage 3, nvme/nvme, prefetch off");
-  expect_within_10_percent(c, 2, "stage 3, nvme/nvme, prefetch off");
+  expect_near_measured(c, 1, "stage 3, nvme/nvme, prefetch off");
+  expect_near_measured(c, 2, "stage 3, nvme/nvme, prefetch off");
   // Not asserted: with stage3_max_reuse_distance 0 every module is gathered again in backward
   // (the recompute, then the backward), and how many of those gathers and staged shards wait
   // to be freed depends on the side stream's pace: 36.2 MiB (the estimate) on the unified
@@ -124,7 +136,7 @@ TEST_F(DevicePeak, StageThreePrefetchOnAndOff) {
 }
 
 TEST_F(DevicePeak, StageTwo) {
-  expect_within_10_percent(config(2, OffloadDevice::cpu, OffloadDevice::none), 1, "stage 2, cpu");
-  expect_within_10_percent(config(2, OffloadDevice::nvme, OffloadDevice::none), 2, "stage 2, nvme");
+  expect_near_measured(config(2, OffloadDevice::cpu, OffloadDevice::none), 1, "stage 2, cpu");
+  expect_near_measured(config(2, OffloadDevice::nvme, OffloadDevice::none), 2, "stage 2, nvme");
 }
 }  // namespace
