@@ -3,10 +3,10 @@
 #include <cerrno>
 #include <cmath>
 #include <limits>
-#include <fstream>
 #include <sstream>
 
 #include "src/common/check.hpp"
+#include "src/common/read_file.hpp"
 #include "src/config/config_check.hpp"
 #include "src/config/json_reader.hpp"
 #include "src/config/strict_parse.hpp"
@@ -326,13 +326,11 @@ Config Config::from_json(const std::string& json_text, const AutoValues& auto_va
 }
 
 Config Config::from_json_file(const std::string& path, const AutoValues& auto_values) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ZOE_THROW_ERRNO(errno, "cannot open config file '", path, "'");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) ZOE_THROW_ERRNO(errno, "cannot read config file '", path, "'");
+  // 64 MiB: far above any real config, and under it a hostile one still gets its clean error.
+  constexpr std::int64_t kMaxConfigFileBytes = std::int64_t{64} << 20;
+  const std::string text = read_regular_file(path, "config file", kMaxConfigFileBytes);
   try {
-    return from_json(text.str(), auto_values);
+    return from_json(text, auto_values);
   } catch (const ConfigError& e) {
     // The file is named once, after the first problem.
     std::vector<ConfigError::Problem> problems = e.problems();

@@ -14,6 +14,16 @@ namespace zoe {
 namespace config_detail {
 namespace {
 constexpr double kMaxCommTimeoutS = 30.0 * 86400.0;
+// Pinned buffers of one offload tier: far above DeepSpeed's defaults (4 and 5), and small
+// enough that count x size x 4 bytes cannot overflow.
+constexpr std::int64_t kMaxBufferCount = 1024;
+// Elements of one parameter-offload buffer: 2^40 (4 TiB of fp32), above any layer.
+constexpr std::int64_t kMaxParamBufferElements = std::int64_t{1} << 40;
+// The CPU optimizer's threads: oneTBB makes one per slot, so a huge count is an allocation
+// failure or a crash, not a faster step.
+constexpr std::int64_t kMaxOptimizerThreads = 1024;
+// The largest aio.block_size the NVMe store takes (one io_uring request's length).
+constexpr std::int64_t kMaxAioBlockSize = std::int64_t{1} << 30;
 
 // Collects the failed checks; each names its key (and, for a cross-field check, the other
 // keys it read).
@@ -100,7 +110,10 @@ void check_zero(Checker& k, const ZeroConfig& z) {
   k.at_least("zero_optimization.stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
 
   const auto& oo = z.offload_optimizer;
-  k.at_least("zero_optimization.offload_optimizer.buffer_count", oo.buffer_count, 1);
+  k.in_range("zero_optimization.offload_optimizer.buffer_count", oo.buffer_count, 1, kMaxBufferCount);
+  if (oo.device == OffloadDevice::nvme && oo.buffer_count == 1)
+    k.fail("zero_optimization.offload_optimizer.buffer_count", {"zero_optimization.offload_optimizer.device"},
+           "must be >= 2 when device is \"nvme\" (one buffer reads ahead while another writes behind), got 1");
   if (!(oo.ratio > 0.0 && oo.ratio <= 1.0))
     k.fail("zero_optimization.offload_optimizer.ratio", {}, "must be in (0, 1], got ", oo.ratio);
   if (oo.device == OffloadDevice::nvme && oo.nvme_path.empty())
@@ -111,8 +124,11 @@ void check_zero(Checker& k, const ZeroConfig& z) {
            "\" needs zero_optimization.stage >= 1 (the offloaded states are a rank's shard), got stage 0");
 
   const auto& op = z.offload_param;
-  k.at_least("zero_optimization.offload_param.buffer_count", op.buffer_count, 1);
-  k.at_least("zero_optimization.offload_param.buffer_size", op.buffer_size, 1);
+  k.in_range("zero_optimization.offload_param.buffer_count", op.buffer_count, 1, kMaxBufferCount);
+  if (op.device == OffloadDevice::nvme && op.buffer_count == 1)
+    k.fail("zero_optimization.offload_param.buffer_count", {"zero_optimization.offload_param.device"},
+           "must be >= 2 when device is \"nvme\" (a gathered module's shard is read while the next one is), got 1");
+  k.in_range("zero_optimization.offload_param.buffer_size", op.buffer_size, 1, kMaxParamBufferElements);
   k.at_least("zero_optimization.offload_param.max_in_cpu", op.max_in_cpu, 0);
   if (op.device == OffloadDevice::nvme && op.nvme_path.empty())
     k.fail("zero_optimization.offload_param.nvme_path", {"zero_optimization.offload_param.device"},
@@ -124,8 +140,9 @@ void check_zero(Checker& k, const ZeroConfig& z) {
 
 void check_aio(Checker& k, const AioConfig& a) {
   // O_DIRECT needs 4 KiB-aligned lengths.
-  if (a.block_size < 4096 || a.block_size % 4096 != 0)
-    k.fail("aio.block_size", {}, "must be a positive multiple of 4096 bytes, got ", a.block_size);
+  if (a.block_size < 4096 || a.block_size % 4096 != 0 || a.block_size > kMaxAioBlockSize)
+    k.fail("aio.block_size", {}, "must be a positive multiple of 4096 bytes up to 1 GiB (", kMaxAioBlockSize,
+           "), got ", a.block_size);
   k.in_range("aio.queue_depth", a.queue_depth, 1, 32768);  // io_uring's largest ring
   k.in_range("aio.intra_op_parallelism", a.intra_op_parallelism, 1, 64);  // the io engine's thread limit
 }
@@ -138,7 +155,7 @@ void check_zoe(Checker& k, const Config& c) {
   if (z.comm_timeout_s > kMaxCommTimeoutS)
     k.fail("zoe.comm_timeout_s", {}, "must be at most ", kMaxCommTimeoutS, " seconds (30 days), got ",
            z.comm_timeout_s);
-  k.at_least("zoe.optimizer_threads", z.optimizer_threads, 0);
+  k.in_range("zoe.optimizer_threads", z.optimizer_threads, 0, kMaxOptimizerThreads);
   k.at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
   if (z.delayed_update && c.zero_optimization.offload_optimizer.device == OffloadDevice::none)
     k.fail("zoe.delayed_update", {"zero_optimization.offload_optimizer.device"},

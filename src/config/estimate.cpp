@@ -41,7 +41,11 @@ std::string format_bytes(std::int64_t bytes, bool binary) {
 }
 
 RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config) {
-  if (model.parameters < 1) ZOE_THROW_CONFIG("parameters", "must be >= 1, got ", model.parameters);
+  // 1e15 parameters (a thousand times the largest models trained) keeps every byte count
+  // below, up to (2+2+12)·Ψ and the per-step traffic, exact in int64.
+  constexpr std::int64_t kMaxParameters = 1'000'000'000'000'000;
+  if (model.parameters < 1 || model.parameters > kMaxParameters)
+    ZOE_THROW_CONFIG("parameters", "must be in [1, 1e15], got ", model.parameters);
   if (model.largest_layer < 0) ZOE_THROW_CONFIG("largest_layer", "must be >= 0, got ", model.largest_layer);
   if (model.next_largest_layer < 0)
     ZOE_THROW_CONFIG("next_largest_layer", "must be >= 0, got ", model.next_largest_layer);
@@ -120,7 +124,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
       // are prefetched, never past stage3_max_live_parameters (a module's own gather always
       // runs); several groups prefetched together are all-gathered through one staging copy.
       const std::int64_t gathered =
-          std::min(psi, std::max(L + P, std::min(z.stage3_max_live_parameters, z.stage3_max_reuse_distance + L)));
+          std::min(psi, std::max(L + P, std::min(z.stage3_max_live_parameters, z.stage3_max_reuse_distance > psi ? psi : z.stage3_max_reuse_distance + L)));
       const std::int64_t coalesced = nd > 1 && P > 0 && gathered < psi ? std::min(psi, P + m) : 0;
       const std::int64_t later = gathered + grads + coalesced + shard_of(coalesced);
       elements = std::max(first, later);

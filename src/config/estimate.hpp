@@ -133,7 +133,7 @@ struct RankEstimate {
 
 /// Estimate for an engine configuration: stage, offload devices, ratio, buffer knobs and
 /// compute dtype are taken from `config` (validated first). Throws ConfigError if `config` is
-/// invalid or if model.parameters < 1, model.largest_layer < 0, model.frozen_parameters
+/// invalid or if model.parameters is outside [1, 1e15], model.largest_layer < 0, model.frozen_parameters
 /// outside [0, model.parameters] or world_size < 1.
 RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config);
 

@@ -100,12 +100,28 @@ ModelShape gpt_model(std::int64_t layers, std::int64_t hidden, std::int64_t voca
   if (hidden < 1) ZOE_THROW_CONFIG("hidden", "must be >= 1, got ", hidden);
   if (vocab < 1) ZOE_THROW_CONFIG("vocab", "must be >= 1, got ", vocab);
   if (seq_len < 1) ZOE_THROW_CONFIG("seq", "must be >= 1, got ", seq_len);
+  // Exact in int64 or refused: a wrapped product would be a wrong model, not an error.
+  bool overflow = false;
+  auto mul = [&](std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    overflow = overflow || __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&](std::int64_t a, std::int64_t b) {
+    std::int64_t r = 0;
+    overflow = overflow || __builtin_add_overflow(a, b, &r);
+    return r;
+  };
   const std::int64_t h = hidden;
-  const std::int64_t block = 12 * h * h + 13 * h;
+  const std::int64_t block = add(mul(mul(12, h), h), mul(13, h));
+  const std::int64_t wte = mul(vocab, h);
   ModelShape m;
-  m.parameters = vocab * h + seq_len * h + layers * block + 2 * h;
-  m.largest_layer = std::max(vocab * h, block);
-  m.next_largest_layer = layers > 1 || vocab * h >= block ? block : vocab * h;  // a block (or wte)
+  m.parameters = add(add(add(wte, mul(seq_len, h)), mul(layers, block)), mul(2, h));
+  if (overflow)
+    ZOE_THROW_CONFIG("parameters", "the GPT model (", layers, " layers, hidden ", hidden, ", vocabulary ", vocab,
+                     ", sequence ", seq_len, ") has more than 2^63 - 1 parameters");
+  m.largest_layer = std::max(wte, block);
+  m.next_largest_layer = layers > 1 || wte >= block ? block : wte;  // a block (or wte)
   return m;
 }
 

@@ -33,7 +33,8 @@ SafetensorsSummary read_safetensors_headers(const std::vector<std::string>& path
 /// layer), position embedding S·h, per layer 12h² + 13h (attention QKV 3h² + 3h, projection
 /// h² + h, MLP 8h² + 5h, two layer norms 4h), final layer norm 2h. The largest layer is
 /// max(V·h, 12h² + 13h), the next largest a block (V·h for one block larger than it). GPT-2 small (12, 768, 50257, 1024) gives 124,439,808. Throws
-/// ConfigError unless every argument is >= 1.
+/// ConfigError unless every argument is >= 1, and ConfigError "parameters" when the count
+/// would not fit in int64.
 ModelShape gpt_model(std::int64_t layers, std::int64_t hidden, std::int64_t vocab, std::int64_t seq_len);
 
 }  // namespace zoe::estimate

@@ -2,6 +2,9 @@
 // ConfigError naming the key, with the offending value quoted as a short excerpt.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -87,6 +90,52 @@ TEST(ConfigHostile, TimeoutsThatOverflowTheClockAreRefused) {
 TEST(ConfigHostile, TheConfigCheckAgreesWithTheEngineOnAioThreads) {
   expect(R"({"aio": {"intra_op_parallelism": 100000}})", "aio.intra_op_parallelism", "[1, 64]");
   EXPECT_NO_THROW(Config::from_json(R"({"aio": {"intra_op_parallelism": 64}})"));
+}
+
+// Values that passed the check but crashed the engine or that the engine refused (a probe:
+// SIGSEGV for offload_param.buffer_size 2^63-1 and zoe.optimizer_threads 2^31-1, std::bad_alloc
+// for 1e8 threads): the check refuses them, naming the key.
+TEST(ConfigHostile, TheConfigCheckAgreesWithTheEngineOnBufferSizesAndThreads) {
+  const std::string nvme3 = R"("stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/tmp")";
+  expect("{\"zero_optimization\": {" + nvme3 + R"(, "buffer_size": 9223372036854775807}}})",
+         "zero_optimization.offload_param.buffer_size", "[1, 1099511627776], got 9223372036854775807");
+  expect("{\"zero_optimization\": {" + nvme3 + R"(, "buffer_count": 1}}})", "zero_optimization.offload_param.buffer_count",
+         "must be >= 2 when device is \"nvme\"");
+  expect(R"({"zero_optimization": {"offload_param": {"buffer_count": 100000}}})",
+         "zero_optimization.offload_param.buffer_count", "[1, 1024]");
+  expect(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}})",
+         "zero_optimization.offload_optimizer.buffer_count", "must be >= 2 when device is \"nvme\"");
+  expect(R"({"zero_optimization": {"offload_optimizer": {"buffer_count": 1025}}})",
+         "zero_optimization.offload_optimizer.buffer_count", "[1, 1024]");
+  expect(R"({"zoe": {"optimizer_threads": 2147483647}})", "zoe.optimizer_threads", "[0, 1024]");
+  expect(R"({"zoe": {"optimizer_threads": 100000000}})", "zoe.optimizer_threads", "got 100000000");
+  expect(R"({"aio": {"block_size": 2147483648}})", "aio.block_size", "up to 1 GiB");
+  // The bounds themselves are taken; one buffer is fine on the cpu tier.
+  EXPECT_NO_THROW(Config::from_json("{\"zero_optimization\": {" + nvme3 +
+                                    R"(, "buffer_size": 1099511627776, "buffer_count": 1024}}})"));
+  EXPECT_NO_THROW(Config::from_json(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "buffer_count": 1}},
+      "zoe": {"optimizer_threads": 1024}, "aio": {"block_size": 1073741824}})"));
+}
+
+// A config path that names no regular file: a FIFO would hang the reader, /dev/zero would grow
+// its memory without bound (the probe: zoe-estimate aborted with std::bad_alloc).
+TEST(ConfigHostile, AConfigPathThatIsNotARegularFileIsRefused) {
+  const fs::path dir = fs::temp_directory_path() / ("zoe-config-fifo-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string fifo = (dir / "config.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const std::string& path : {fifo, std::string("/dev/zero"), dir.string()}) {
+    try {
+      Config::from_json_file(path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const zoe::ConfigError& e) {
+      ADD_FAILURE() << "a ConfigError, not the file's error: " << e.what();
+    } catch (const zoe::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("config file '" + path + "': not a regular file ("), std::string::npos)
+          << e.what();
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST(ConfigHostile, SyntaxErrorsSayWhereWithAShortExcerpt) {

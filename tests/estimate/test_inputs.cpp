@@ -8,8 +8,10 @@
 #include <fstream>
 #include <string>
 
+#include "src/config/estimate.hpp"
 #include "src/config/model_size.hpp"
 #include "src/config/quantity.hpp"
+#include "zoe/config.hpp"
 #include "zoe/error.hpp"
 
 namespace {
@@ -58,6 +60,31 @@ TEST(EstimateInputs, GptDescriptionsMatchPublishedCounts) {
   const ModelShape xl = gpt_model(48, 1600, 50257, 1024);
   EXPECT_EQ(xl.parameters, 1'557'611'200);
   EXPECT_THROW(gpt_model(0, 768, 50257, 1024), zoe::ConfigError);
+  // Products past int64 are refused, not wrapped (a probe: hidden 2^31 gave 36.5B parameters).
+  try {
+    gpt_model(1, 2147483648, 1, 1);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.key(), "parameters");
+    EXPECT_NE(std::string(e.what()).find("more than 2^63 - 1 parameters"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(gpt_model(1'000'000, 1'000'000, 1'000'000, 1'000'000), zoe::ConfigError);
+}
+
+TEST(EstimateInputs, ModelsPastTheExactRangeAreRefused) {
+  // 1e15 parameters is the largest the byte counts hold exactly; 2^62 (what --params takes)
+  // times 16 bytes would wrap.
+  ModelShape m;
+  m.parameters = 1'000'000'000'000'000;
+  EXPECT_NO_THROW(estimate_rank(m, 1024, zoe::Config{}));
+  m.parameters = std::int64_t{1} << 62;
+  try {
+    estimate_rank(m, 1, zoe::Config{});
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const zoe::ConfigError& e) {
+    EXPECT_EQ(e.key(), "parameters");
+    EXPECT_NE(std::string(e.what()).find("must be in [1, 1e15], got 4611686018427387904"), std::string::npos) << e.what();
+  }
 }
 
 class Safetensors : public ::testing::Test {

@@ -115,6 +115,7 @@ int main(int argc, char** argv) {
       auto_inputs.world_size = world_size;
       if (hidden_size > 0) auto_inputs.hidden_size = hidden_size;
       knobs = zoe::Config::from_json_file(config_path, auto_values(auto_inputs));
+      knobs.check_batch_size(world_size);  // as DeepSpeed: train_batch_size = micro x accumulation x ranks
       config_row = estimate_rank(shape, world_size, knobs);
     }
     const Plan p = plan(shape, cluster, knobs, !decimal);
