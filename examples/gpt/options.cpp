@@ -6,10 +6,16 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "examples/gpt/cli_checks.hpp"
 #include "examples/gpt/error.hpp"
 
 namespace gpt {
 namespace {
+constexpr std::int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Ranks as threads of one process: each has its compute, side-stream and I/O threads, so past
+// this the process runs out of threads (100000 failed as "Resource temporarily unavailable").
+constexpr std::int64_t kMaxThreadRanks = 1024;
 
 zoe::OffloadDevice offload_device(const std::string& s) {
   if (s == "none") return zoe::OffloadDevice::none;
@@ -45,32 +51,32 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--context", o.model.context, "sequence length T")->capture_default_str();
   auto* o_batch = app.add_option("--batch", batch, "sequences per micro-batch per rank")->capture_default_str();
   auto* o_micro = app.add_option("--micro-batches", micro_batches, "micro-batches per step (gradient accumulation)")->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  auto* o_lr = app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr-ratio", o.min_lr_ratio, "cosine floor as a fraction of --lr")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->check(integer_in(1, kMaxInt))->capture_default_str();
+  auto* o_lr = app.add_option("--lr", o.lr, "peak learning rate")->check(real_in(0.0, kInf))->capture_default_str();
+  app.add_option("--min-lr-ratio", o.min_lr_ratio, "cosine floor as a fraction of --lr")->check(real_in(0.0, 1.0))->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear warmup steps")->check(integer_in(0, kMaxInt))->capture_default_str();
   auto* o_wd = app.add_option("--weight-decay", weight_decay, "AdamW decoupled weight decay")->capture_default_str();
   auto* o_clip = app.add_option("--grad-clip", grad_clip, "global gradient-norm clip (0 = off)")->capture_default_str();
   auto* o_stage = app.add_option("--zero-stage", stage, "ZeRO stage 0-3")->check(CLI::Range(0, 3))->capture_default_str();
   auto* o_offopt = app.add_option("--offload-optimizer", offload_opt, "optimizer states: none|cpu|nvme")->check(offload_check)->capture_default_str();
   auto* o_offpar = app.add_option("--offload-param", offload_param, "parameters (stage 3): none|cpu|nvme")->check(offload_check)->capture_default_str();
   auto* o_nvme = app.add_option("--nvme-path", nvme_path, "directory of the NVMe tier's files")->capture_default_str();
-  app.add_option("--world-size", o.world_size, "ranks (threads of this process)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--world-size", o.world_size, "ranks (threads of this process)")->check(integer_in(1, kMaxThreadRanks))->capture_default_str();
   app.add_flag("--launcher", o.from_environment, "one rank per process from torchrun/mpirun/srun variables (on a GPU with a CUDA build: one GPU per process)");
-  app.add_option("--threads-per-rank", o.threads_per_rank, "compute threads per rank (0 = cores / world size)")->capture_default_str();
+  app.add_option("--threads-per-rank", o.threads_per_rank, "compute threads per rank (0 = cores / world size)")->check(integer_in(0, 1024))->capture_default_str();
   app.add_option("--config", config_path, "DeepSpeed-style JSON config; flags given override it, keys it leaves out keep zoe-gpt's defaults, \"auto\" takes the flags' values")->check(CLI::ExistingFile);
   app.add_option("--data-dir", o.data_dir, "data from scripts/fetch-data.sh (default $ZOE_GPT_DATA or data/gpt)");
   app.add_option("--cache-dir", o.cache_dir, "token cache (default <data-dir>/tokens)");
   app.add_option("--val-fraction", o.val_fraction, "last fraction of each book held out")->capture_default_str();
-  app.add_option("--seed", o.seed, "initialization, data order and sampling")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialization, data order and sampling")->check(integer_in(0))->capture_default_str();
   app.add_option("--metrics", o.metrics_file, "per-step metrics file (.csv, else JSON Lines)");
-  app.add_option("--eval-interval", o.eval_interval, "steps between validation losses (0 = end only)")->capture_default_str();
-  app.add_option("--eval-batches", o.eval_batches, "validation micro-batches per evaluation")->capture_default_str();
+  app.add_option("--eval-interval", o.eval_interval, "steps between validation losses (0 = end only)")->check(integer_in(0, kMaxInt))->capture_default_str();
+  app.add_option("--eval-batches", o.eval_batches, "validation micro-batches per evaluation")->check(integer_in(1, kMaxInt))->capture_default_str();
   app.add_flag("--activation-checkpointing", o.activation_checkpointing, "recompute each block's forward in backward");
-  app.add_option("--sample-length", o.sample_length, "tokens generated at the end")->capture_default_str();
-  app.add_option("--top-k", o.top_k, "sampling from the k most likely tokens (1 = greedy)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sample-length", o.sample_length, "tokens generated at the end")->check(integer_in(0, kMaxInt))->capture_default_str();
+  app.add_option("--top-k", o.top_k, "sampling from the k most likely tokens (1 = greedy)")->check(integer_in(1, kMaxInt))->capture_default_str();
   app.add_option("--prompt", o.prompt, "text the sample continues");
-  app.add_option("--log-every", o.log_every, "steps between progress lines when not on a terminal")->capture_default_str();
+  app.add_option("--log-every", o.log_every, "steps between progress lines when not on a terminal")->check(integer_in(1, kMaxInt))->capture_default_str();
   std::string head_precision = head_precision_name(o.head_precision);
   app.add_option("--head-precision", head_precision,
                  "lm_head matmuls in training: bf16 (bf16 operands, fp32 accumulation) or fp32; evaluation is fp32")
@@ -84,15 +90,15 @@ TrainOptions parse_options(int argc, char** argv) {
   app.add_option("--host-ops", host_ops,
                  "compute on a host rank: cpu (Eigen, oneDNN) or kernels (the CUDA backend's math on the host: slow, for checking it)")
       ->check(CLI::IsMember({"cpu", "kernels"}))->capture_default_str();
-  app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--head-chunk", o.head_chunk, "rows per chunk of the fused lm_head + cross-entropy")->check(integer_in(1, kMaxInt))->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "save checkpoints (engine + trainer state) here");
-  app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--checkpoint-interval", o.checkpoint_interval, "steps between checkpoints (0 = only at the end)")->check(integer_in(0, kMaxInt))->capture_default_str();
   app.add_flag("--resume", o.resume, "continue the run checkpointed in --checkpoint-dir");
   app.add_flag("--profile", o.profile, "print where each rank's step time goes (timers; steps after the first 3)");
   app.add_flag("--step-report", o.step_report,
                "per step: wall time, compute time, NVMe bytes read/written (/proc/self/io); at the end construction time, "
                "VmHWM, pinned staging (one process: ranks as threads share the counters)");
-  app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--stop-after", o.stop_after, "stop after this step, checkpointed, to --resume later (0 = run all --steps)")->check(integer_in(0, kMaxInt))->capture_default_str();
   app.add_option("--init-from", o.init_from,
                  "start from the parameters in this safetensors file (HF GPT-2 names and layout, e.g. one --export wrote): fine-tuning")
       ->check(CLI::ExistingFile);

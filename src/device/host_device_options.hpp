@@ -30,9 +30,10 @@ struct HostDeviceOptions {
   /// Bound on allocated bytes (0 = unbounded): allocate() beyond it throws OutOfMemoryError.
   std::size_t capacity_bytes = 0;
   /// discrete only: bandwidth of each copy engine (host-to-device and device-to-host) in
-  /// GB/s (1e9 bytes per second); 0 = not modelled (a copy takes its memmove time only).
+  /// GB/s (1e9 bytes per second), 0 (not modelled: a copy takes its memmove time only) or in
+  /// [0.01, 1e6].
   double copy_gbps = 0;
-  /// discrete only: fixed time per copy between arena and host, in microseconds (>= 0).
+  /// discrete only: fixed time per copy between arena and host, in microseconds, [0, 1e6].
   double copy_latency_us = 0;
 };
 
@@ -40,10 +41,10 @@ struct HostDeviceOptions {
 /// make_gloo_local_ranks): ZOE_HOST_MEMORY=unified|discrete (default unified),
 /// ZOE_HOST_COPY_GBPS and ZOE_HOST_COPY_LATENCY_US (numbers, default 0). The test suite's
 /// `discrete` entries set ZOE_HOST_MEMORY=discrete. Throws ConfigError naming the variable
-/// for an unknown model or a value that is not a finite number >= 0.
+/// for an unknown model or a value outside the ranges above.
 HostDeviceOptions host_device_options_from_environment();
 
-/// Throws UsageError if `o` has a negative or non-finite bandwidth or latency.
+/// Throws UsageError if `o`'s bandwidth or latency is outside the ranges above.
 void validate(const HostDeviceOptions& o);
 
 }  // namespace zoe

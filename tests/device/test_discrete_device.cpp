@@ -15,6 +15,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/comm/communicator.hpp"
@@ -98,6 +99,8 @@ TEST(DiscreteHostDevice, NameKindAndOptions) {
   EXPECT_STREQ(host_memory_model_name(HostMemoryModel::unified), "unified");
   EXPECT_THROW(HostDevice(discrete(-1, 0)), UsageError);
   EXPECT_THROW(HostDevice(discrete(0, std::nan(""))), UsageError);
+  EXPECT_THROW(HostDevice(discrete(0, 1e14)), UsageError);
+  EXPECT_THROW(HostDevice(discrete(1e-9, 0)), UsageError);
   // 1 ms latency + 2e6 bytes at 2 GB/s = 1 ms: 2 ms.
   EXPECT_EQ((CopyModel{2.0, 1000.0}.duration(2'000'000)), 2ms);
   EXPECT_EQ((CopyModel{0.0, 0.0}.duration(1 << 30)), 0ns);
@@ -384,6 +387,22 @@ TEST(DiscreteHostDevice, TheEnvironmentPicksTheModel) {
   {
     ScopedEnv g("ZOE_HOST_COPY_LATENCY_US", "5us");
     EXPECT_THROW(host_device_options_from_environment(), ConfigError);
+  }
+  // Past the modelled range (a probe: 1e14 us hung zoe-gpt, 1e30 overflowed into no latency).
+  for (const auto& [name, value] : {std::pair{"ZOE_HOST_COPY_LATENCY_US", "1e14"}, std::pair{"ZOE_HOST_COPY_LATENCY_US", "1e30"},
+                                    std::pair{"ZOE_HOST_COPY_GBPS", "1e-9"}, std::pair{"ZOE_HOST_COPY_GBPS", "1e300"}}) {
+    ScopedEnv g(name, value);
+    try {
+      host_device_options_from_environment();
+      ADD_FAILURE() << "no error for " << name << "=" << value;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.key(), name);
+      EXPECT_NE(std::string(e.what()).find(std::string("got '") + value + "'"), std::string::npos) << e.what();
+    }
+  }
+  {
+    ScopedEnv g("ZOE_HOST_COPY_LATENCY_US", "1e6");  // the bound itself: 1 s per copy
+    EXPECT_EQ(host_device_options_from_environment().copy_latency_us, 1e6);
   }
 }
 

@@ -2,10 +2,12 @@
 // zoe::Config's), a key it sets wins over the default, a flag given wins over the file, and
 // "auto" takes the flags' values (Hugging Face's meaning).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "examples/gpt/options.hpp"
@@ -54,6 +56,38 @@ TEST(GptOptions, TheFileWinsOverDefaultsAndFlagsWinOverTheFile) {
   EXPECT_EQ(o.engine.gradient_clipping, 0.5);
   EXPECT_EQ(o.engine.optimizer.weight_decay, 0.1);  // not in the file: zoe-gpt's
   std::filesystem::remove(path);
+}
+
+// Flags out of range are refused at start, naming the flag and the value (a probe: --min-lr-ratio
+// nan failed at step 2 as "optimizer.params.lr"; --seed -1 became 2^64 - 1; --steps 0 trained
+// nothing with exit status 0; --world-size 100000 said only "Resource temporarily unavailable";
+// CLI11's own range printed 309 digits).
+TEST(GptOptions, FlagsOutOfRangeAreRefusedAtStart) {
+  const auto failed = [](int status) { return WIFEXITED(status) && WEXITSTATUS(status) != 0; };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--min-lr-ratio", "nan"}, "--min-lr-ratio: must be a finite number in \\[0, 1\\], got 'nan'"},
+      {{"--min-lr-ratio", "-5"}, "--min-lr-ratio: must be a finite number in \\[0, 1\\], got '-5'"},
+      {{"--lr", "inf"}, "--lr: must be a finite number in \\[0, inf\\), got 'inf'"},
+      {{"--warmup", "-5"}, "--warmup: must be an integer in \\[0, 2147483647\\], got '-5'"},
+      {{"--steps", "0"}, "--steps: must be an integer in \\[1, 2147483647\\], got '0'"},
+      {{"--steps", "1.5"}, "--steps: must be an integer"},
+      {{"--seed", "-1"}, "--seed: must be an integer >= 0, got '-1'"},
+      {{"--world-size", "100000"}, "--world-size: must be an integer in \\[1, 1024\\], got '100000'"},
+      {{"--threads-per-rank", "-1"}, "--threads-per-rank: must be an integer in \\[0, 1024\\]"},
+      {{"--eval-batches", "0"}, "--eval-batches: must be an integer in \\[1, "},
+      {{"--eval-interval", "-1"}, "--eval-interval: must be an integer in \\[0, "},
+      {{"--sample-length", "-1"}, "--sample-length: must be an integer in \\[0, "},
+      {{"--head-chunk", "0"}, "--head-chunk: must be an integer in \\[1, 2147483647\\], got '0'"},
+      {{"--checkpoint-interval", "-1"}, "--checkpoint-interval: must be an integer in \\[0, "},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args.front() + " " + args.back());
+    EXPECT_EXIT(parse(args), failed, message);
+  }
+  // The bounds themselves are taken.
+  const TrainOptions o = parse({"--min-lr-ratio", "1", "--warmup", "0", "--steps", "1", "--seed", "0", "--world-size", "1"});
+  EXPECT_EQ(o.min_lr_ratio, 1.0);
+  EXPECT_EQ(o.steps, 1);
 }
 
 // --profile is off unless given (it adds timers to every engine call of the step).
