@@ -120,9 +120,11 @@ std::string excerpt_text(std::string_view text, std::size_t max_chars) {
 std::string excerpt(const Json& value, std::size_t max_chars) {
   if (value.is_string()) {
     const auto& s = value.get_ref<const std::string&>();
-    if (s.size() > max_chars)  // dump only the shown part: the value may be megabytes
-      return excerpt_text(Json(s.substr(0, max_chars)).dump(-1, ' ', false, kReplace), max_chars + 1) + "...\" (" +
-             std::to_string(s.size()) + " characters)";
+    if (s.size() > max_chars) {  // dump only the shown part: the value may be megabytes
+      std::string quoted = Json(s.substr(0, max_chars)).dump(-1, ' ', false, kReplace);
+      quoted.pop_back();  // the closing quote goes after the "..."; cut once, counted once
+      return excerpt_text(quoted, quoted.size()) + "...\" (" + std::to_string(s.size()) + " characters)";
+    }
     return excerpt_text(Json(s).dump(-1, ' ', false, kReplace), max_chars + 2);
   }
   // Depth is bounded by parse_strict, so dump() cannot recurse deeply.

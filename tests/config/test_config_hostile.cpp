@@ -67,6 +67,13 @@ TEST(ConfigHostile, HugeValuesAreQuotedAsAnExcerpt) {
   const std::string what = e.what();
   EXPECT_LT(what.size(), 600u);
   EXPECT_NE(what.find("(8388608 characters)"), std::string::npos) << what;
+  // Cut once and counted once (a probe: a long enum value read "AAAA... (66 characters)..."
+  // (10000000 characters)).
+  const zoe::ConfigError t = error_of(R"({"optimizer": {"type": ")" + std::string(1u << 20, 'A') + "\"}}");
+  EXPECT_EQ(t.key(), "optimizer.type");
+  EXPECT_NE(std::string(t.what()).find("\"" + std::string(64, 'A') + "...\" (1048576 characters) is not one of"),
+            std::string::npos) << t.what();
+  EXPECT_EQ(std::string(t.what()).find("(66 characters)"), std::string::npos) << t.what();
   // A huge key name is cut too.
   const zoe::ConfigError k = error_of("{\"" + std::string(1u << 20, 'k') + "\": 1}");
   EXPECT_LT(std::string(k.what()).size(), 600u);
