@@ -11,6 +11,8 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "examples/gpt/error.hpp"
 
@@ -52,22 +54,66 @@ nlohmann::json to_json(const TrainerState& s) {
           {"losses", s.losses},          {"run", s.run}};
 }
 
+// Field `key` of the state in `file`: present and of its type, integers in [0, max] (a plain
+// get<int> turned a step of 2^62 into 0), each error naming the file and the field.
+const nlohmann::json& field(const nlohmann::json& j, const char* key, const fs::path& file) {
+  GPT_CHECK(j.contains(key), "corrupt trainer state '", file.string(), "': no field '", key, "'");
+  return j.at(key);
+}
+std::int64_t count_field(const nlohmann::json& j, const char* key, std::int64_t max, const fs::path& file) {
+  const nlohmann::json& v = field(j, key, file);
+  GPT_CHECK(v.is_number_integer() && (v.is_number_unsigned() ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(max)
+                                                               : v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() <= max),
+            "corrupt trainer state '", file.string(), "': field '", key, "' must be an integer in [0, ", max, "], got ",
+            v.dump().substr(0, 40));
+  return v.get<std::int64_t>();
+}
+double number_field(const nlohmann::json& j, const char* key, const fs::path& file) {
+  const nlohmann::json& v = field(j, key, file);
+  GPT_CHECK(v.is_number(), "corrupt trainer state '", file.string(), "': field '", key, "' must be a number, got ",
+            v.dump().substr(0, 40));
+  return v.get<double>();
+}
+
 TrainerState from_json(const nlohmann::json& j, const fs::path& file) {
   GPT_CHECK(j.is_object() && j.value("version", 0) == kStateVersion, "'", file.string(),
             "' is not a zoe-gpt trainer state of version ", kStateVersion);
   TrainerState s;
-  s.step = j.at("step").get<int>();
-  s.engine_step = j.at("engine_step").get<std::int64_t>();
-  s.engine_lr = j.at("engine_lr").get<double>();
-  s.tokens = j.at("tokens").get<double>();
-  s.elapsed_s = j.at("elapsed_s").get<double>();
-  s.first_loss = j.at("first_loss").get<double>();
-  s.last_val_loss = number_or_nan(j.at("last_val_loss"));
-  s.losses = j.at("losses").get<std::vector<double>>();
-  s.run = j.at("run");
+  s.step = static_cast<int>(count_field(j, "step", std::numeric_limits<int>::max(), file));
+  s.engine_step = count_field(j, "engine_step", std::numeric_limits<std::int64_t>::max(), file);
+  s.engine_lr = number_field(j, "engine_lr", file);
+  s.tokens = number_field(j, "tokens", file);
+  s.elapsed_s = number_field(j, "elapsed_s", file);
+  s.first_loss = number_field(j, "first_loss", file);
+  const nlohmann::json& val = field(j, "last_val_loss", file);
+  GPT_CHECK(val.is_null() || val.is_number(), "corrupt trainer state '", file.string(),
+            "': field 'last_val_loss' must be a number or null, got ", val.dump().substr(0, 40));
+  s.last_val_loss = number_or_nan(val);
+  const nlohmann::json& losses = field(j, "losses", file);
+  GPT_CHECK(losses.is_array() && std::all_of(losses.begin(), losses.end(), [](const auto& x) { return x.is_number(); }),
+            "corrupt trainer state '", file.string(), "': field 'losses' must be an array of numbers");
+  s.losses = losses.get<std::vector<double>>();
+  s.run = field(j, "run", file);
+  GPT_CHECK(s.run.is_object(), "corrupt trainer state '", file.string(), "': field 'run' must be an object");
   GPT_CHECK(s.losses.size() == static_cast<std::size_t>(s.step), "'", file.string(), "' holds ",
             s.losses.size(), " losses for step ", s.step);
   return s;
+}
+
+// nlohmann keeps the last of two equal keys; a trainer state with two "step"s is corrupt.
+nlohmann::json parse_without_duplicate_keys(std::istream& in, const fs::path& file) {
+  std::vector<std::vector<std::string>> keys;  // of each open object
+  return nlohmann::json::parse(in, [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) keys.emplace_back();
+    else if (event == nlohmann::json::parse_event_t::object_end) keys.pop_back();
+    else if (event == nlohmann::json::parse_event_t::key) {
+      const std::string& k = parsed.get_ref<const std::string&>();
+      GPT_CHECK(std::find(keys.back().begin(), keys.back().end(), k) == keys.back().end(), "corrupt trainer state '",
+                file.string(), "': duplicate key '", k.substr(0, 40), "'");
+      keys.back().push_back(k);
+    }
+    return true;
+  });
 }
 
 // Written, flushed to the disk, then renamed over `path`: readers see the old file or the new.
@@ -115,11 +161,12 @@ TrainerState load_trainer_state(const std::string& dir, std::int64_t engine_step
   std::sort(files.begin(), files.end(),
             [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
   for (const fs::path& file : files) {
+    GPT_CHECK(fs::is_regular_file(file), "trainer state '", file.string(), "' is not a regular file");
     std::ifstream in(file);
     GPT_CHECK(in, "cannot open '", file.string(), "'");
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(in);
+      j = parse_without_duplicate_keys(in, file);
     } catch (const nlohmann::json::exception& e) {
       GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
     }
