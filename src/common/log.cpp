@@ -1,4 +1,5 @@
 #include "src/common/log.hpp"
+#include "src/common/log_level.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 

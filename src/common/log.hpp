@@ -5,17 +5,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include <optional>
-#include <string_view>
-
 namespace zoe::log {
 /// The shared "zoe" logger, created on first use. An unknown ZOE_LOG_LEVEL is refused with a
-/// warning on the logger (it names the value) and the level stays info.
+/// warning on the logger (it names the value) and the level stays info (log_level.hpp).
 spdlog::logger& get();
-/// A ZOE_LOG_LEVEL value as spdlog names levels (trace, debug, info, warn/warning, err/error,
-/// critical, off); nullopt for any other text (spdlog's from_str would make it "off" and
-/// silence every warning). Thread-safe (pure).
-std::optional<spdlog::level::level_enum> parse_level(std::string_view text);
 }  // namespace zoe::log
 
 #define ZOE_LOG_DEBUG(...) ::zoe::log::get().debug(__VA_ARGS__)

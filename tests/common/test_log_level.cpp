@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "src/common/log.hpp"
+#include "src/common/log_level.hpp"
 
 TEST(LogLevel, SpdlogNamesAreTakenAndAnythingElseIsRefused) {
   using spdlog::level::level_enum;
