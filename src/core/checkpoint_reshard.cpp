@@ -41,10 +41,11 @@ void verify_checkpoint(const std::string& dir, const Manifest& m, const Progress
 }
 
 void reshard_checkpoint(const std::string& in, const Manifest& m, const std::string& out, int world_size, int stage,
-                        std::int64_t chunk_elements, const Progress& progress) {
+                        std::int64_t chunk_elements, const Progress& progress, Overwrite overwrite) {
   ZOE_CHECK_USAGE(world_size >= 1 && world_size <= (1 << 16), "world size ", world_size, " (expected 1 to 65536)");
   ZOE_CHECK_USAGE(stage >= 0 && stage <= 3, "stage ", stage, " (expected 0 to 3)");
   ZOE_CHECK_USAGE(chunk_elements >= 1, "chunk of ", chunk_elements, " elements (expected >= 1)");
+  check_reshard_output(in, out, overwrite);  // before recover / make_temp / publish touch anything
   verify_checkpoint(in, m);
   CheckpointReader reader(in, m);
   Manifest n = m;
