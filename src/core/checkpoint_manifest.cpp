@@ -8,6 +8,7 @@
 
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
+#include "src/common/regular_file.hpp"
 #include "src/core/flat_layout.hpp"
 
 namespace zoe::ckpt {
@@ -177,6 +178,8 @@ void lay_out_ranks(Manifest& m) {
   for (int r = 0; r < m.world_size; ++r)
     m.files[static_cast<std::size_t>(r)] = {"rank" + std::to_string(r) + ".zoe", at[static_cast<std::size_t>(r)]};
 }
+
+std::string read_manifest_text(const std::string& path) { return read_regular_file(path, kMaxManifestBytes); }
 
 std::string serialize(const Manifest& m) {
   const json inner = to_json(m);

@@ -145,6 +145,13 @@ inline bool sharded(const Manifest& m, const GroupEntry& g) { return m.stage >= 
 /// trainable groups: the whole buffer).
 void lay_out_ranks(Manifest& m);
 
+/// The most bytes a manifest.json may hold (about 1 KiB per parameter: millions of them).
+inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{1} << 30;
+/// The text of the manifest file `path`. Throws SystemError (ENOENT, ...) naming it when it
+/// cannot be opened, CorruptionError naming it when it is not a regular file (a FIFO,
+/// /dev/zero, a directory: never read) or exceeds kMaxManifestBytes, IoError on a failed read.
+std::string read_manifest_text(const std::string& path);
+
 /// manifest.json's text (see the top of this file).
 std::string serialize(const Manifest& m);
 /// Parses and checks manifest.json's text: the envelope, the checksum, every field's type and

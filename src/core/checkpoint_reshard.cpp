@@ -1,9 +1,7 @@
 #include "src/core/checkpoint_reshard.hpp"
 
 #include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "io/crc32c.hpp"
 #include "io/file_writer.hpp"
@@ -17,13 +15,10 @@ namespace fs = std::filesystem;
 Manifest read_manifest_file(const std::string& dir) {
   const std::string from = choose_for_load(dir);
   const std::string path = (fs::path(from) / kManifestName).string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "'", is_legacy(from) ? " (a checkpoint of format 1: load it with the "
-                                                                        "engine and save it again to convert it)" : "");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_manifest(text.str(), path);
+  if (is_legacy(from))
+    ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "' (a checkpoint of format 1: load it with the engine and save it "
+                    "again to convert it)");
+  return parse_manifest(read_manifest_text(path), path);
 }
 
 void verify_checkpoint(const std::string& dir, const Manifest& m, const Progress& progress) {
