@@ -44,9 +44,10 @@ Found inspect_target(const std::string& path, const std::string& role) {
   ZOE_CHECK_USAGE(fs::is_directory(st), "reshard: ", role, " '", path,
                   "' exists and is not a directory; zoe-ckpt never replaces a file: choose another output");
   bool any = false;
-  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
-    const std::string name = e.path().filename().string();
-    ZOE_CHECK_USAGE(zoe_name(name) && e.is_regular_file(), "reshard: ", role, " '", path,
+  for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    ZOE_CHECK_USAGE(zoe_name(name) && it->is_regular_file(type_ec), "reshard: ", role, " '", path,
                     "' is a directory that is not a zoe checkpoint (it holds '", name,
                     "'); zoe-ckpt never removes what it did not write: choose another output or empty it");
     any = true;
