@@ -320,8 +320,8 @@ struct Config {
   /// warmup_min_lr: 0, as Hugging Face writes); an "auto" whose value is not given is a
   /// problem naming the key and the AutoValues field. Thread-safe (no shared state).
   static Config from_json(const std::string& json_text, const AutoValues& auto_values = {});
-  /// Read and parse a JSON file. Throws SystemError if it cannot be read, Error if it is not a
-  /// regular file (a FIFO, /dev/zero, a directory) or is over 64 MiB, else as from_json
+  /// Read and parse a JSON file. Throws SystemError if it cannot be read, CorruptionError if it
+  /// is not a regular file (a FIFO, /dev/zero, a directory) or is over 64 MiB, else as from_json
   /// (the message then also names the file).
   static Config from_json_file(const std::string& path, const AutoValues& auto_values = {});
   /// Serialise to DeepSpeed-style JSON (round-trips through from_json).

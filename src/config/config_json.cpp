@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "src/common/check.hpp"
-#include "src/common/read_file.hpp"
+#include "src/common/regular_file.hpp"
 #include "src/config/config_check.hpp"
 #include "src/config/json_reader.hpp"
 #include "src/config/strict_parse.hpp"
@@ -327,8 +327,8 @@ Config Config::from_json(const std::string& json_text, const AutoValues& auto_va
 
 Config Config::from_json_file(const std::string& path, const AutoValues& auto_values) {
   // 64 MiB: far above any real config, and under it a hostile one still gets its clean error.
-  constexpr std::int64_t kMaxConfigFileBytes = std::int64_t{64} << 20;
-  const std::string text = read_regular_file(path, "config file", kMaxConfigFileBytes);
+  constexpr std::uint64_t kMaxConfigFileBytes = std::uint64_t{64} << 20;
+  const std::string text = read_regular_file(path, kMaxConfigFileBytes);
   try {
     return from_json(text, auto_values);
   } catch (const ConfigError& e) {

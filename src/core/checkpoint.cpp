@@ -21,7 +21,6 @@
 // one never joins.
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <random>
 #include <sstream>
@@ -365,11 +364,7 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
     return ckpt::read_legacy(from, model_of(I));
   }
   const std::string path = (fs::path(from) / ckpt::kManifestName).string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  ckpt::Manifest m = ckpt::parse_manifest(text.str(), path);
+  ckpt::Manifest m = ckpt::parse_manifest(ckpt::read_manifest_text(path), path);
   std::map<std::string, bool> saved;
   for (const ckpt::GroupEntry& g : m.groups)
     for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;

@@ -6,6 +6,7 @@
 
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
+#include "src/core/checkpoint_output.hpp"
 #include "src/core/checkpoint_reader.hpp"
 #include "src/core/safetensors_rounding.hpp"
 
@@ -15,6 +16,7 @@ void export_safetensors(const std::string& dir, const Manifest& m, const std::st
                         const std::map<std::string, std::string>& metadata, std::int64_t piece_elements,
                         const Progress& verify_progress, const Progress& export_progress) {
   ZOE_CHECK_USAGE(piece_elements >= 1, "checkpoint export: piece_elements must be at least 1, not ", piece_elements);
+  check_export_output(dir, out);
   std::vector<io::SafetensorsTensorSpec> specs;
   std::uint64_t total = 0;
   std::int64_t largest = 1;

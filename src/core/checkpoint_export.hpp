@@ -13,8 +13,9 @@
 //
 // Thread-safety: one thread. Errors: as verify_checkpoint / CheckpointReader (CorruptionError,
 // SystemError, IoError naming the rank file), SafetensorsWriter (SystemError naming `out`.tmp
-// when it cannot be created, IoError ENOSPC), UsageError for a dtype other than f32 / bf16 / f16
-// or piece_elements < 1.
+// when it cannot be created, IoError ENOSPC), UsageError for a dtype other than f32 / bf16 / f16,
+// piece_elements < 1, or an `out` (or `out`.tmp) that is `dir` or inside it
+// (check_export_output: one of its rank files, its manifest), refused before anything is written.
 #pragma once
 
 #include <cstdint>

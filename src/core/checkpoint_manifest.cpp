@@ -1,6 +1,7 @@
 #include "src/core/checkpoint_manifest.hpp"
 
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -8,6 +9,8 @@
 
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
+#include "src/common/regular_file.hpp"
+#include "src/core/checkpoint_manifest_json.hpp"
 #include "src/core/flat_layout.hpp"
 
 namespace zoe::ckpt {
@@ -42,37 +45,37 @@ class Fields {
                        std::int64_t hi) const {
     const json& v = at(obj, field, key);
     const std::string f = join(field, key);
-    if (!v.is_number_integer()) fail(f, "expected an integer, got " + v.dump());
+    if (!v.is_number_integer()) fail(f, "expected an integer, got " + shown(v));
     std::int64_t x;
     if (v.is_number_unsigned()) {
       const auto u = v.get<std::uint64_t>();
-      if (u > static_cast<std::uint64_t>(hi)) fail(f, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]: " + v.dump());
+      if (u > static_cast<std::uint64_t>(hi)) fail(f, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]: " + shown(v));
       x = static_cast<std::int64_t>(u);
     } else {
       x = v.get<std::int64_t>();
     }
-    if (x < lo || x > hi) fail(f, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]: " + v.dump());
+    if (x < lo || x > hi) fail(f, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]: " + shown(v));
     return x;
   }
   double number(const json& obj, const std::string& field, const std::string& key) const {
     const json& v = at(obj, field, key);
-    if (!v.is_number()) fail(join(field, key), "expected a number, got " + v.dump());
+    if (!v.is_number()) fail(join(field, key), "expected a number, got " + shown(v));
     return v.get<double>();
   }
   std::string string(const json& obj, const std::string& field, const std::string& key) const {
     const json& v = at(obj, field, key);
-    if (!v.is_string()) fail(join(field, key), "expected a string, got " + v.dump());
+    if (!v.is_string()) fail(join(field, key), "expected a string, got " + shown(v));
     return v.get<std::string>();
   }
   const json& array(const json& obj, const std::string& field, const std::string& key) const {
     const json& v = at(obj, field, key);
-    if (!v.is_array()) fail(join(field, key), "expected an array");
+    if (!v.is_array()) fail(join(field, key), "expected an array, got " + shown(v));
     return v;
   }
   std::uint64_t hex(const json& obj, const std::string& field, const std::string& key, int digits) const {
     const std::string s = string(obj, field, key);
     if (s.size() != static_cast<std::size_t>(digits) || s.find_first_not_of("0123456789abcdef") != std::string::npos)
-      fail(join(field, key), "expected " + std::to_string(digits) + " lowercase hex digits, got \"" + s + "\"");
+      fail(join(field, key), "expected " + std::to_string(digits) + " lowercase hex digits, got " + shown(s));
     return std::stoull(s, nullptr, 16);
   }
   static std::string join(const std::string& field, const std::string& key) {
@@ -84,22 +87,28 @@ class Fields {
   const std::string& path_;
 };
 
+// Derived, for readers of the file (an exporter): which rank holds which elements of the
+// parameter, in rank order. The ranges (groups[].ranks) are the source: a parse checks these
+// are what they give.
+json pieces_of(const GroupEntry& g, const ParamEntry& p) {
+  json pieces = json::array();
+  for (std::size_t r = 0; r < g.ranks.size(); ++r) {
+    const RankRange& rr = g.ranks[r];
+    const std::int64_t a = std::max(p.offset, rr.begin), b = std::min(p.offset + p.numel, rr.begin + rr.numel);
+    if (a < b) pieces.push_back({{"rank", r}, {"begin", a - p.offset}, {"end", b - p.offset}});
+  }
+  return pieces;
+}
+// The dtype a parameter is stored as: fp32 master weights, a frozen one's compute dtype.
+std::string stored_dtype(const Manifest& m, const GroupEntry& g) { return g.frozen ? m.compute_dtype : "fp32"; }
+
 json to_json(const Manifest& m) {
   json groups = json::array();
   for (const GroupEntry& g : m.groups) {
     json params = json::array();
-    for (const ParamEntry& p : g.params) {
-      // Derived, for readers of the file (an exporter): which rank holds which elements of the
-      // parameter. Not read back (the ranges below are the source).
-      json pieces = json::array();
-      for (std::size_t r = 0; r < g.ranks.size(); ++r) {
-        const RankRange& rr = g.ranks[r];
-        const std::int64_t a = std::max(p.offset, rr.begin), b = std::min(p.offset + p.numel, rr.begin + rr.numel);
-        if (a < b) pieces.push_back({{"rank", r}, {"begin", a - p.offset}, {"end", b - p.offset}});
-      }
+    for (const ParamEntry& p : g.params)
       params.push_back({{"name", p.name}, {"shape", p.shape}, {"offset", p.offset}, {"numel", p.numel},
-                        {"dtype", g.frozen ? m.compute_dtype : "fp32"}, {"ranks", pieces}});
-    }
+                        {"dtype", stored_dtype(m, g)}, {"ranks", pieces_of(g, p)}});
     json ranks = json::array();
     for (const RankRange& r : g.ranks)
       ranks.push_back({{"begin", r.begin}, {"numel", r.numel}, {"file_offset", r.file_offset},
@@ -125,6 +134,34 @@ json to_json(const Manifest& m) {
           {"client_state", m.client_state},
           {"groups", groups},
           {"files", files}};
+}
+// A parameter's derived fields (to_json): `dtype` as stored and `ranks`, the pieces its
+// group's ranges give (checked after those ranges are, so these follow from them).
+void check_derived(const Fields& F, const Manifest& m, const GroupEntry& g, const json& jg, const std::string& G) {
+  const json& params = jg.at("params");
+  for (std::size_t pi = 0; pi < g.params.size(); ++pi) {
+    const std::string P = Fields::index(G + ".params", pi);
+    const json& dtype = F.at(params[pi], P, "dtype");
+    if (dtype != stored_dtype(m, g))
+      F.fail(P + ".dtype", "expected \"" + stored_dtype(m, g) + "\" (" +
+                               (g.frozen ? "a frozen parameter's values are stored in the compute dtype"
+                                         : "a trainable parameter's master weights are fp32") +
+                               "), got " + shown(dtype));
+    const json& got = F.array(params[pi], P, "ranks");
+    const json expect = pieces_of(g, g.params[pi]);
+    for (std::size_t i = 0; i < std::max(got.size(), expect.size()); ++i) {
+      const std::string R = Fields::index(P + ".ranks", i);
+      if (i >= expect.size())
+        F.fail(R, shown(got[i]) + " beyond the " + std::to_string(expect.size()) +
+                      " pieces the group's ranges give (every rank's [begin, end) of the parameter, in rank order)");
+      if (i >= got.size())
+        F.fail(P + ".ranks", std::to_string(got.size()) + " pieces, the group's ranges give " +
+                                 std::to_string(expect.size()) + ": missing " + shown(expect[i]));
+      if (got[i] != expect[i])
+        F.fail(R, shown(got[i]) + ", the group's ranges give " + shown(expect[i]) +
+                      " (rank < world size " + std::to_string(m.world_size) + ", [begin, end) within the parameter)");
+    }
+  }
 }
 }  // namespace
 
@@ -178,6 +215,8 @@ void lay_out_ranks(Manifest& m) {
     m.files[static_cast<std::size_t>(r)] = {"rank" + std::to_string(r) + ".zoe", at[static_cast<std::size_t>(r)]};
 }
 
+std::string read_manifest_text(const std::string& path) { return read_regular_file(path, kMaxManifestBytes); }
+
 std::string serialize(const Manifest& m) {
   const json inner = to_json(m);
   json outer = {{"format", kFormat},
@@ -188,12 +227,7 @@ std::string serialize(const Manifest& m) {
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& path) {
-  json outer;
-  try {
-    outer = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    ZOE_THROW(CorruptionError, "'", path, "' is not valid JSON (truncated or corrupt): ", e.what());
-  }
+  const json outer = parse_manifest_json(text, path);  // refuses repeated keys
   Fields F(path);
   try {
     if (!outer.is_object()) F.fail("", "expected an object");
@@ -220,19 +254,28 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     m.stage = static_cast<int>(F.integer(in, M, "stage", 0, 3));
     m.compute_dtype = F.string(in, M, "compute_dtype");
     if (m.compute_dtype != "fp32" && m.compute_dtype != "bf16" && m.compute_dtype != "fp16")
-      F.fail(M + ".compute_dtype", "expected fp32, bf16 or fp16, got \"" + m.compute_dtype + "\"");
-    if (F.string(in, M, "state_dtype") != "fp32") F.fail(M + ".state_dtype", "expected \"fp32\"");
+      F.fail(M + ".compute_dtype", "expected fp32, bf16 or fp16, got " + shown(m.compute_dtype));
+    if (const std::string sd = F.string(in, M, "state_dtype"); sd != "fp32")
+      F.fail(M + ".state_dtype", "expected \"fp32\", got " + shown(sd));
     const json& states = F.at(in, M, "states");
     if (states != json{kStateNames[0], kStateNames[1], kStateNames[2]})
-      F.fail(M + ".states", "expected [\"master\", \"exp_avg\", \"exp_avg_sq\"], got " + states.dump());
+      F.fail(M + ".states", "expected [\"master\", \"exp_avg\", \"exp_avg_sq\"], got " + shown(states));
     m.chunk_elements = F.integer(in, M, "chunk_elements", 1, kMaxElements);
     m.step = F.integer(in, M, "step", 0, kMaxElements);
     m.step_calls = F.integer(in, M, "step_calls", 0, kMaxElements);
     m.skipped_steps = F.integer(in, M, "skipped_steps", 0, m.step_calls);
+    // The engine counts one optimizer step per step() call it did not skip.
+    if (m.step != m.step_calls - m.skipped_steps)
+      F.fail(M + ".step", std::to_string(m.step) + ", but step_calls " + std::to_string(m.step_calls) +
+                              " - skipped_steps " + std::to_string(m.skipped_steps) + " = " +
+                              std::to_string(m.step_calls - m.skipped_steps) +
+                              " (each step() call that is not skipped applies one optimizer step)");
     m.lr = F.number(in, M, "lr");
+    if (!(m.lr >= 0) || !std::isfinite(m.lr)) F.fail(M + ".lr", "must be finite and >= 0, got " + shown(in.at("lr")));
     const json& ls = F.at(in, M, "loss_scaler");
     m.loss_scale = F.number(ls, M + ".loss_scaler", "scale");
-    if (!(m.loss_scale > 0)) F.fail(M + ".loss_scaler.scale", "must be > 0, got " + std::to_string(m.loss_scale));
+    if (!(m.loss_scale > 0) || !std::isfinite(m.loss_scale))
+      F.fail(M + ".loss_scaler.scale", "must be finite and > 0, got " + shown(ls.at("scale")));
     m.good_steps = static_cast<int>(F.integer(ls, M + ".loss_scaler", "good_steps", 0, 1 << 30));
     m.hysteresis_left = static_cast<int>(F.integer(ls, M + ".loss_scaler", "hysteresis_left", 0, 1 << 30));
     m.client_state = F.string(in, M, "client_state");
@@ -247,7 +290,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       g.name = F.string(jg, G, "name");
       if (m.version >= 3) {
         const json& frozen = F.at(jg, G, "frozen");
-        if (!frozen.is_boolean()) F.fail(G + ".frozen", "expected true or false, got " + frozen.dump());
+        if (!frozen.is_boolean()) F.fail(G + ".frozen", "expected true or false, got " + shown(frozen));
         g.frozen = frozen.get<bool>();
       } else if (jg.is_object() && jg.contains("frozen")) {
         F.fail(G + ".frozen", "not a field of format version 2 (frozen groups are version 3)");
@@ -264,7 +307,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
         for (std::size_t d = 0; d < shape.size(); ++d) {
           if (!shape[d].is_number_integer() || shape[d].get<std::int64_t>() < 0 ||
               shape[d].get<std::int64_t>() > kMaxElements)
-            F.fail(F.index(P + ".shape", d), "expected a size in [0, 2^50], got " + shape[d].dump());
+            F.fail(F.index(P + ".shape", d), "expected a size in [0, 2^50], got " + shown(shape[d]));
           const std::int64_t s = shape[d].get<std::int64_t>();
           p.shape.push_back(s);
           n = s == 0 ? 0 : (n > kMaxElements / s ? kMaxElements + 1 : n * s);
@@ -323,6 +366,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
                                                std::to_string(b.begin) + ", +" + std::to_string(b.numel) + ") at byte " +
                                                std::to_string(b.file_offset));
       }
+      check_derived(F, m, g, groups[gi], G);
     }
     for (std::size_t r = 0; r < m.files.size(); ++r)
       if (m.files[r].name != expect.files[r].name || m.files[r].bytes != expect.files[r].bytes)

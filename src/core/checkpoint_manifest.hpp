@@ -145,12 +145,22 @@ inline bool sharded(const Manifest& m, const GroupEntry& g) { return m.stage >= 
 /// trainable groups: the whole buffer).
 void lay_out_ranks(Manifest& m);
 
+/// The most bytes a manifest.json may hold (about 1 KiB per parameter: millions of them).
+inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{1} << 30;
+/// The text of the manifest file `path`. Throws SystemError (ENOENT, ...) naming it when it
+/// cannot be opened, CorruptionError naming it when it is not a regular file (a FIFO,
+/// /dev/zero, a directory: never read) or exceeds kMaxManifestBytes, IoError on a failed read.
+std::string read_manifest_text(const std::string& path);
+
 /// manifest.json's text (see the top of this file).
 std::string serialize(const Manifest& m);
 /// Parses and checks manifest.json's text: the envelope, the checksum, every field's type and
-/// range, and that the groups' offsets, ranks and files are those lay_out_ranks gives (so a
-/// reader may trust every offset). `path` names the file in errors. Throws CorruptionError
-/// ("'<path>': field 'groups[2].params[0].shape': ...").
+/// range, that the groups' offsets, ranks and files are those lay_out_ranks gives (so a
+/// reader may trust every offset), that each parameter's dtype and ranks are the derived ones
+/// serialize writes, lr finite >= 0, step = step_calls - skipped_steps, and no key repeated
+/// in an object. `path` names the file in errors. Throws CorruptionError naming the field and
+/// its value, cut to a short excerpt ("'<path>': field 'manifest.groups[2].params[0].shape':
+/// ...").
 Manifest parse_manifest(std::string_view text, const std::string& path);
 
 /// CRC32C as 8 lowercase hex digits.

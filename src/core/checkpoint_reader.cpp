@@ -12,6 +12,7 @@
 
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
+#include "src/common/regular_file.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/device/host_elementwise.hpp"
 
@@ -77,10 +78,7 @@ void CheckpointReader::check_file(int rank) {
   int& fd = fds_[static_cast<std::size_t>(rank)];
   if (fd >= 0) return;
   const std::string path = file_path(rank);
-  int f;
-  do {
-    f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  } while (f < 0 && errno == EINTR);
+  const int f = open_regular_file(path);  // a FIFO or /dev/zero is refused, not read
   if (f < 0) {
     const int err = errno;
     ZOE_THROW_ERRNO(err, "checkpoint file '", path, "' (rank ", rank, " of ", m_.world_size,
@@ -212,6 +210,8 @@ void CheckpointReader::read_stored(std::size_t g, int state, std::int64_t begin,
 
 bool is_legacy(const std::string& dir) {
   if (fs::exists(fs::path(dir) / kManifestName)) return false;
+  std::error_code ec;  // a FIFO named rank0.zoe would block the read below
+  if (!fs::is_regular_file(fs::path(dir) / rank_name(0), ec)) return false;
   std::ifstream in(fs::path(dir) / rank_name(0), std::ios::binary);
   std::uint64_t magic = 0;
   in.read(reinterpret_cast<char*>(&magic), sizeof magic);
@@ -220,6 +220,7 @@ bool is_legacy(const std::string& dir) {
 
 Manifest read_legacy(const std::string& dir, std::vector<GroupEntry> model) {
   const std::string path0 = (fs::path(dir) / rank_name(0)).string();
+  require_regular_file(path0);
   std::ifstream in0(path0, std::ios::binary);
   if (!in0) ZOE_THROW_ERRNO(ENOENT, "cannot open checkpoint file '", path0, "'");
   const LegacyHeader h0 = read_legacy_header(path0, in0);
@@ -244,6 +245,7 @@ Manifest read_legacy(const std::string& dir, std::vector<GroupEntry> model) {
   // Format 1 places a group's (count, crc) before its states, after a 56-byte header.
   for (int r = 0; r < m.world_size; ++r) {
     const std::string path = (fs::path(dir) / rank_name(r)).string();
+    require_regular_file(path);
     std::ifstream in(path, std::ios::binary);
     if (!in)
       ZOE_THROW_ERRNO(ENOENT, "checkpoint file '", path, "' (rank ", r, " of ", m.world_size,

@@ -1,9 +1,7 @@
 #include "src/core/checkpoint_reshard.hpp"
 
 #include <filesystem>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "io/crc32c.hpp"
 #include "io/file_writer.hpp"
@@ -17,13 +15,10 @@ namespace fs = std::filesystem;
 Manifest read_manifest_file(const std::string& dir) {
   const std::string from = choose_for_load(dir);
   const std::string path = (fs::path(from) / kManifestName).string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "'", is_legacy(from) ? " (a checkpoint of format 1: load it with the "
-                                                                        "engine and save it again to convert it)" : "");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_manifest(text.str(), path);
+  if (is_legacy(from))
+    ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "' (a checkpoint of format 1: load it with the engine and save it "
+                    "again to convert it)");
+  return parse_manifest(read_manifest_text(path), path);
 }
 
 void verify_checkpoint(const std::string& dir, const Manifest& m, const Progress& progress) {
@@ -41,10 +36,11 @@ void verify_checkpoint(const std::string& dir, const Manifest& m, const Progress
 }
 
 void reshard_checkpoint(const std::string& in, const Manifest& m, const std::string& out, int world_size, int stage,
-                        std::int64_t chunk_elements, const Progress& progress) {
+                        std::int64_t chunk_elements, const Progress& progress, Overwrite overwrite) {
   ZOE_CHECK_USAGE(world_size >= 1 && world_size <= (1 << 16), "world size ", world_size, " (expected 1 to 65536)");
   ZOE_CHECK_USAGE(stage >= 0 && stage <= 3, "stage ", stage, " (expected 0 to 3)");
   ZOE_CHECK_USAGE(chunk_elements >= 1, "chunk of ", chunk_elements, " elements (expected >= 1)");
+  check_reshard_output(in, out, overwrite);  // before recover / make_temp / publish touch anything
   verify_checkpoint(in, m);
   CheckpointReader reader(in, m);
   Manifest n = m;

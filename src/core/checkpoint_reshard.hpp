@@ -13,6 +13,7 @@
 #include <string>
 
 #include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint_output.hpp"
 
 namespace zoe::ckpt {
 
@@ -30,8 +31,14 @@ void verify_checkpoint(const std::string& dir, const Manifest& m, const Progress
 /// Writes the checkpoint in `in` (manifest `m`, verified first) as a new checkpoint `out` for
 /// `world_size` ranks at `stage` (chunks of `chunk_elements`), through `out`.tmp and the
 /// directory protocol (checkpoint_dir.hpp). Counters, loss scaler and client state are kept.
-/// Loading `out` at `world_size` gives exactly the values loading `in` there gives.
+/// Loading `out` at `world_size` gives exactly the values loading `in` there gives. Before
+/// anything is written, check_reshard_output(in, out, overwrite) (checkpoint_output.hpp): an
+/// output that is a file, a directory zoe did not write, or overlaps `in` is a UsageError
+/// naming it, as is an existing checkpoint there unless `overwrite` is replace_checkpoint.
+/// Throws UsageError for world_size outside [1, 65536], stage outside [0, 3] or
+/// chunk_elements < 1, and as verify_checkpoint / FileWriter otherwise.
 void reshard_checkpoint(const std::string& in, const Manifest& m, const std::string& out, int world_size, int stage,
-                        std::int64_t chunk_elements, const Progress& progress = {});
+                        std::int64_t chunk_elements, const Progress& progress = {},
+                        Overwrite overwrite = Overwrite::refuse);
 
 }  // namespace zoe::ckpt

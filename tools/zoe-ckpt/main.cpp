@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   CLI::App app{"zoe-ckpt: inspect, verify, reshard and export zoe checkpoints"};
   app.require_subcommand(1);
   std::string dir, out;
-  bool params = false;
+  bool params = false, force = false;
   int world = 0, stage = -1;
   std::int64_t chunk = 1 << 20;
 
@@ -105,6 +105,8 @@ int main(int argc, char** argv) {
   c_reshard->add_option("output", out, "new checkpoint directory (written through OUTPUT.tmp)")->required();
   c_reshard->add_option("-n,--world-size", world, "ranks of the new checkpoint")->required()->check(CLI::Range(1, 1 << 16));
   c_reshard->add_option("-s,--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")->check(CLI::Range(0, 3));
+  c_reshard->add_flag("--force", force,
+                      "replace OUTPUT when it is a zoe checkpoint already (anything else there is always refused)");
   c_reshard->add_option("--chunk", chunk, "elements per chunk (host memory: 12 bytes each)")->capture_default_str()->check(CLI::PositiveNumber);
 
   auto* c_export = app.add_subcommand("export", "write the parameters (fp32 master weights; frozen: their values) as safetensors");
@@ -137,7 +139,8 @@ int main(int argc, char** argv) {
     } else if (*c_reshard) {
       const Manifest m = read_manifest_file(dir);
       const int to_stage = stage >= 0 ? stage : m.stage;
-      reshard_checkpoint(dir, m, out, world, to_stage, chunk, bar("resharding"));
+      reshard_checkpoint(dir, m, out, world, to_stage, chunk, bar("resharding"),
+                         force ? Overwrite::replace_checkpoint : Overwrite::refuse);
       std::cout << "checkpoint " << dir << " (world size " << m.world_size << ", stage " << m.stage << ") written to "
                 << out << " for world size " << world << ", stage " << to_stage << "\n";
     } else if (*c_export) {
