@@ -248,7 +248,9 @@ std::string safetensors_header_bytes(const std::vector<SafetensorsTensorSpec>& t
 // ---------------------------------------------------------------------------------------------
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
   do {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO without a writer would block the open before the regular-file check
+    // below refuses it (reads of a regular file ignore the flag).
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd_ < 0 && errno == EINTR);
   if (fd_ < 0) ZOE_THROW_ERRNO(errno, "cannot open safetensors file '", path_, "'");
   try {

@@ -4,6 +4,7 @@
 // independent Python writer): good_* parse, bad_* fail with a CorruptionError naming the file
 // and the phrase corpus_expected.json gives.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -185,6 +186,19 @@ TEST(SafetensorsFormat, WriterRefusesBadSpecsAndMisuse) {
   }
   { SafetensorsWriter w(p, {{"a", "U8", {1}}}); }
   EXPECT_EQ(SafetensorsReader(p).header().tensors.at(0).name, "a");
+}
+
+// A FIFO without a writer blocked the reader's open(2) before its regular-file check ran.
+TEST(SafetensorsFormat, ReaderRefusesAFifoWithoutBlocking) {
+  const TempDir dir;
+  const std::string fifo = dir / "weights.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    SafetensorsReader r(fifo);
+    FAIL() << "opened a FIFO";
+  } catch (const zoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SafetensorsFormat, ReaderNamesTheFileForMissingAndTruncatedFiles) {

@@ -5,6 +5,8 @@
 // checkpoint is bad or a command fails (the message names the file and what is wrong), 2 on
 // bad options (CLI11).
 #include <CLI/CLI.hpp>
+
+#include <limits>
 #include <unistd.h>
 
 #include <cstdio>
@@ -107,7 +109,8 @@ int main(int argc, char** argv) {
   c_reshard->add_option("-s,--stage", stage, "ZeRO stage of the new checkpoint (default: the saved one)")->check(CLI::Range(0, 3));
   c_reshard->add_flag("--force", force,
                       "replace OUTPUT when it is a zoe checkpoint already (anything else there is always refused)");
-  c_reshard->add_option("--chunk", chunk, "elements per chunk (host memory: 12 bytes each)")->capture_default_str()->check(CLI::PositiveNumber);
+  c_reshard->add_option("--chunk", chunk, "elements per chunk (host memory: 12 bytes each)")->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::numeric_limits<std::int64_t>::max()));  // PositiveNumber prints 309 digits
 
   auto* c_export = app.add_subcommand("export", "write the parameters (fp32 master weights; frozen: their values) as safetensors");
   zoe_ckpt::ExportOptions eo;

@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -32,6 +33,10 @@ ModelShape parse_gpt(const std::string& text, std::int64_t* hidden) {
 }
 }  // namespace
 
+// CLI11's PositiveNumber prints its range as 0.000000 to 1.797...e308 in 309 digits.
+const CLI::Range kPositiveInt(1, std::numeric_limits<int>::max());
+const CLI::Range kPositiveCount(std::int64_t{1}, std::numeric_limits<std::int64_t>::max());
+
 int main(int argc, char** argv) {
   CLI::App app{
       "zoe-estimate: model-state memory per rank for plain data parallelism and ZeRO stages 1-3 with\n"
@@ -56,8 +61,8 @@ int main(int argc, char** argv) {
                  "parameters of the second largest module (default: from --gpt, a block; else taken as the largest)");
   app.add_option("--frozen", frozen,
                  "how many of the parameters are frozen (fine-tuning: no gradients, no optimizer states), e.g. 6.5B");
-  app.add_option("-n,--world-size", world_size, "data-parallel ranks (GPUs in all)")->check(CLI::PositiveNumber);
-  app.add_option("-g,--gpus-per-node", gpus_per_node, "GPUs per node")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("-n,--world-size", world_size, "data-parallel ranks (GPUs in all)")->check(kPositiveInt);
+  app.add_option("-g,--gpus-per-node", gpus_per_node, "GPUs per node")->check(kPositiveInt)->capture_default_str();
   app.add_option("--gpu-memory", gpu_mem, "memory per GPU: 80GB, 40GiB")->required();
   app.add_option("--host-memory", host_mem, "host memory per node: 1TB, 512GiB")->required();
   app.add_option("--nvme", nvme, "free NVMe per node: 3.84TB (default 0: no NVMe)")->capture_default_str();
@@ -67,14 +72,14 @@ int main(int argc, char** argv) {
                  "DeepSpeed-style JSON config: buffer knobs and compute dtype from it, and its own estimate");
   // What a Hugging Face trainer would fill into the config's "auto" keys.
   app.add_option("--micro-batch", auto_inputs.micro_batch, "\"auto\" train_micro_batch_size_per_gpu")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(kPositiveInt)->capture_default_str();
   app.add_option("--grad-accum", auto_inputs.gradient_accumulation, "\"auto\" gradient_accumulation_steps")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(kPositiveInt)->capture_default_str();
   app.add_option("--precision", auto_inputs.precision, "\"auto\" fp16.enabled / bf16.enabled: bf16, fp16 or fp32")
       ->capture_default_str();
   app.add_option("--hidden-size", hidden_size,
                  "\"auto\" bucket sizes and persistence threshold from the hidden size (default: from --gpt)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveCount);
   app.add_flag("--json", json, "print one JSON object instead of the table");
   app.add_flag("--gb", decimal, "sizes in GB (1e9 bytes, the ZeRO paper's unit) instead of GiB");
   CLI11_PARSE(app, argc, argv);
