@@ -1,10 +1,10 @@
 #include "src/config/strict_parse.hpp"
 
 #include <cstdio>
-#include <set>
 #include <vector>
 
 #include "src/common/check.hpp"
+#include "src/common/json_path.hpp"
 #include "src/config/json_reader.hpp"
 
 namespace zoe::config_detail {
@@ -30,9 +30,7 @@ class StrictSax {
   bool end_object() { return close(); }
   bool end_array() { return close(); }
   bool key(Json::string_t& k) {
-    Frame& f = frames_.back();
-    f.key = k;
-    if (!f.keys.insert(k).second)
+    if (!path_.key(k))
       ZOE_THROW_CONFIG(path(), "duplicate key: it appears more than once in the same object (JSON keys must be "
                                "unique; a parser would silently keep one of the values)");
     return true;
@@ -45,41 +43,24 @@ class StrictSax {
   }
 
  private:
-  struct Frame {
-    bool object;
-    std::string key;            // object: the key being read
-    std::size_t index = 0;      // array: the element being read
-    std::set<std::string> keys;  // object: keys seen
-  };
-
   bool value() {
-    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    path_.value();
     return true;
   }
   bool open(bool object) {
-    if (static_cast<int>(frames_.size()) >= kMaxDepth)
+    if (static_cast<int>(path_.depth()) >= kMaxDepth)
       ZOE_THROW_CONFIG(path(), "nested deeper than ", kMaxDepth, " levels of objects and arrays");
-    frames_.push_back(Frame{object, {}, 0, {}});
+    path_.open(object);
     return true;
   }
   bool close() {
-    frames_.pop_back();
-    return value();
+    path_.close();
+    return true;
   }
   // The path of the value being read: keys joined by '.', array elements as [i]; cut to
   // 120 characters (a hostile document's path may be 64 levels of long keys).
-  std::string path() const { return excerpt_text(full_path(), 120); }
-  std::string full_path() const {
-    std::string p;
-    for (const Frame& f : frames_) {
-      if (f.object) {
-        if (f.key.empty() && f.keys.empty()) break;
-        p = join_path(p, excerpt_text(f.key, 48));
-      } else {
-        p += "[" + std::to_string(f.index) + "]";
-      }
-    }
-    return p;
+  std::string path() const {
+    return excerpt_text(path_.str([](const std::string& p, const std::string& k) { return join_path(p, excerpt_text(k, 48)); }), 120);
   }
   // nlohmann's what() starts with "[json.exception.parse_error.101] parse error at line 1, ...".
   static std::string without_prefix(const char* what) {
@@ -89,7 +70,7 @@ class StrictSax {
     return s;
   }
 
-  std::vector<Frame> frames_;
+  JsonPath path_;
 };
 }  // namespace
 

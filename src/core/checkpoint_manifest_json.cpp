@@ -1,9 +1,8 @@
 #include "src/core/checkpoint_manifest_json.hpp"
 
-#include <set>
-#include <vector>
 
 #include "src/common/check.hpp"
+#include "src/common/json_path.hpp"
 
 namespace zoe::ckpt {
 namespace {
@@ -12,62 +11,39 @@ constexpr std::size_t kShownChars = 64;
 // A cut may split a UTF-8 sequence: dump it as U+FFFD rather than throw.
 constexpr auto kReplace = json::error_handler_t::replace;
 
-// The path of the value being parsed, and the keys seen in each open object.
+// The path of the value being parsed (JsonPath), fed by nlohmann's parser callback.
 class KeyTracker {
  public:
-  explicit KeyTracker(const std::string& path) : path_(path) {}
+  explicit KeyTracker(const std::string& path) : file_(path) {}
 
   bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
     switch (event) {
-      case json::parse_event_t::object_start: frames_.push_back(Frame{true, {}, 0, {}}); break;
-      case json::parse_event_t::array_start: frames_.push_back(Frame{false, {}, 0, {}}); break;
+      case json::parse_event_t::object_start: path_.open(true); break;
+      case json::parse_event_t::array_start: path_.open(false); break;
       case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        frames_.pop_back();
-        next();
-        break;
-      case json::parse_event_t::key: {
-        Frame& f = frames_.back();
-        f.key = parsed.get<std::string>();
-        if (!f.keys.insert(f.key).second)
-          ZOE_THROW(CorruptionError, "'", path_, "': field '", where(),
+      case json::parse_event_t::array_end: path_.close(); break;
+      case json::parse_event_t::key:
+        if (!path_.key(parsed.get<std::string>()))
+          ZOE_THROW(CorruptionError, "'", file_, "': field '", where(),
                     "': duplicate key (it appears more than once in one object; a parser would keep one of the "
                     "values silently): the file was edited or is corrupt");
         break;
-      }
-      case json::parse_event_t::value: next(); break;
+      case json::parse_event_t::value: path_.value(); break;
     }
     return true;
   }
 
  private:
-  struct Frame {
-    bool object;
-    std::string key;             // object: the key being read
-    std::size_t index = 0;       // array: the element being read
-    std::set<std::string> keys;  // object: keys seen
-  };
-  void next() {
-    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
-  }
   std::string where() const {
-    std::string p;
-    for (const Frame& f : frames_) {
-      if (f.object && f.keys.empty()) break;
-      if (f.object) {
-        if (!p.empty()) p += '.';
-        p += f.key;
-      } else {
-        p += '[';
-        p += std::to_string(f.index);
-        p += ']';
-      }
-    }
+    const std::string p = path_.str([](std::string p, const std::string& k) {
+      if (!p.empty()) p += '.';
+      return p + k;
+    });
     return p.size() > 160 ? p.substr(0, 160) + "..." : p;
   }
 
-  const std::string& path_;
-  std::vector<Frame> frames_;
+  const std::string& file_;
+  JsonPath path_;
 };
 }  // namespace
 
