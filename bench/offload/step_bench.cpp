@@ -27,7 +27,7 @@
 
 #include "kernels/half.hpp"
 #include "src/common/aligned_buffer.hpp"
-#include "src/core/update_pipeline.hpp"
+#include "src/core/update/update_pipeline.hpp"
 #include "src/device/host_device.hpp"
 #include "src/offload/optimizer_states.hpp"
 #include "src/optim/cpu_adam.hpp"

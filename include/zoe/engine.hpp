@@ -236,6 +236,19 @@ struct TrafficReport {
   std::int64_t calls = 0;
 };
 
+/// The engine's lifecycle: *registering* (add_parameter, add_param_group and add_module are
+/// allowed) -> *built* at the first call that needs the parameters (begin_forward,
+/// begin_backward, step, gather_parameter / read_parameter / write_parameter, a checkpoint or
+/// export call) -> *broken* when that build fails (an initializer throws, a tier cannot be
+/// opened or written) or a checkpoint load fails after its verification. Errors that leave the
+/// engine usable: every UsageError and ConfigError a call's own checks throw (the call rules, a
+/// bad argument, a registration after the build; "no modules registered" and "parameter ... is
+/// not used by any module" at the first forward too: register what is missing and call again),
+/// and a checkpoint save or load that every rank refused together. Errors that make it
+/// unusable: a failed build or load as above (every later call, registration included, throws
+/// UsageError naming the original cause: destroy the Engine), and any other runtime error of a
+/// call (I/O, a collective, OutOfMemoryError), after which the communicator is aborted so the
+/// peers fail fast (RankFailedError on them).
 class Engine {
  public:
   /// Validates `config` (ConfigError), then binds to the rank's device and communicator.

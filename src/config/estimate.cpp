@@ -162,7 +162,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
       model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : t;
   const std::int64_t largest = std::min({sub_group, module_shard, off});
   if (offloaded && largest > 0) {
-    // The update pipeline's pinned staging of one sub-group each (src/core/gradient_sink.hpp,
+    // The update pipeline's pinned staging of one sub-group each (src/core/update/gradient_sink.hpp,
     // update_pipeline.hpp): two for gradients, two for new parameters bound for the device.
     const bool outputs_to_param_tier = z.stage == 3 && z.offload_param.device != OffloadDevice::none;
     r.buffers.host += (outputs_to_param_tier ? 2 : 4) * round_up(B * largest, kPage);

@@ -4,7 +4,6 @@
 #include <span>
 
 #include "src/common/check.hpp"
-#include "src/core/engine_impl.hpp"
 
 namespace zoe::core {
 
@@ -112,73 +111,6 @@ std::string CallRules::backward_log() const {
   std::string s;
   for (int i : backward_log_) s += (s.empty() ? "'" : ", '") + modules_[static_cast<std::size_t>(i)].name + "'";
   return s.empty() ? "none" : s;
-}
-
-namespace {
-// The tag of a collective about group g (kind params or grads) in the current step.
-CollectiveTag group_tag(const EngineImpl& I, const Group& g, CollectiveTag::Kind kind) {
-  const int gi = static_cast<int>(&g - I.groups.data());
-  CollectiveTag t;
-  t.kind = kind;
-  t.group = gi;
-  t.step = I.rules.steps();
-  if (kind == CollectiveTag::Kind::grads) t.micro_batch = g.micro_batches - 1;
-  std::string users;
-  if (g.users.size() > 1)
-    for (int u : g.users) users += (users.empty() ? " (modules '" : "', '") + I.modules[static_cast<std::size_t>(u)].name;
-  if (!users.empty()) users += "')";
-  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of '" : "parameters of '", g.name, "'",
-                           users);
-  return t;
-}
-}  // namespace
-
-CollectiveTag EngineImpl::params_tag(const Group& g) const { return group_tag(*this, g, CollectiveTag::Kind::params); }
-CollectiveTag EngineImpl::grads_tag(const Group& g) const { return group_tag(*this, g, CollectiveTag::Kind::grads); }
-
-CollectiveTag EngineImpl::coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const {
-  CollectiveTag t = group_tag(*this, groups[static_cast<std::size_t>(group_indices.front())], kind);
-  std::string names;
-  for (int gi : group_indices) names += (names.empty() ? "'" : "', '") + groups[static_cast<std::size_t>(gi)].name;
-  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", group_indices.size(),
-                           " groups (", names, "')");
-  return t;
-}
-
-void agree_on_step(EngineImpl& I) {
-  if (I.world == 1) return;
-  const CallRules& R = I.rules;
-  constexpr int kWords = 4;
-  const std::uint32_t mine[kWords] = {R.fingerprint(), R.collectives(), R.backward_calls(),
-                                      static_cast<std::uint32_t>(R.steps())};
-  // The words travel as fp32 bit patterns: all_gather copies, never computes.
-  DeviceBuffer send = I.alloc(MemKind::buffer, DType::f32, kWords);
-  DeviceBuffer recv = I.alloc(MemKind::buffer, DType::f32, kWords * I.world);
-  // Through the step's registered read-back area (no pageable copy on the hot path); step()
-  // reuses it only after the synchronize below. Layout: [mine | every rank's words].
-  auto* area = reinterpret_cast<std::uint32_t*>(I.readback_area(sizeof(mine) * static_cast<std::size_t>(1 + I.world)));
-  std::memcpy(area, mine, sizeof(mine));
-  std::span<const std::uint32_t> all(area + kWords, static_cast<std::size_t>(kWords * I.world));
-  Stream& s = *I.side;
-  I.device.copy(send.data(), area, sizeof(mine), s);
-  CollectiveTag tag;
-  tag.kind = CollectiveTag::Kind::step_agreement;
-  tag.step = R.steps();
-  tag.label = "the step agreement of step()";
-  I.comm.tag_next(std::move(tag));
-  I.comm.all_gather(send.data(), recv.data(), kWords, DType::f32, s);
-  I.device.copy(area + kWords, recv.data(), all.size() * sizeof(std::uint32_t), s);
-  I.device.synchronize(s);  // rethrows a failure of this step's collectives
-  for (int p = 0; p < I.world; ++p) {
-    const std::uint32_t* theirs = all.data() + p * kWords;
-    if (std::memcmp(theirs, mine, sizeof(mine)) == 0) continue;
-    ZOE_THROW(UsageError, "step() ", R.steps(), " on rank ", I.rank, ": rank ", p, " made different calls in this step (",
-              theirs[2], " backward calls and ", theirs[1], " collectives, fingerprint ", theirs[0], ") than rank ",
-              I.rank, " (", mine[2], " backward calls: ", R.backward_log(), "; ", mine[1], " collectives, fingerprint ",
-              mine[0], "); rule: every rank runs the same modules' forward and backward in the same order (to count "
-              "a module's gradient as zero on one rank, run its begin_backward/end_backward and add nothing). The "
-              "step's gradients are mixed: destroy this Engine");
-  }
 }
 
 }  // namespace zoe::core

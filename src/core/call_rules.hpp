@@ -17,7 +17,7 @@
 // Across ranks the calls must be the same too, which no rank can check alone: each engine
 // collective carries a CollectiveTag (group, step, micro-batch; the host communicators
 // compare them), and CallRules keeps a fingerprint of this step's tags, which
-// agree_on_step() all-gathers before the optimizer runs (every backend, NCCL included).
+// Collectives::agree_on_step() all-gathers before the optimizer runs (every backend, NCCL included).
 // Not thread-safe: the thread driving the Engine.
 #pragma once
 
@@ -29,8 +29,6 @@
 #include "zoe/engine.hpp"
 
 namespace zoe::core {
-
-struct EngineImpl;
 
 /// Where a module is between its begin_* and end_* calls.
 enum class ModulePhase : std::uint8_t { idle, forward, backward };
@@ -54,6 +52,8 @@ class CallRules {
   void step_done();
 
   ModulePhase phase(int m) const { return modules_[static_cast<std::size_t>(m)].phase; }
+  /// Backward passes of module m begun this step.
+  int backwards(int m) const { return modules_[static_cast<std::size_t>(m)].backwards; }
   /// step() calls completed on this rank (tags collectives with it).
   std::int64_t steps() const { return steps_; }
 
@@ -87,12 +87,5 @@ class CallRules {
   std::uint32_t collectives_ = 0;
 };
 
-/// The once-per-step agreement, at the start of step() (world > 1): every rank all-gathers
-/// [fingerprint, collectives, backward calls, steps] of this step and compares them. Throws
-/// UsageError on every rank naming the ranks that differ and this rank's backward calls when
-/// they do (then the step's gradients are mixed and the Engine must be destroyed), and
-/// rethrows the CommError / TimeoutError of any earlier collective of the step (e.g. the host
-/// communicators' "mismatched collectives", which names both modules).
-void agree_on_step(EngineImpl& I);
 
 }  // namespace zoe::core

@@ -40,33 +40,33 @@ namespace fs = std::filesystem;
 namespace {
 
 void barrier(core::EngineImpl& I) {
-  I.comm.barrier(*I.side);
-  I.device.synchronize(*I.side);
+  I.cx.comm.barrier(*I.cx.side);
+  I.cx.device.synchronize(*I.cx.side);
 }
 
 // Every rank's `mine`, in rank order (two small collectives on the side stream).
 std::vector<std::string> share_outcomes(core::EngineImpl& I, const std::string& mine) {
-  const auto world = static_cast<std::size_t>(I.world);
+  const auto world = static_cast<std::size_t>(I.cx.world);
   std::vector<double> lens(world, 0.0);
-  lens[static_cast<std::size_t>(I.rank)] = static_cast<double>(mine.size());
+  lens[static_cast<std::size_t>(I.cx.rank)] = static_cast<double>(mine.size());
   {
-    core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);
-    I.device.copy(buf.data(), lens.data(), world * sizeof(double), *I.side);
-    I.comm.all_reduce_f64(static_cast<double*>(buf.data()), world, *I.side);
-    I.device.copy(lens.data(), buf.data(), world * sizeof(double), *I.side);
-    I.device.synchronize(*I.side);
+    core::DeviceBuffer buf = I.cx.alloc(core::MemKind::buffer, DType::f32, 2 * I.cx.world);
+    I.cx.device.copy(buf.data(), lens.data(), world * sizeof(double), *I.cx.side);
+    I.cx.comm.all_reduce_f64(static_cast<double*>(buf.data()), world, *I.cx.side);
+    I.cx.device.copy(lens.data(), buf.data(), world * sizeof(double), *I.cx.side);
+    I.cx.device.synchronize(*I.cx.side);
   }
   double longest = 1;
   for (double l : lens) longest = std::max(longest, l);
   const std::size_t words = (static_cast<std::size_t>(longest) + 3) / 4;
   std::vector<char> send(words * 4, 0), recv(words * 4 * world, 0);
   std::copy(mine.begin(), mine.end(), send.begin());
-  core::DeviceBuffer dsend = I.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words));
-  core::DeviceBuffer drecv = I.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words * world));
-  I.device.copy(dsend.data(), send.data(), send.size(), *I.side);
-  I.comm.all_gather(dsend.data(), drecv.data(), words, DType::f32, *I.side);
-  I.device.copy(recv.data(), drecv.data(), recv.size(), *I.side);
-  I.device.synchronize(*I.side);
+  core::DeviceBuffer dsend = I.cx.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words));
+  core::DeviceBuffer drecv = I.cx.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words * world));
+  I.cx.device.copy(dsend.data(), send.data(), send.size(), *I.cx.side);
+  I.cx.comm.all_gather(dsend.data(), drecv.data(), words, DType::f32, *I.cx.side);
+  I.cx.device.copy(recv.data(), drecv.data(), recv.size(), *I.cx.side);
+  I.cx.device.synchronize(*I.cx.side);
   std::vector<std::string> out(world);
   for (std::size_t r = 0; r < world; ++r)
     out[r].assign(recv.data() + r * words * 4, static_cast<std::size_t>(lens[r]));
@@ -95,7 +95,7 @@ template <class F>
 std::string rank0_decides(core::EngineImpl& I, F&& decide, const std::string& failed, const std::string& after = "") {
   std::exception_ptr error;
   std::string mine;
-  if (I.rank == 0) {
+  if (I.cx.rank == 0) {
     try {
       mine = ok(decide());
     } catch (...) {
@@ -126,12 +126,12 @@ std::pair<std::string, std::string> failed_ranks(const std::vector<std::string>&
 // The engine's model as manifest groups (names, shapes, offsets; no ranges).
 std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
   std::vector<ckpt::GroupEntry> out;
-  for (const core::Group& g : I.groups) {
+  for (const core::Group& g : I.model.groups) {
     ckpt::GroupEntry e;
     e.name = g.name;
     e.frozen = g.frozen;
     for (std::size_t i = 0; i < g.params.size(); ++i) {
-      const core::ParamInfo& p = I.params[g.params[i]];
+      const core::ParamInfo& p = I.model.params[g.params[i]];
       e.params.push_back({p.name, p.shape, g.layout->offset(i), p.numel});
     }
     out.push_back(std::move(e));
@@ -147,21 +147,21 @@ std::string rank_file_name(int rank) { return "rank" + std::to_string(rank) + ".
 // shard (what its own read buffers hold).
 std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWriter& out) {
   const core::FlatLayout& L = *g.layout;
-  const std::size_t esz = dtype_size(I.dtype);
-  if (I.param_store) {
+  const std::size_t esz = dtype_size(I.cx.dtype);
+  if (I.tiers.params) {
     const std::vector<std::byte> shard = I.read_frozen_shard(g);
     out.write(shard.data(), shard.size());
     return io::crc32c(shard.data(), shard.size());
   }
-  const core::DeviceBuffer& src = I.policy.shards_params ? g.param_shard : g.param_full;
-  const std::int64_t first = I.policy.shards_params ? 0 : L.shard_begin(I.rank);  // in `src`
-  const std::int64_t piece = std::max<std::int64_t>(1, std::min(I.sub_group_numel(), L.shard_numel()));
+  const core::DeviceBuffer& src = I.cx.policy.shards_params ? g.param_shard : g.param_full;
+  const std::int64_t first = I.cx.policy.shards_params ? 0 : L.shard_begin(I.cx.rank);  // in `src`
+  const std::int64_t piece = std::max<std::int64_t>(1, std::min(I.cx.sub_group_numel(), L.shard_numel()));
   std::vector<std::byte> host(static_cast<std::size_t>(piece) * esz);
   std::uint32_t crc = 0;
   for (std::int64_t x = 0; x < L.shard_numel(); x += piece) {
     const std::size_t bytes = static_cast<std::size_t>(std::min(piece, L.shard_numel() - x)) * esz;
-    I.device.copy(host.data(), src.at(first + x), bytes, *I.side);
-    I.device.synchronize(*I.side);
+    I.cx.device.copy(host.data(), src.at(first + x), bytes, *I.cx.side);
+    I.cx.device.synchronize(*I.cx.side);
     crc = io::crc32c(host.data(), bytes, crc);
     out.write(host.data(), bytes);
   }
@@ -171,23 +171,23 @@ std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWri
 // Streams this rank's optimizer range of every group into `path`, one sub-group at a time
 // (one chunk of the file), and returns each group's CRC32C.
 std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Manifest& m, const std::string& path) {
-  const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.rank)];
+  const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.cx.rank)];
   io::FileWriter out(path, entry.bytes);  // reserves the bytes: a full disk fails here
   ckpt::RankFileHeader h;
   h.version = static_cast<std::uint32_t>(m.version);
-  h.rank = I.rank;
-  h.world_size = I.world;
+  h.rank = I.cx.rank;
+  h.world_size = I.cx.world;
   h.id = m.id;
   h.file_bytes = entry.bytes;
   h.crc32c = ckpt::header_crc(h);
   out.write(&h, sizeof h);
   std::vector<std::uint32_t> crcs;
   std::vector<float> chunk;
-  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
-    core::Group& g = I.groups[gi];
-    const ckpt::RankRange& rr = m.groups[gi].ranks[static_cast<std::size_t>(I.rank)];
+  for (std::size_t gi = 0; gi < I.model.groups.size(); ++gi) {
+    core::Group& g = I.model.groups[gi];
+    const ckpt::RankRange& rr = m.groups[gi].ranks[static_cast<std::size_t>(I.cx.rank)];
     // What this rank stores: its optimizer range; a frozen group, its shard.
-    const std::int64_t begin = g.frozen ? g.layout->shard_begin(I.rank) : g.opt_begin;
+    const std::int64_t begin = g.frozen ? g.layout->shard_begin(I.cx.rank) : g.opt_begin;
     const std::int64_t numel = g.frozen ? g.layout->shard_numel() : g.opt_numel;
     ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group '", g.name,
               "': range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
@@ -201,10 +201,10 @@ std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Mani
       const std::size_t n = static_cast<std::size_t>(sg.numel);
       chunk.resize(3 * n);
       if (sg.offloaded()) {
-        I.states->read_all(sg.offload_id, chunk.data());
+        I.tiers.states->read_all(sg.offload_id, chunk.data());
       } else {
-        I.device.copy(chunk.data(), sg.device_states.data(), 3 * n * sizeof(float), *I.side);
-        I.device.synchronize(*I.side);
+        I.cx.device.copy(chunk.data(), sg.device_states.data(), 3 * n * sizeof(float), *I.cx.side);
+        I.cx.device.synchronize(*I.cx.side);
       }
       crc = io::crc32c(chunk.data(), 3 * n * sizeof(float), crc);
       out.write(chunk.data(), 3 * n * sizeof(float));
@@ -246,23 +246,24 @@ void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, s
 void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
   impl_->guarded("save_checkpoint", [&] {
     Impl& I = *impl_;
+    I.lifecycle.check_usable("save_checkpoint");
     I.finalize();
-    I.check_no_update_in_backward("save_checkpoint");
+    I.updater.check_no_update_in_backward("save_checkpoint");
     synchronize();
     const std::string tmp = ckpt::temp_dir_of(dir);
     const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
 
     // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
     ckpt::Manifest m;
-    m.world_size = I.world;
-    m.stage = I.stage;
-    m.compute_dtype = std::string(dtype_name(I.dtype));
-    m.chunk_elements = I.sub_group_numel();
-    m.step = I.step_count;
+    m.world_size = I.cx.world;
+    m.stage = I.cx.config.zero_optimization.stage;
+    m.compute_dtype = std::string(dtype_name(I.cx.dtype));
+    m.chunk_elements = I.cx.sub_group_numel();
+    m.step = I.updater.steps();
     m.step_calls = I.step_calls;
     m.skipped_steps = I.skipped_calls;
-    m.lr = I.lr;
-    const auto st = I.scaler.state();
+    m.lr = I.updater.lr();
+    const auto st = I.updater.scaler().state();
     m.loss_scale = st.scale;
     m.good_steps = st.good_steps;
     m.hysteresis_left = st.hysteresis_left;
@@ -276,7 +277,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
           ckpt::recover(dir);
           ckpt::make_temp(dir);
           std::random_device rd;
-          return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count));
+          return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.updater.steps()));
         },
         not_saved + "rank 0 could not prepare '" + tmp + "': ");
     m.id = std::stoull(id, nullptr, 16);
@@ -287,7 +288,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
     // 2. Every rank streams its file into <dir>.tmp.
     std::vector<std::uint32_t> crcs;
     try {
-      crcs = write_rank_file(I, m, (fs::path(tmp) / rank_file_name(I.rank)).string());
+      crcs = write_rank_file(I, m, (fs::path(tmp) / rank_file_name(I.cx.rank)).string());
       std::string list;
       for (std::uint32_t c : crcs) list += ckpt::crc_hex(c);
       mine = ok(list);
@@ -297,7 +298,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
     }
     all = share_outcomes(I, mine);
     if (!failed_ranks(all).first.empty()) {
-      if (I.rank == 0) {
+      if (I.cx.rank == 0) {
         std::error_code ec;
         fs::remove_all(tmp, ec);  // every rank is past its writes
         if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp, ec.message());
@@ -322,14 +323,14 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
           return std::string();
         },
         not_saved + "rank 0 could not write its manifest or publish it: ");
-    ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.rank, I.step_count, dir);
+    ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.cx.rank, I.updater.steps(), dir);
   });
 }
 
 namespace {
 // This rank's part of group g's flat buffer that write_values fills: [begin, end).
 std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const core::Group& g) {
-  if (I.policy.shards_params) return {g.layout->shard_begin(I.rank), g.layout->shard_begin(I.rank) + g.layout->shard_numel()};
+  if (I.cx.policy.shards_params) return {g.layout->shard_begin(I.cx.rank), g.layout->shard_begin(I.cx.rank) + g.layout->shard_numel()};
   return {0, g.layout->padded_numel()};
 }
 
@@ -342,7 +343,7 @@ std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const
 // some parameters frozen starts from its weights instead (zoe-ckpt export, SafetensorsFile).
 void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, bool>& saved_frozen,
                       const std::string& what) {
-  for (const core::ParamInfo& p : I.params) {
+  for (const core::ParamInfo& p : I.model.params) {
     const auto it = saved_frozen.find(p.name);
     if (it == saved_frozen.end() || it->second == p.options.frozen) continue;
     ZOE_THROW(UsageError, what, ": parameter '", p.name, "' is ", it->second ? "frozen" : "trainable",
@@ -359,7 +360,7 @@ void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, boo
 ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from) {
   if (ckpt::is_legacy(from)) {
     std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
-    for (const core::ParamInfo& p : I.params) saved[p.name] = false;
+    for (const core::ParamInfo& p : I.model.params) saved[p.name] = false;
     check_frozen_set(I, saved, "checkpoint '" + from + "' (format 1)");
     return ckpt::read_legacy(from, model_of(I));
   }
@@ -370,8 +371,8 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
     for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;
   check_frozen_set(I, saved, "checkpoint '" + path + "'");
   const std::string other = "checkpoint '" + path + "' is of another model: ";
-  if (m.groups.size() != I.groups.size())
-    ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.groups.size());
+  if (m.groups.size() != I.model.groups.size())
+    ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.model.groups.size());
   const std::vector<ckpt::GroupEntry> mine = model_of(I);
   for (std::size_t gi = 0; gi < mine.size(); ++gi) {
     const ckpt::GroupEntry &a = m.groups[gi], &b = mine[gi];
@@ -396,9 +397,9 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
 
 // Opens and verifies every part of every rank file this rank will read.
 void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
-  for (std::size_t gi = 0; gi < I.groups.size(); ++gi) {
-    const auto [begin, end] = kept_part(I, I.groups[gi]);
-    for (int r : reader.sources(gi, begin, end, I.rank)) {
+  for (std::size_t gi = 0; gi < I.model.groups.size(); ++gi) {
+    const auto [begin, end] = kept_part(I, I.model.groups[gi]);
+    for (int r : reader.sources(gi, begin, end, I.cx.rank)) {
       reader.check_file(r);
       reader.verify(r, gi);
     }
@@ -409,8 +410,9 @@ void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
 std::string Engine::load_checkpoint(const std::string& dir) {
   return impl_->guarded("load_checkpoint", [&]() -> std::string {
     Impl& I = *impl_;
+    I.lifecycle.check_usable("load_checkpoint");
     I.finalize();
-    I.check_no_update_in_backward("load_checkpoint");
+    I.updater.check_no_update_in_backward("load_checkpoint");
     synchronize();
 
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
@@ -446,38 +448,37 @@ std::string Engine::load_checkpoint(const std::string& dir) {
     // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
     //    the engine half-loaded: it is marked unusable.
     const ckpt::Manifest& m = reader->manifest();
-    if (m.compute_dtype != dtype_name(I.dtype))
+    if (m.compute_dtype != dtype_name(I.cx.dtype))
       for (const ckpt::GroupEntry& g : m.groups)
         if (g.frozen) {
           ZOE_LOG_INFO("rank {}: checkpoint '{}': the frozen parameters' {} values are rounded to this engine's {}",
-                       I.rank, from, m.compute_dtype, dtype_name(I.dtype));
+                       I.cx.rank, from, m.compute_dtype, dtype_name(I.cx.dtype));
           break;
         }
     try {
       I.write_values(
           [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
-            const auto gi = static_cast<std::size_t>(&g - I.groups.data());
-            reader->read(gi, 0, begin, master, I.rank);
+            const auto gi = static_cast<std::size_t>(&g - I.model.groups.data());
+            reader->read(gi, 0, begin, master, I.cx.rank);
             if (moments.empty()) return;
-            reader->read(gi, 1, begin, moments.first(master.size()), I.rank);
-            reader->read(gi, 2, begin, moments.subspan(master.size()), I.rank);
+            reader->read(gi, 1, begin, moments.first(master.size()), I.cx.rank);
+            reader->read(gi, 2, begin, moments.subspan(master.size()), I.cx.rank);
           },
           true);
     } catch (const std::exception& e) {
-      I.finalized = false;
-      I.finalize_error = std::string("loading checkpoint '") + from + "' failed after it was verified: " + e.what();
+      I.lifecycle.mark_broken(detail::concat("loading checkpoint '", from, "' failed after it was verified: ", e.what()));
       throw;
     }
-    I.step_count = m.step;
+    I.updater.set_steps(m.step);
     I.step_calls = m.step_calls;
     I.skipped_calls = m.skipped_steps;
-    I.lr = m.lr;
-    I.scaler.restore({m.loss_scale, m.good_steps, m.hysteresis_left});
-    if (I.policy.shards_params) I.drop_all_gathered();
+    I.updater.set_lr(m.lr);
+    I.updater.scaler().restore({m.loss_scale, m.good_steps, m.hysteresis_left});
+    if (I.cx.policy.shards_params) I.gatherer.drop_all_gathered();
     barrier(I);
-    if (m.world_size != I.world || m.stage != I.stage)
-      ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", I.rank, from,
-                   m.world_size, m.stage, I.world, I.stage);
+    if (m.world_size != I.cx.world || m.stage != I.cx.config.zero_optimization.stage)
+      ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", I.cx.rank, from,
+                   m.world_size, m.stage, I.cx.world, I.cx.config.zero_optimization.stage);
     return m.client_state;
   });
 }

@@ -1,9 +1,9 @@
 // The engine's units of state: a parameter, the group (flat buffer) that owns it with the
 // group's sub-groups, and a module (what the trainer calls begin_/end_forward on). A group's
 // two state machines, ParamState (sharded / gathered) and UpdateState (settled / pending), are
-// changed only by their named transitions (gather / reshard in gather.cpp, start_update /
-// after_update in async_update.cpp).
-// Not thread-safe: owned by EngineImpl, driven by one thread.
+// changed only by their named transitions (gather / reshard in gatherer.cpp, begin_group_update
+// / after_update in update/updater.cpp).
+// Not thread-safe: owned by Model, driven by one thread.
 #pragma once
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
-#include "src/core/update_pipeline.hpp"
+#include "src/core/update/update_pipeline.hpp"
 #include "src/device/device.hpp"
 #include "zoe/engine.hpp"
 
@@ -61,7 +61,7 @@ struct Group {
 
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
   // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
-  // offload the shard lives in EngineImpl::param_store (id param_id), not on the device.
+  // offload the shard lives in the parameter tier (OffloadTiers::params, id param_id), not on the device.
   DeviceBuffer param_full, param_shard;
   // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
   // param_ready completes). Stage 3 moves it with the only two transitions, gather() (sharded
@@ -73,7 +73,7 @@ struct Group {
 
   // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
   // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
-  // reduced own shard accumulated over micro-batches (grad_dtype(); only when some sub-group
+  // reduced own shard accumulated over micro-batches (EngineContext::grad_dtype(); only when some sub-group
   // is on the device optimizer: offloaded sub-groups keep fp32 gradients in the offload
   // tier). Stage 1: grad_shard holds the reduce-scatter output between the last backward and
   // the step.
@@ -86,7 +86,7 @@ struct Group {
   std::int64_t opt_begin = 0, opt_numel = 0;
   std::vector<SubGroup> subgroups;
 
-  // The update lifecycle (see async_update.cpp). start_update: settled -> pending;
+  // The update lifecycle (see update/updater.cpp). start_update: settled -> pending;
   // after_update: pending -> settled (the side stream is ordered after the update and, stages
   // 1-2 / delayed update, the new parameters waiting in `updated` are applied).
   enum class UpdateState { settled, pending } update_state = UpdateState::settled;
@@ -105,17 +105,17 @@ struct Group {
 };
 
 
+/// A module as registered: its parameters and the groups they live in. Its phase and its
+/// backward passes this step are CallRules' (call_rules.hpp), kept there only.
 struct ModuleInfo {
   std::string name;
   std::vector<std::uint32_t> params;
   std::vector<int> groups;  // distinct groups of its params, ascending
-  enum class Phase { idle, forward, backward } phase = Phase::idle;
-  int backward_count = 0;  // since the last step
 };
 
 /// DeepSpeed's IPG bucket (independent partition gradients): groups whose gradients of this
 /// round (stages 2-3: a micro-batch; stages 0-1: the step's last one) are complete, waiting to
-/// be reduced together by one collective. A group joins when its last user ends its backward;
+/// be reduced together by one collective (GradReducer). A group joins when its last user ends its backward;
 /// the bucket is reduced before a group that would take it past reduce_bucket_size elements
 /// joins (a group larger than that is a bucket of its own), once it is full, when the round is
 /// complete (every group reduced), before a module of the bucket starts its next backward, and

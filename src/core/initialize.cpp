@@ -5,7 +5,7 @@
 // its homes: the sub-group's master weights (device memory or the offload tier, moments
 // zero) and the compute-dtype parameters (device memory or the parameter tier). Chunks are
 // at most sub_group_size elements and, inside the optimizer range, exactly the sub-groups, so
-// host memory holds two chunks (plus the tiers' staging buffers) however large the model.
+// host memory holds two chunks (plus the tiers' staging buffers) however large the 
 // The chunks are pipelined (ChunkPipeline): this thread computes chunk k+1 (the initializers,
 // or a checkpoint's reads) while a writer thread stores chunk k (the tiers' writes, the casts,
 // the device copies), so construction takes the larger of the two, not their sum.
@@ -22,16 +22,17 @@
 #include "src/core/engine_impl.hpp"
 #include "src/device/host_elementwise.hpp"
 
-namespace zoe::core {
+namespace zoe {
+using namespace core;  // the engine's parts, in this file only
 
-void EngineImpl::fill_initial(const Group& g, std::int64_t begin, std::span<float> out) {
+void core::EngineImpl::fill_initial(const Group& g, std::int64_t begin, std::span<float> out) {
   std::fill(out.begin(), out.end(), 0.0f);  // padding
   const FlatLayout& L = *g.layout;
   const std::int64_t end = begin + static_cast<std::int64_t>(out.size());
   for (std::size_t i = 0; i < g.params.size(); ++i) {
     const std::int64_t p0 = L.offset(i), a = std::max(begin, p0), b = std::min(end, p0 + L.numel(i));
     if (a >= b) continue;
-    const ParamInfo& p = params[g.params[i]];
+    const ParamInfo& p = model.params[g.params[i]];
     try {
       p.init(a - p0, out.subspan(static_cast<std::size_t>(a - begin), static_cast<std::size_t>(b - a)));
     } catch (const std::bad_alloc& e) {
@@ -50,23 +51,23 @@ void EngineImpl::fill_initial(const Group& g, std::int64_t begin, std::span<floa
   }
 }
 
-void EngineImpl::write_initial_values() {
+void core::EngineImpl::write_initial_values() {
   write_values([this](const Group& g, std::int64_t begin, std::span<float> master, std::span<float>) {
     fill_initial(g, begin, master);
   }, false);
 }
 
-void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
-  const std::int64_t sub = sub_group_numel();
-  const std::size_t esz = dtype_size(dtype);
-  Stream& s = *side;
+void core::EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
+  const std::int64_t sub = cx.sub_group_numel();
+  const std::size_t esz = dtype_size(cx.dtype);
+  Stream& s = *cx.side;
   std::int64_t largest = 0;  // elements of the longest chunk
-  for (const Group& g : groups)
-    largest = std::max(largest, std::min(sub, policy.shards_params ? g.layout->shard_numel() : g.layout->padded_numel()));
+  for (const Group& g : model.groups)
+    largest = std::max(largest, std::min(sub, cx.policy.shards_params ? g.layout->shard_numel() : g.layout->padded_numel()));
   // Device parameters in a 16-bit dtype are cast on the device from an fp32 copy (the same
   // rounding as the device's casts everywhere else); the writer's stores run one at a time.
   DeviceBuffer staging;
-  if (!param_store && dtype != DType::f32) staging = alloc(MemKind::buffer, DType::f32, largest);
+  if (!tiers.params && cx.dtype != DType::f32) staging = cx.alloc(MemKind::buffer, DType::f32, largest);
   // The parameter tier's write buffer of the group being stored: the whole shard (the writer's
   // alone: leased by write_buffer before the group's first chunk, stored by commit after its last).
   void* home = nullptr;
@@ -77,29 +78,29 @@ void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
     if (a >= g.opt_begin && a < opt_end) {
       const SubGroup& sg = g.subgroups[static_cast<std::size_t>((a - g.opt_begin) / sub)];
       if (with_moments && sg.offloaded()) {
-        states->write_all(sg.offload_id, chunk);
+        tiers.states->write_all(sg.offload_id, chunk);
       } else if (with_moments) {
-        device.copy(sg.master(), chunk, 3 * n * sizeof(float), s);
+        cx.device.copy(sg.master(), chunk, 3 * n * sizeof(float), s);
       } else if (sg.offloaded()) {
-        states->write_initial(sg.offload_id, std::span<const float>(chunk, n));
+        tiers.states->write_initial(sg.offload_id, std::span<const float>(chunk, n));
       } else {
-        device.copy(sg.master(), chunk, n * sizeof(float), s);
-        device.fill(sg.master() + n, DType::f32, 2 * n, 0.0f, s);
+        cx.device.copy(sg.master(), chunk, n * sizeof(float), s);
+        cx.device.fill(sg.master() + n, DType::f32, 2 * n, 0.0f, s);
       }
     }
     const std::int64_t at = a - base;  // in the rank's parameters
-    if (param_store) {
-      host_ops::cast(chunk, DType::f32, static_cast<char*>(home) + static_cast<std::size_t>(at) * esz, dtype, n);
+    if (tiers.params) {
+      host_ops::cast(chunk, DType::f32, static_cast<char*>(home) + static_cast<std::size_t>(at) * esz, cx.dtype, n);
     } else {
-      const DeviceBuffer& dst = policy.shards_params ? g.param_shard : g.param_full;
-      if (dtype == DType::f32) {
-        device.copy(dst.at(at), chunk, n * sizeof(float), s);
+      const DeviceBuffer& dst = cx.policy.shards_params ? g.param_shard : g.param_full;
+      if (cx.dtype == DType::f32) {
+        cx.device.copy(dst.at(at), chunk, n * sizeof(float), s);
       } else {
-        device.copy(staging.data(), chunk, n * sizeof(float), s);
-        device.cast(staging.data(), DType::f32, dst.at(at), dtype, n, s);
+        cx.device.copy(staging.data(), chunk, n * sizeof(float), s);
+        cx.device.cast(staging.data(), DType::f32, dst.at(at), cx.dtype, n, s);
       }
     }
-    device.synchronize(s);  // the device copies have read the chunk
+    cx.device.synchronize(s);  // the device copies have read the chunk
   };
 
   // Two chunk buffers, each [master | exp_avg | exp_avg_sq] of one chunk (the moments only
@@ -107,11 +108,11 @@ void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
   // declared after what its stores use, so it is drained before they go.
   ChunkPipeline pipeline(static_cast<std::size_t>(largest) * (with_moments ? 3 : 1));
   try {
-    for (Group& g : groups) {
+    for (Group& g : model.groups) {
       const FlatLayout& L = *g.layout;
       // This rank's part of the flat buffer, [base, base + len): what its parameters hold.
-      const std::int64_t base = policy.shards_params ? L.shard_begin(rank) : 0;
-      const std::int64_t len = policy.shards_params ? L.shard_numel() : L.padded_numel();
+      const std::int64_t base = cx.policy.shards_params ? L.shard_begin(cx.rank) : 0;
+      const std::int64_t len = cx.policy.shards_params ? L.shard_numel() : L.padded_numel();
       const std::int64_t opt_end = g.opt_begin + g.opt_numel;  // inside [base, base + len)
       // Chunks: the sub-groups inside the optimizer range, sub_group_size pieces outside it.
       std::vector<std::pair<std::int64_t, std::int64_t>> chunks;
@@ -121,7 +122,7 @@ void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
       cut(base, g.opt_begin);
       cut(g.opt_begin, opt_end);
       cut(opt_end, base + len);
-      if (param_store) pipeline.run([this, &g, &home] { home = param_store->write_buffer(g.param_id); });
+      if (tiers.params) pipeline.run([this, &g, &home] { home = tiers.params->write_buffer(g.param_id); });
       for (auto [a, b] : chunks) {
         const auto n = static_cast<std::size_t>(b - a);
         std::span<float> chunk = pipeline.acquire();
@@ -129,15 +130,15 @@ void EngineImpl::write_values(const ChunkSource& source, bool with_moments) {
         source(g, a, chunk.first(n), in_range && with_moments ? chunk.subspan(n, 2 * n) : std::span<float>());
         pipeline.submit([&store_chunk, &g, base, a, b, data = chunk.data()] { store_chunk(g, base, a, b, data); });
       }
-      if (param_store) pipeline.run([this, &g] { param_store->commit(g.param_id); });
+      if (tiers.params) pipeline.run([this, &g] { tiers.params->commit(g.param_id); });
     }
-    if (states && !with_moments) pipeline.run([this] { states->finish_initial(); });
+    if (tiers.states && !with_moments) pipeline.run([this] { tiers.states->finish_initial(); });
     pipeline.finish();
   } catch (...) {
     pipeline.abandon();  // nothing of this call outlives it
-    if (param_store) param_store->abort_write();
+    if (tiers.params) tiers.params->abort_write();
     throw;
   }
 }
 
-}  // namespace zoe::core
+}  // namespace zoe

@@ -13,7 +13,7 @@
 #include "src/device/host_elementwise.hpp"
 
 namespace zoe {
-namespace core {
+using namespace core;  // the engine's parts, in this file only
 
 namespace {
 // FNV-1a over bytes, for tags and value agreement.
@@ -33,175 +33,159 @@ const char* reduce_name(ScalarReduce op) {
   return "?";
 }
 
-CollectiveTag param_value_tag(const EngineImpl& I, std::uint32_t param, const char* what) {
+CollectiveTag param_value_tag(const core::EngineImpl& I, std::uint32_t param, const char* what) {
   CollectiveTag t;
   t.kind = CollectiveTag::Kind::param_value;
   t.group = static_cast<std::int32_t>(param);
   t.step = I.rules.steps();
-  t.label = detail::concat(what, " parameter '", I.params[param].name, "'");
+  t.label = detail::concat(what, " parameter '", I.model.params[param].name, "'");
   return t;
 }
 }  // namespace
 
-std::vector<OptimRun> EngineImpl::option_runs(const Group& g) const {
-  const FlatLayout& L = *g.layout;
-  std::vector<OptimRun> runs;
-  for (std::size_t i = 0; i < g.params.size(); ++i) {
-    const ParamOptions& o = params[g.params[i]].options;
-    const std::int64_t begin = i == 0 ? 0 : L.offset(i);
-    const std::int64_t end = i + 1 < g.params.size() ? L.offset(i + 1) : L.padded_numel();
-    OptimRun r{begin, end - begin, *o.weight_decay, o.lr_scale};
-    if (!runs.empty() && runs.back().same_options(r)) {
-      runs.back().numel += r.numel;
-    } else if (r.numel > 0) {
-      runs.push_back(r);
-    }
-  }
-  // A group with no elements of its own still has its padding (zeros): the config's options.
-  if (runs.empty()) runs.push_back(OptimRun{0, L.padded_numel(), config.optimizer.weight_decay, 1.0});
-  return runs;
-}
-
-void EngineImpl::write_states_and_params(Group& g, const std::vector<float>& all) {
+void core::EngineImpl::write_states_and_params(Group& g, const std::vector<float>& all) {
   const std::size_t n = static_cast<std::size_t>(g.opt_numel);
-  write_states(g, all);
-  if (param_store) {
+  updater.write_states(g, all);
+  if (tiers.params) {
     // Parameter offload: the shard's home is the parameter tier.
-    std::vector<std::byte> shard(n * dtype_size(dtype));
-    host_ops::cast(all.data(), DType::f32, shard.data(), dtype, n);
-    param_store->write(g.param_id, shard.data());
+    std::vector<std::byte> shard(n * dtype_size(cx.dtype));
+    host_ops::cast(all.data(), DType::f32, shard.data(), cx.dtype, n);
+    tiers.params->write(g.param_id, shard.data());
     return;
   }
   // The compute parameters are the master weights in the compute dtype.
-  DeviceBuffer master = alloc(MemKind::buffer, DType::f32, g.opt_numel);
-  device.copy(master.data(), all.data(), n * sizeof(float), *side);
-  void* dst = policy.shards_params ? g.param_shard.data() : g.param_full.at(g.opt_begin);
-  if (dtype == DType::f32) {
-    device.copy(dst, master.data(), n * sizeof(float), *side);
+  DeviceBuffer master = cx.alloc(MemKind::buffer, DType::f32, g.opt_numel);
+  cx.device.copy(master.data(), all.data(), n * sizeof(float), *cx.side);
+  void* dst = cx.policy.shards_params ? g.param_shard.data() : g.param_full.at(g.opt_begin);
+  if (cx.dtype == DType::f32) {
+    cx.device.copy(dst, master.data(), n * sizeof(float), *cx.side);
   } else {
-    device.cast(master.data(), DType::f32, dst, dtype, n, *side);
+    cx.device.cast(master.data(), DType::f32, dst, cx.dtype, n, *cx.side);
   }
-  if (policy.gathers_updates) {
-    DeviceBuffer shard = alloc(MemKind::buffer, dtype, g.opt_numel);
-    device.copy(shard.data(), dst, shard.bytes(), *side);
-    all_gather(shard.data(), g.param_full.data(), g.opt_numel, dtype, params_tag(g));
-    device.synchronize(*side);
+  if (cx.policy.gathers_updates) {
+    DeviceBuffer shard = cx.alloc(MemKind::buffer, cx.dtype, g.opt_numel);
+    cx.device.copy(shard.data(), dst, shard.bytes(), *cx.side);
+    coll.all_gather(shard.data(), g.param_full.data(), g.opt_numel, cx.dtype, coll.params_tag(g));
+    cx.device.synchronize(*cx.side);
   }
-  device.synchronize(*side);
+  cx.device.synchronize(*cx.side);
 }
 
-std::vector<std::byte> EngineImpl::read_frozen_shard(Group& g) {
+std::vector<std::byte> core::EngineImpl::read_frozen_shard(Group& g) {
   const FlatLayout& L = *g.layout;
-  std::vector<std::byte> shard(static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype));
-  if (param_store) {
-    param_store->read(g.param_id, shard.data());
+  std::vector<std::byte> shard(static_cast<std::size_t>(L.shard_numel()) * dtype_size(cx.dtype));
+  if (tiers.params) {
+    tiers.params->read(g.param_id, shard.data());
     return shard;
   }
-  const void* src = policy.shards_params ? g.param_shard.data() : g.param_full.at(L.shard_begin(rank));
-  device.copy(shard.data(), src, shard.size(), *side);
-  device.synchronize(*side);
+  const void* src = cx.policy.shards_params ? g.param_shard.data() : g.param_full.at(L.shard_begin(cx.rank));
+  cx.device.copy(shard.data(), src, shard.size(), *cx.side);
+  cx.device.synchronize(*cx.side);
   return shard;
 }
 
-void EngineImpl::write_frozen_shard(Group& g, const std::byte* shard) {
+void core::EngineImpl::write_frozen_shard(Group& g, const std::byte* shard) {
   const FlatLayout& L = *g.layout;
-  const std::size_t bytes = static_cast<std::size_t>(L.shard_numel()) * dtype_size(dtype);
-  if (param_store) {
-    param_store->write(g.param_id, shard);
+  const std::size_t bytes = static_cast<std::size_t>(L.shard_numel()) * dtype_size(cx.dtype);
+  if (tiers.params) {
+    tiers.params->write(g.param_id, shard);
     return;
   }
-  if (policy.shards_params) {
-    device.copy(g.param_shard.data(), shard, bytes, *side);
+  if (cx.policy.shards_params) {
+    cx.device.copy(g.param_shard.data(), shard, bytes, *cx.side);
   } else {
     // Every rank holds the full copy: each sends its shard (through device memory) to all.
-    DeviceBuffer staged = alloc(MemKind::buffer, dtype, L.shard_numel());
-    device.copy(staged.data(), shard, bytes, *side);
-    all_gather(staged.data(), g.param_full.data(), L.shard_numel(), dtype, params_tag(g));
-    device.synchronize(*side);  // before `staged` is freed
+    DeviceBuffer staged = cx.alloc(MemKind::buffer, cx.dtype, L.shard_numel());
+    cx.device.copy(staged.data(), shard, bytes, *cx.side);
+    coll.all_gather(staged.data(), g.param_full.data(), L.shard_numel(), cx.dtype, coll.params_tag(g));
+    cx.device.synchronize(*cx.side);  // before `staged` is freed
   }
-  device.synchronize(*side);
+  cx.device.synchronize(*cx.side);
 }
 
-std::vector<float> EngineImpl::gather_group(Group& g, const CollectiveTag& tag) {
+std::vector<float> core::EngineImpl::gather_group(Group& g, const CollectiveTag& tag) {
   const FlatLayout& L = *g.layout;
   const auto padded = static_cast<std::size_t>(L.padded_numel());
   std::vector<float> full(padded);
-  Stream& s = *side;
+  Stream& s = *cx.side;
   if (g.frozen) {
-    std::vector<std::byte> values(padded * dtype_size(dtype));
-    if (policy.shards_params) {
+    std::vector<std::byte> values(padded * dtype_size(cx.dtype));
+    if (cx.policy.shards_params) {
       std::vector<std::byte> shard = read_frozen_shard(g);
-      DeviceBuffer send = alloc(MemKind::buffer, dtype, L.shard_numel());
-      DeviceBuffer recv = alloc(MemKind::buffer, dtype, L.padded_numel());
-      device.copy(send.data(), shard.data(), shard.size(), s);
-      all_gather(send.data(), recv.data(), L.shard_numel(), dtype, tag);
-      device.copy(values.data(), recv.data(), values.size(), s);
-      device.synchronize(s);  // before send / recv are freed
+      DeviceBuffer send = cx.alloc(MemKind::buffer, cx.dtype, L.shard_numel());
+      DeviceBuffer recv = cx.alloc(MemKind::buffer, cx.dtype, L.padded_numel());
+      cx.device.copy(send.data(), shard.data(), shard.size(), s);
+      coll.all_gather(send.data(), recv.data(), L.shard_numel(), cx.dtype, tag);
+      cx.device.copy(values.data(), recv.data(), values.size(), s);
+      cx.device.synchronize(s);  // before send / recv are freed
     } else {
-      device.copy(values.data(), g.param_full.data(), values.size(), s);
-      device.synchronize(s);
+      cx.device.copy(values.data(), g.param_full.data(), values.size(), s);
+      cx.device.synchronize(s);
     }
-    host_ops::cast(values.data(), dtype, full.data(), DType::f32, padded);
+    host_ops::cast(values.data(), cx.dtype, full.data(), DType::f32, padded);
     return full;
   }
-  std::vector<float> range = master_range(g);
-  if (!policy.shards_optimizer) return range;  // the whole buffer
-  DeviceBuffer shard = alloc(MemKind::buffer, DType::f32, L.shard_numel());
-  DeviceBuffer all = alloc(MemKind::buffer, DType::f32, L.padded_numel());
-  device.copy(shard.data(), range.data(), shard.bytes(), s);
-  all_gather(shard.data(), all.data(), L.shard_numel(), DType::f32, tag);
-  device.copy(full.data(), all.data(), full.size() * sizeof(float), s);
-  device.synchronize(s);
+  std::vector<float> range = updater.master_range(g);
+  if (!cx.policy.shards_optimizer) return range;  // the whole buffer
+  DeviceBuffer shard = cx.alloc(MemKind::buffer, DType::f32, L.shard_numel());
+  DeviceBuffer all = cx.alloc(MemKind::buffer, DType::f32, L.padded_numel());
+  cx.device.copy(shard.data(), range.data(), shard.bytes(), s);
+  coll.all_gather(shard.data(), all.data(), L.shard_numel(), DType::f32, tag);
+  cx.device.copy(full.data(), all.data(), full.size() * sizeof(float), s);
+  cx.device.synchronize(s);
   return full;
 }
 
-const ParamInfo& EngineImpl::param_between_steps(std::uint32_t index, const char* call) {
-  ZOE_CHECK_USAGE(index < params.size(), call, ": unknown parameter id ", index, " (", params.size(),
+const ParamInfo& core::EngineImpl::param_between_steps(std::uint32_t index, const char* call) {
+  ZOE_CHECK_USAGE(index < model.params.size(), call, ": unknown parameter id ", index, " (", model.params.size(),
                   " parameters registered)");
-  const ParamInfo& param = params[index];
-  for (const ModuleInfo& m : modules)
-    ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, call, "('", param.name, "') while module '", m.name,
-                    "' is in ", m.phase == ModuleInfo::Phase::forward ? "forward" : "backward",
+  const ParamInfo& param = model.params[index];
+  for (std::size_t mi = 0; mi < model.modules.size(); ++mi) {
+    const ModulePhase phase = rules.phase(static_cast<int>(mi));
+    ZOE_CHECK_USAGE(phase == ModulePhase::idle, call, "('", param.name, "') while module '", model.modules[mi].name,
+                    "' is in ", phase == ModulePhase::forward ? "forward" : "backward",
                     ": a parameter's value is read or written between steps (end_* first)");
-  check_no_update_in_backward(call);
+  }
+  lifecycle.check_usable(call);
+  updater.check_no_update_in_backward(call);
   finalize();
-  finish_update();
+  updater.finish_update();
   return param;
 }
 
-void EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name) {
+void core::EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, const std::string& name) {
   ZOE_CHECK_USAGE(!name.empty(), "all_reduce: the trainer's reduction needs a name (e.g. \"loss\")");
   ZOE_CHECK_USAGE(op == ScalarReduce::sum || op == ScalarReduce::mean || op == ScalarReduce::max ||
                       op == ScalarReduce::min,
                   "all_reduce('", name, "'): unknown ScalarReduce ", static_cast<int>(op));
   const std::size_t n = values.size();
-  if (n == 0 && world == 1) return;
-  // One all-gather of the raw fp64 words (as pairs of fp32 bit patterns: all_gather copies,
+  if (n == 0 && cx.world == 1) return;
+  // One all-gather of the raw fp64 words (as pairs of fp32 bit patterns: coll.all_gather copies,
   // never computes), then every rank combines them in rank order: identical bits everywhere,
   // for every op, on every backend.
   const std::int64_t words = static_cast<std::int64_t>(2 * std::max<std::size_t>(n, 1));
-  DeviceBuffer send = alloc(MemKind::buffer, DType::f32, words);
-  DeviceBuffer recv = alloc(MemKind::buffer, DType::f32, words * world);
-  auto* area = reinterpret_cast<double*>(readback_area(sizeof(double) * static_cast<std::size_t>(words / 2) *
-                                                       static_cast<std::size_t>(1 + world)));
+  DeviceBuffer send = cx.alloc(MemKind::buffer, DType::f32, words);
+  DeviceBuffer recv = cx.alloc(MemKind::buffer, DType::f32, words * cx.world);
+  auto* area = reinterpret_cast<double*>(cx.readback.get(sizeof(double) * static_cast<std::size_t>(words / 2) *
+                                                       static_cast<std::size_t>(1 + cx.world)));
   std::fill_n(area, words / 2, 0.0);
   std::copy(values.begin(), values.end(), area);
-  Stream& s = *side;
-  device.copy(send.data(), area, static_cast<std::size_t>(words) * sizeof(float), s);
+  Stream& s = *cx.side;
+  cx.device.copy(send.data(), area, static_cast<std::size_t>(words) * sizeof(float), s);
   CollectiveTag tag;
   tag.kind = CollectiveTag::Kind::trainer;
   const std::string identity = name + '\0' + reduce_name(op);
   tag.group = static_cast<std::int32_t>(fnv1a(identity.data(), identity.size()) & 0x7fffffffu);
   tag.step = rules.steps();
   tag.label = detail::concat("the trainer's all_reduce '", name, "' (", reduce_name(op), " of ", n, " values)");
-  all_gather(send.data(), recv.data(), words, DType::f32, std::move(tag));
+  coll.all_gather(send.data(), recv.data(), words, DType::f32, std::move(tag));
   double* all = area + words / 2;
-  device.copy(all, recv.data(), static_cast<std::size_t>(words * world) * sizeof(float), s);
-  device.synchronize(s);  // rethrows a mismatch (CommError) or timeout
+  cx.device.copy(all, recv.data(), static_cast<std::size_t>(words * cx.world) * sizeof(float), s);
+  cx.device.synchronize(s);  // rethrows a mismatch (CommError) or timeout
   const auto stride = static_cast<std::size_t>(words / 2);
   for (std::size_t i = 0; i < n; ++i) {
     double acc = all[i];
-    for (int r = 1; r < world; ++r) {
+    for (int r = 1; r < cx.world; ++r) {
       const double v = all[static_cast<std::size_t>(r) * stride + i];
       switch (op) {
         case ScalarReduce::sum:
@@ -210,20 +194,19 @@ void EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, c
         case ScalarReduce::min: acc = (std::isnan(acc) || std::isnan(v)) ? std::numeric_limits<double>::quiet_NaN() : std::min(acc, v); break;
       }
     }
-    if (op == ScalarReduce::mean) acc /= world;
+    if (op == ScalarReduce::mean) acc /= cx.world;
     values[i] = acc;
   }
 }
 
-}  // namespace core
 
-// ---------------------------------------------------------------- public API
+// ---------------------------------------------------------------- the public calls
 
 std::vector<float> Engine::gather_parameter(ParamId id) {
   return impl_->guarded("gather_parameter", [&] {
-    ZOE_CHECK_USAGE(id.index < impl_->params.size(), "gather_parameter: unknown parameter id ", id.index, " (",
-                    impl_->params.size(), " parameters registered)");
-    std::vector<float> out(static_cast<std::size_t>(impl_->params[id.index].numel));
+    ZOE_CHECK_USAGE(id.index < impl_->model.params.size(), "gather_parameter: unknown parameter id ", id.index, " (",
+                    impl_->model.params.size(), " parameters registered)");
+    std::vector<float> out(static_cast<std::size_t>(impl_->model.params[id.index].numel));
     read_parameter(id, out);
     return out;
   });
@@ -233,11 +216,11 @@ void Engine::read_parameter(ParamId id, std::span<float> out) {
   impl_->guarded("read_parameter", [&] {
     Impl& I = *impl_;
     const core::ParamInfo& p = I.param_between_steps(id.index, "read_parameter");
-    core::Group& g = I.groups[p.group];
+    core::Group& g = I.model.group(p.group);
     // Tagged with the parameter, so a rank reading another one fails on the host backends even
     // when the two groups' shapes match. The collective runs before the size check, so a rank
     // with a wrong `out` fails alone instead of leaving its peers waiting.
-    std::vector<float> full = I.gather_group(g, core::param_value_tag(I, id.index, "reading"));
+    std::vector<float> full = I.gather_group(g, param_value_tag(I, id.index, "reading"));
     ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
                     out.size(), " elements, the parameter has ", p.numel);
     std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
@@ -255,21 +238,21 @@ void Engine::write_parameter(ParamId id, std::span<const float> value) {
       std::uint64_t hash;
       std::int64_t size, nonfinite;  // nonfinite: first index of a non-finite element, or -1
     };
-    Summary mine{core::fnv1a(value.data(), value.size() * sizeof(float)), static_cast<std::int64_t>(value.size()), -1};
+    Summary mine{fnv1a(value.data(), value.size() * sizeof(float)), static_cast<std::int64_t>(value.size()), -1};
     for (std::size_t i = 0; i < value.size() && mine.nonfinite < 0; ++i)
       if (!std::isfinite(value[i])) mine.nonfinite = static_cast<std::int64_t>(i);
-    const std::size_t W = static_cast<std::size_t>(I.world);
+    const std::size_t W = static_cast<std::size_t>(I.cx.world);
     constexpr std::int64_t kWords = sizeof(Summary) / sizeof(float);
     std::vector<Summary> all(W);
     {
-      core::DeviceBuffer send = I.alloc(core::MemKind::buffer, DType::f32, kWords);
-      core::DeviceBuffer recv = I.alloc(core::MemKind::buffer, DType::f32, kWords * I.world);
-      auto* area = reinterpret_cast<Summary*>(I.readback_area(sizeof(Summary) * (1 + W)));
+      core::DeviceBuffer send = I.cx.alloc(core::MemKind::buffer, DType::f32, kWords);
+      core::DeviceBuffer recv = I.cx.alloc(core::MemKind::buffer, DType::f32, kWords * I.cx.world);
+      auto* area = reinterpret_cast<Summary*>(I.cx.readback.get(sizeof(Summary) * (1 + W)));
       area[0] = mine;
-      I.device.copy(send.data(), area, sizeof(Summary), *I.side);
-      I.all_gather(send.data(), recv.data(), kWords, DType::f32, core::param_value_tag(I, id.index, "writing"));
-      I.device.copy(area + 1, recv.data(), W * sizeof(Summary), *I.side);
-      I.device.synchronize(*I.side);
+      I.cx.device.copy(send.data(), area, sizeof(Summary), *I.cx.side);
+      I.coll.all_gather(send.data(), recv.data(), kWords, DType::f32, param_value_tag(I, id.index, "writing"));
+      I.cx.device.copy(area + 1, recv.data(), W * sizeof(Summary), *I.cx.side);
+      I.cx.device.synchronize(*I.cx.side);
       std::copy_n(area + 1, W, all.begin());
     }
     ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter('", p.name, "'): value has ", value.size(),
@@ -283,30 +266,30 @@ void Engine::write_parameter(ParamId id, std::span<const float> value) {
                       all[r].nonfinite >= 0 ? detail::concat(", element ", all[r].nonfinite, " not finite") : "",
                       "; see its error); nothing was written");
       ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter('", p.name, "'): rank ", r,
-                      " passes a different value than rank ", I.rank,
+                      " passes a different value than rank ", I.cx.rank,
                       " (every rank writes the same full value); nothing was written");
     }
-    core::Group& g = I.groups[p.group];
+    core::Group& g = I.model.group(p.group);
     const core::FlatLayout& L = *g.layout;
     const std::int64_t off = L.offset(p.slot);
     if (g.frozen) {
       // The compute-dtype copy only: this rank's shard of it, rounded as at initialisation.
       std::vector<std::byte> shard = I.read_frozen_shard(g);
-      const std::int64_t base = L.shard_begin(I.rank), S = L.shard_numel();
+      const std::int64_t base = L.shard_begin(I.cx.rank), S = L.shard_numel();
       const std::int64_t a = std::max(base, off), b = std::min(base + S, off + p.numel);
-      const std::size_t esz = dtype_size(I.dtype);
+      const std::size_t esz = dtype_size(I.cx.dtype);
       if (a < b)
         host_ops::cast(value.data() + (a - off), DType::f32, shard.data() + static_cast<std::size_t>(a - base) * esz,
-                       I.dtype, static_cast<std::size_t>(b - a));
+                       I.cx.dtype, static_cast<std::size_t>(b - a));
       I.write_frozen_shard(g, shard.data());
     } else {
       // The master weights of the parameter's elements in this rank's range; the moments stay.
-      std::vector<float> states = I.read_states(g);
+      std::vector<float> states = I.updater.read_states(g);
       const std::int64_t a = std::max(g.opt_begin, off), b = std::min(g.opt_begin + g.opt_numel, off + p.numel);
       if (a < b) std::copy(value.begin() + (a - off), value.begin() + (b - off), states.begin() + (a - g.opt_begin));
       I.write_states_and_params(g, states);
     }
-    if (I.policy.shards_params) I.drop_all_gathered();  // a gathered copy would be stale
+    if (I.cx.policy.shards_params) I.gatherer.drop_all_gathered();  // a gathered copy would be stale
   });
 }
 

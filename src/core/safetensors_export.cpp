@@ -29,15 +29,15 @@ namespace {
 
 // The ranks whose `failed` is set, as "0, 2" (empty if none), known to every rank.
 std::string agree_on_failures(core::EngineImpl& I, bool failed) {
-  std::vector<double> flags(static_cast<std::size_t>(I.world), 0.0);
-  flags[static_cast<std::size_t>(I.rank)] = failed ? 1.0 : 0.0;
-  core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, 2 * I.world);  // world doubles
-  I.device.copy(buf.data(), flags.data(), flags.size() * sizeof(double), *I.side);
-  I.comm.all_reduce_f64(static_cast<double*>(buf.data()), flags.size(), *I.side);
-  I.device.copy(flags.data(), buf.data(), flags.size() * sizeof(double), *I.side);
-  I.device.synchronize(*I.side);
+  std::vector<double> flags(static_cast<std::size_t>(I.cx.world), 0.0);
+  flags[static_cast<std::size_t>(I.cx.rank)] = failed ? 1.0 : 0.0;
+  core::DeviceBuffer buf = I.cx.alloc(core::MemKind::buffer, DType::f32, 2 * I.cx.world);  // world doubles
+  I.cx.device.copy(buf.data(), flags.data(), flags.size() * sizeof(double), *I.cx.side);
+  I.cx.comm.all_reduce_f64(static_cast<double*>(buf.data()), flags.size(), *I.cx.side);
+  I.cx.device.copy(flags.data(), buf.data(), flags.size() * sizeof(double), *I.cx.side);
+  I.cx.device.synchronize(*I.cx.side);
   std::string bad;
-  for (int r = 0; r < I.world; ++r)
+  for (int r = 0; r < I.cx.world; ++r)
     if (flags[static_cast<std::size_t>(r)] != 0.0) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
   return bad;
 }
@@ -70,22 +70,22 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
                   "export_safetensors: unknown dtype ", static_cast<int>(dtype));
   ZOE_CHECK_USAGE(!path.empty(), "export_safetensors: empty path");
   // DeepSpeed's save_16bit_model saves nothing at stage 3 unless the key allows consolidation.
-  ZOE_CHECK_USAGE(I.config.zero_optimization.stage != 3 || I.config.zero_optimization.gather_16bit_weights_on_model_save,
+  ZOE_CHECK_USAGE(I.cx.config.zero_optimization.stage != 3 || I.cx.config.zero_optimization.gather_16bit_weights_on_model_save,
                   "export_safetensors('", path, "'): zero_optimization.stage3_gather_16bit_weights_on_model_save is "
                   "false, which forbids consolidating a stage-3 model into whole parameters (DeepSpeed's "
                   "save_16bit_model then saves nothing); set it true, or save a sharded checkpoint "
                   "(save_checkpoint) and export that with zoe-ckpt export");
   // Between begin_* and end_* the gathered parameters are in use (and the trainer's thread is
   // inside a module): the same rule as step().
-  for (std::size_t m = 0; m < I.modules.size(); ++m)
+  for (std::size_t m = 0; m < I.model.modules.size(); ++m)
     ZOE_CHECK_USAGE(I.rules.phase(static_cast<int>(m)) == core::ModulePhase::idle, "export_safetensors('", path,
-                    "') while module '", I.modules[m].name, "' is still in ",
+                    "') while module '", I.model.modules[m].name, "' is still in ",
                     I.rules.phase(static_cast<int>(m)) == core::ModulePhase::forward ? "forward" : "backward",
                     ": end it first");
-  I.check_no_update_in_backward("export_safetensors");
+  I.updater.check_no_update_in_backward("export_safetensors");
   I.finalize();
-  I.finish_update();  // the master weights of the last step (as gather_parameter)
-  Stream& s = *I.side;
+  I.updater.finish_update();  // the master weights of the last step (as gather_parameter)
+  Stream& s = *I.cx.side;
 
   std::exception_ptr error;  // this rank's first failure
   auto attempt = [&](auto&& fn) {
@@ -101,12 +101,12 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
 
   std::unique_ptr<io::SafetensorsWriter> writer;
   std::unique_ptr<FlatAppender> appender;
-  if (I.rank == 0) {
+  if (I.cx.rank == 0) {
     attempt([&] {
       std::vector<io::SafetensorsTensorSpec> specs;
-      for (const core::Group& g : I.groups)
+      for (const core::Group& g : I.model.groups)
         for (std::uint32_t p : g.params)
-          specs.push_back({I.params[p].name, core::safetensors_dtype_name(dtype), I.params[p].shape});
+          specs.push_back({I.model.params[p].name, core::safetensors_dtype_name(dtype), I.model.params[p].shape});
       writer = std::make_unique<io::SafetensorsWriter>(path, std::move(specs), metadata);
       appender = std::make_unique<FlatAppender>(*writer, dtype);
     });
@@ -120,31 +120,31 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
   auto export_frozen = [&](core::Group& g) {
     CollectiveTag tag;
     tag.kind = CollectiveTag::Kind::params;
-    tag.group = static_cast<std::int32_t>(&g - I.groups.data());
+    tag.group = static_cast<std::int32_t>(&g - I.model.groups.data());
     tag.label = detail::concat("exporting the frozen parameters of '", g.name, "'");
     const std::vector<float> full = I.gather_group(g, tag);
     emit(g, 0, std::span<const float>(full.data(), full.size()));
   };
 
   std::int64_t largest = 0;
-  for (const core::Group& g : I.groups)
+  for (const core::Group& g : I.model.groups)
     for (const core::SubGroup& sg : g.subgroups) largest = std::max(largest, sg.numel);
   std::vector<float> host(static_cast<std::size_t>(largest));
 
   // This rank's sub-group `sg` into host memory.
   auto read_master = [&](const core::SubGroup& sg, float* dst) {
     if (sg.offloaded()) {
-      I.states->read_master(sg.offload_id, dst);
+      I.tiers.states->read_master(sg.offload_id, dst);
     } else {
-      I.device.copy(dst, sg.master(), static_cast<std::size_t>(sg.numel) * sizeof(float), s);
-      I.device.synchronize(s);
+      I.cx.device.copy(dst, sg.master(), static_cast<std::size_t>(sg.numel) * sizeof(float), s);
+      I.cx.device.synchronize(s);
     }
   };
 
-  if (!I.policy.shards_optimizer) {
+  if (!I.cx.policy.shards_optimizer) {
     // Stage 0: every rank holds every state; rank 0 writes its own.
-    if (I.rank == 0)
-      for (core::Group& g : I.groups) {
+    if (I.cx.rank == 0)
+      for (core::Group& g : I.model.groups) {
         if (g.frozen) {
           export_frozen(g);
           continue;
@@ -156,33 +156,33 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
         }
       }
   } else {
-    core::DeviceBuffer buf = I.alloc(core::MemKind::buffer, DType::f32, std::max<std::int64_t>(largest, 1));
-    for (core::Group& g : I.groups) {
+    core::DeviceBuffer buf = I.cx.alloc(core::MemKind::buffer, DType::f32, std::max<std::int64_t>(largest, 1));
+    for (core::Group& g : I.model.groups) {
       if (g.frozen) {
         export_frozen(g);  // a collective at stage 3: every rank joins
         continue;
       }
       // Every rank's optimizer range of g has the same size and the same sub-groups.
-      for (int r = 0; r < I.world; ++r) {
+      for (int r = 0; r < I.cx.world; ++r) {
         for (const core::SubGroup& sg : g.subgroups) {
           const auto n = static_cast<std::size_t>(sg.numel);
-          if (I.rank == r) {
+          if (I.cx.rank == r) {
             attempt([&] {
               if (sg.offloaded()) {
-                I.states->read_master(sg.offload_id, host.data());
-                I.device.copy(buf.data(), host.data(), n * sizeof(float), s);
+                I.tiers.states->read_master(sg.offload_id, host.data());
+                I.cx.device.copy(buf.data(), host.data(), n * sizeof(float), s);
               } else {
-                I.device.copy(buf.data(), sg.master(), n * sizeof(float), s);
+                I.cx.device.copy(buf.data(), sg.master(), n * sizeof(float), s);
               }
             });
           }
-          I.comm.broadcast(buf.data(), n, DType::f32, r, s);
-          if (I.rank == 0) {
-            I.device.copy(host.data(), buf.data(), n * sizeof(float), s);
-            I.device.synchronize(s);
+          I.cx.comm.broadcast(buf.data(), n, DType::f32, r, s);
+          if (I.cx.rank == 0) {
+            I.cx.device.copy(host.data(), buf.data(), n * sizeof(float), s);
+            I.cx.device.synchronize(s);
             emit(g, g.layout->shard_begin(r) + sg.begin, std::span<const float>(host.data(), n));
           } else {
-            I.device.synchronize(s);  // `host` is reused by the next read
+            I.cx.device.synchronize(s);  // `host` is reused by the next read
           }
         }
       }

@@ -67,7 +67,7 @@ class PinnedPeak : public ::testing::Test {
 // pinned buffer stages gradient writes: 3968 bytes in one 4096-byte page.
 constexpr std::size_t kStagingBytes = 16384;
 constexpr std::size_t kGradientBuffer = 4096;
-// The update pipeline's staging (src/core/gradient_sink.hpp, update_pipeline.hpp): two pages
+// The update pipeline's staging (src/core/update/gradient_sink.hpp, update_pipeline.hpp): two pages
 // for bf16 gradients on their way to the tier, two for new bf16 parameters on their way to the
 // device (992 x 2 bytes each).
 constexpr std::size_t kPipelineStaging = 4 * 4096;

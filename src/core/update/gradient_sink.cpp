@@ -1,4 +1,4 @@
-#include "src/core/gradient_sink.hpp"
+#include "src/core/update/gradient_sink.hpp"
 
 #include "src/common/check.hpp"
 

@@ -1,4 +1,4 @@
-#include "src/core/update_pipeline.hpp"
+#include "src/core/update/update_pipeline.hpp"
 
 #include <cstring>
 #include <exception>

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "src/core/update_pipeline.hpp"
+#include "src/core/update/update_pipeline.hpp"
 #include "src/device/device.hpp"
 #include "src/device/host_stream.hpp"
 #include "src/offload/optimizer_states.hpp"

@@ -1,0 +1,121 @@
+#include "src/core/collectives.hpp"
+
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "src/common/check.hpp"
+
+namespace zoe::core {
+
+void Collectives::note(CollectiveTag&& tag) {
+  rules_.note_collective(tag);
+  cx_.comm.tag_next(std::move(tag));
+}
+
+void Collectives::all_gather(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
+  note(std::move(tag));
+  cx_.comm.all_gather(send, recv, static_cast<std::size_t>(count), dt, *cx_.side);
+  elements_sent_ += count * (cx_.world - 1);
+  ++all_gather_calls_;
+}
+
+void Collectives::reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag) {
+  note(std::move(tag));
+  cx_.comm.reduce_scatter(send, recv, static_cast<std::size_t>(count), dt, ReduceOp::sum, *cx_.side);
+  elements_sent_ += count * (cx_.world - 1);
+  ++reduce_scatter_calls_;
+}
+
+void Collectives::all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag) {
+  note(std::move(tag));
+  cx_.comm.all_reduce(buf, buf, static_cast<std::size_t>(count), dt, ReduceOp::sum, *cx_.side);
+  elements_sent_ += cx_.world > 1 ? 2 * count * (cx_.world - 1) / cx_.world : 0;
+  ++all_reduce_calls_;
+}
+
+CollectiveTag Collectives::group_tag(const Group& g, CollectiveTag::Kind kind) const {
+  CollectiveTag t;
+  t.kind = kind;
+  t.group = model_.index_of(g);
+  t.step = rules_.steps();
+  if (kind == CollectiveTag::Kind::grads) t.micro_batch = g.micro_batches - 1;
+  std::string users;
+  if (g.users.size() > 1)
+    for (int u : g.users) users += (users.empty() ? " (modules '" : "', '") + model_.modules[static_cast<std::size_t>(u)].name;
+  if (!users.empty()) users += "')";
+  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of '" : "parameters of '", g.name, "'",
+                           users);
+  return t;
+}
+
+CollectiveTag Collectives::params_tag(const Group& g) const { return group_tag(g, CollectiveTag::Kind::params); }
+CollectiveTag Collectives::grads_tag(const Group& g) const { return group_tag(g, CollectiveTag::Kind::grads); }
+
+CollectiveTag Collectives::coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const {
+  CollectiveTag t = group_tag(model_.group(group_indices.front()), kind);
+  std::string names;
+  for (int gi : group_indices) names += (names.empty() ? "'" : "', '") + model_.group(gi).name;
+  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", group_indices.size(),
+                           " groups (", names, "')");
+  return t;
+}
+
+Collectives::Mark Collectives::now() const {
+  return Mark{cx_.comm.stats(), elements_sent_, all_gather_calls_, reduce_scatter_calls_, all_reduce_calls_};
+}
+
+void Collectives::begin_step() { step_start_ = now(); }
+
+void Collectives::end_step() {
+  const Mark end = now();
+  const Mark& a = step_start_;
+  last_traffic_.all_gather_bytes = end.comm.all_gather_bytes - a.comm.all_gather_bytes;
+  last_traffic_.reduce_scatter_bytes = end.comm.reduce_scatter_bytes - a.comm.reduce_scatter_bytes;
+  last_traffic_.all_reduce_bytes = end.comm.all_reduce_bytes - a.comm.all_reduce_bytes;
+  last_traffic_.bytes_sent = end.comm.total() - a.comm.total();
+  last_traffic_.elements_sent = end.elements - a.elements;
+  last_traffic_.all_gather_calls = end.all_gather - a.all_gather;
+  last_traffic_.reduce_scatter_calls = end.reduce_scatter - a.reduce_scatter;
+  last_traffic_.all_reduce_calls = end.all_reduce - a.all_reduce;
+  last_traffic_.calls = end.comm.calls - a.comm.calls;
+  step_start_ = end;
+}
+
+void Collectives::agree_on_step() {
+  if (cx_.world == 1) return;
+  const CallRules& R = rules_;
+  constexpr int kWords = 4;
+  const std::uint32_t mine[kWords] = {R.fingerprint(), R.collectives(), R.backward_calls(),
+                                      static_cast<std::uint32_t>(R.steps())};
+  // The words travel as fp32 bit patterns: all_gather copies, never computes.
+  DeviceBuffer send = cx_.alloc(MemKind::buffer, DType::f32, kWords);
+  DeviceBuffer recv = cx_.alloc(MemKind::buffer, DType::f32, kWords * cx_.world);
+  // Through the step's registered read-back area (no pageable copy on the hot path); step()
+  // reuses it only after the synchronize below. Layout: [mine | every rank's words].
+  auto* area = reinterpret_cast<std::uint32_t*>(cx_.readback.get(sizeof(mine) * static_cast<std::size_t>(1 + cx_.world)));
+  std::memcpy(area, mine, sizeof(mine));
+  std::span<const std::uint32_t> all(area + kWords, static_cast<std::size_t>(kWords * cx_.world));
+  Stream& s = *cx_.side;
+  cx_.device.copy(send.data(), area, sizeof(mine), s);
+  CollectiveTag tag;
+  tag.kind = CollectiveTag::Kind::step_agreement;
+  tag.step = R.steps();
+  tag.label = "the step agreement of step()";
+  cx_.comm.tag_next(std::move(tag));
+  cx_.comm.all_gather(send.data(), recv.data(), kWords, DType::f32, s);
+  cx_.device.copy(area + kWords, recv.data(), all.size() * sizeof(std::uint32_t), s);
+  cx_.device.synchronize(s);  // rethrows a failure of this step's collectives
+  for (int p = 0; p < cx_.world; ++p) {
+    const std::uint32_t* theirs = all.data() + p * kWords;
+    if (std::memcmp(theirs, mine, sizeof(mine)) == 0) continue;
+    ZOE_THROW(UsageError, "step() ", R.steps(), " on rank ", cx_.rank, ": rank ", p, " made different calls in this step (",
+              theirs[2], " backward calls and ", theirs[1], " collectives, fingerprint ", theirs[0], ") than rank ",
+              cx_.rank, " (", mine[2], " backward calls: ", R.backward_log(), "; ", mine[1], " collectives, fingerprint ",
+              mine[0], "); rule: every rank runs the same modules' forward and backward in the same order (to count "
+              "a module's gradient as zero on one rank, run its begin_backward/end_backward and add nothing). The "
+              "step's gradients are mixed: destroy this Engine");
+  }
+}
+
+}  // namespace zoe::core

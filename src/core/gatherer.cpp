@@ -1,0 +1,206 @@
+// The Gatherer's transitions (see gatherer.hpp): gather / gather_coalesced (sharded ->
+// gathered), reshard (gathered -> sharded), acquire / release around each module, prefetch
+// along the recorded order, and the parameter tier's reads.
+#include <algorithm>
+
+#include "src/common/check.hpp"
+#include "src/common/log.hpp"
+#include "src/core/gatherer.hpp"
+
+namespace zoe::core {
+
+void Gatherer::gather(Group& g) {
+  if (g.param_state == Group::ParamState::gathered) return;  // gathered or in flight
+  const FlatLayout& L = *g.layout;
+  // Released buffers still in flight count against stage3_max_live_parameters too: past
+  // the cap they are returned first, so memory stays within it.
+  if (live_elements_ + cx_.frees.releasing_elements() + L.padded_numel() > cx_.config.zero_optimization.stage3_max_live_parameters)
+    cx_.frees.reap(true);
+  if (!cx_.config.zoe.delayed_update) updater_.after_update(g);  // the all-gather reads the shard the last update wrote
+  g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, L.padded_numel());
+  g.param_state = Group::ParamState::gathered;
+  if (tiers_.params) {
+    // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
+    // stream after the group's update (which writes the shard back) is done.
+    std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
+    DeviceBuffer staging = cx_.alloc(MemKind::buffer, cx_.dtype, L.shard_numel());
+    cx_.device.host_func(*cx_.side, [read] { read->wait(); });
+    cx_.device.copy(staging.data(), read->data(), staging.bytes(), *cx_.side);
+    coll_.all_gather(staging.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
+    cx_.device.record(*g.param_ready, *cx_.side);
+    cx_.frees.after_side(std::move(staging), 0, std::move(read));
+  } else {
+    coll_.all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
+    cx_.device.record(*g.param_ready, *cx_.side);
+  }
+  live_elements_ += L.padded_numel();
+}
+
+void Gatherer::gather_coalesced(std::vector<int> gis) {
+  std::erase_if(gis, [this](int gi) { return model_.group(gi).param_state == Group::ParamState::gathered; });
+  if (gis.empty()) return;
+  if (gis.size() == 1) return gather(model_.group(gis.front()));
+  if (cx_.world == 1) {
+    // One rank: an all-gather is a copy, so there is no collective to save, and coalescing
+    // would only add its two staging copies per group.
+    for (int gi : gis) gather(model_.group(gi));
+    return;
+  }
+  if (tiers_.params && gis.size() > static_cast<std::size_t>(tiers_.params->read_slots())) {
+    const auto per = static_cast<std::ptrdiff_t>(tiers_.params->read_slots());
+    for (auto it = gis.begin(); it != gis.end();) {
+      auto end = gis.end() - it > per ? it + per : gis.end();
+      gather_coalesced(std::vector<int>(it, end));
+      it = end;
+    }
+    return;
+  }
+  const std::size_t esz = dtype_size(cx_.dtype);
+  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
+  std::int64_t padded = 0, T = 0;
+  std::vector<std::int64_t> offsets;
+  for (int gi : gis) {
+    const FlatLayout& L = *model_.group(gi).layout;
+    offsets.push_back(T);
+    T += L.shard_numel();
+    padded += L.padded_numel();
+  }
+  if (live_elements_ + cx_.frees.releasing_elements() + padded > cx_.config.zero_optimization.stage3_max_live_parameters) cx_.frees.reap(true);
+  for (int gi : gis) {
+    Group& g = model_.group(gi);
+    if (!cx_.config.zoe.delayed_update) updater_.after_update(g);  // the all-gather reads the shard the last update wrote
+    g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
+    g.param_state = Group::ParamState::gathered;
+  }
+  DeviceBuffer send = cx_.alloc(MemKind::buffer, cx_.dtype, T);
+  auto reads = std::make_shared<std::vector<std::shared_ptr<offload::ShardRead>>>();
+  for (std::size_t k = 0; k < gis.size(); ++k) {
+    Group& g = model_.group(gis[k]);
+    const std::size_t bytes = static_cast<std::size_t>(g.layout->shard_numel()) * esz;
+    if (tiers_.params) {
+      std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
+      cx_.device.host_func(*cx_.side, [read] { read->wait(); });
+      cx_.device.copy(at(send.data(), offsets[k]), read->data(), bytes, *cx_.side);
+      reads->push_back(std::move(read));
+    } else {
+      cx_.device.copy(at(send.data(), offsets[k]), g.param_shard.data(), bytes, *cx_.side);
+    }
+  }
+  DeviceBuffer recv = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
+  coll_.all_gather(send.data(), recv.data(), T, cx_.dtype, coll_.coalesced_tag(gis, CollectiveTag::Kind::params));
+  for (std::size_t k = 0; k < gis.size(); ++k) {
+    Group& g = model_.group(gis[k]);
+    const std::int64_t S = g.layout->shard_numel();
+    for (int r = 0; r < cx_.world; ++r)
+      cx_.device.copy(at(g.param_full.data(), r * S), at(recv.data(), r * T + offsets[k]), static_cast<std::size_t>(S) * esz, *cx_.side);
+    cx_.device.record(*g.param_ready, *cx_.side);
+  }
+  cx_.frees.after_side(std::move(send), 0, std::move(reads));
+  cx_.frees.after_side(std::move(recv));
+  live_elements_ += padded;
+}
+
+void Gatherer::acquire(int module, bool backward) {
+  ModuleInfo& m = model_.modules[static_cast<std::size_t>(module)];
+  if (!cx_.policy.shards_params) {
+    for (int gi : m.groups) {
+      if (!cx_.config.zoe.delayed_update) updater_.after_update(model_.group(gi));  // the previous step's update of this group (and its all-gather)
+      cx_.ready_for_compute(*model_.group(gi).param_ready);
+      ++model_.group(gi).active;
+    }
+    return;
+  }
+  cx_.frees.reap(false);
+  if (trace_.record(TraceEntry{module, backward})) {
+    // The order changed: prediction is off; drop what was prefetched for the old order.
+    ZOE_LOG_DEBUG("rank {}: execution order changed at entry {}; prefetch off until the next step", cx_.rank,
+                  trace_.position());
+    drop_all_gathered();
+  }
+  gather_coalesced(m.groups);
+  for (int gi : m.groups) ++model_.group(gi).active;
+  prefetch();
+  for (int gi : m.groups) cx_.ready_for_compute(*model_.group(gi).param_ready);
+}
+
+void Gatherer::prefetch() {
+  const auto& zc = cx_.config.zero_optimization;
+  // The groups of the next modules in the recorded order, up to the prefetch bucket (the
+  // last one may pass it, as in DeepSpeed) and never past stage3_max_live_parameters.
+  std::int64_t issued = 0;
+  std::vector<int> bucket_groups;
+  bool at_cap = false;
+  for (const TraceEntry& next : trace_.upcoming()) {
+    if (at_cap || issued >= zc.stage3_prefetch_bucket_size) break;
+    for (int gi : model_.modules[static_cast<std::size_t>(next.module)].groups) {
+      const Group& g = model_.group(gi);
+      if (g.param_state == Group::ParamState::gathered || std::find(bucket_groups.begin(), bucket_groups.end(), gi) != bucket_groups.end()) continue;
+      std::int64_t n = g.layout->padded_numel();
+      if (live_elements_ + issued + n > zc.stage3_max_live_parameters) {
+        at_cap = true;  // stop here: a later group must not overtake this one
+        break;
+      }
+      bucket_groups.push_back(gi);
+      issued += n;
+    }
+  }
+  gather_coalesced(std::move(bucket_groups));
+}
+
+bool Gatherer::in_prefetch_window(int group) const {
+  // Reused within stage3_max_reuse_distance elements of execution along the recorded order?
+  std::int64_t distance = 0;
+  for (const TraceEntry& next : trace_.upcoming()) {
+    const ModuleInfo& m = model_.modules[static_cast<std::size_t>(next.module)];
+    if (std::find(m.groups.begin(), m.groups.end(), group) != m.groups.end())
+      return distance < cx_.config.zero_optimization.stage3_max_reuse_distance;
+    for (int gi : m.groups) distance += model_.group(gi).layout->live_numel();
+    if (distance > cx_.config.zero_optimization.stage3_max_reuse_distance) return false;
+  }
+  return false;
+}
+
+void Gatherer::release(int module) {
+  ModuleInfo& m = model_.modules[static_cast<std::size_t>(module)];
+  for (int gi : m.groups) --model_.group(gi).active;
+  if (!cx_.policy.shards_params) return;
+  bool any_freed = false;
+  for (int gi : m.groups) {
+    Group& g = model_.group(gi);
+    // zoe.debug_poison frees every released gather, so a stale view of it reads NaN.
+    if (g.active > 0 || (g.persistent && !cx_.frees.poison()) || g.param_state != Group::ParamState::gathered) continue;
+    bool over_cap = live_elements_ > cx_.config.zero_optimization.stage3_max_live_parameters;
+    if (!cx_.frees.poison() && !over_cap && in_prefetch_window(gi)) continue;
+    if (!any_freed) cx_.side_waits_for_compute();  // the trainer's reads of the buffer come first
+    any_freed = true;
+    reshard(g);
+  }
+}
+
+void Gatherer::drop_all_gathered() {
+  cx_.side_waits_for_compute();
+  for (Group& g : model_.groups) {
+    if (g.param_state != Group::ParamState::gathered || g.active > 0) continue;
+    reshard(g);
+  }
+}
+
+void Gatherer::reshard(Group& g) {
+  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group '", g.name, "', which is not gathered");
+  g.param_state = Group::ParamState::sharded;
+  live_elements_ -= g.layout->padded_numel();
+  cx_.frees.after_side(std::move(g.param_full), g.layout->padded_numel());
+}
+
+std::shared_ptr<offload::ShardRead> Gatherer::begin_shard_read(Group& g) {
+  // Read ahead now if the shard is final (its update is done); else the side stream issues
+  // the read when it reaches it, after the update.
+  const bool final_now = cx_.device.query(*g.update_done) && (!g.host_done || g.host_done->ready());
+  for (;;) {
+    if (auto read = tiers_.params->try_begin_read(g.param_id, final_now)) return *read;
+    // Every read buffer belongs to a gather still on the side stream: wait for the oldest.
+    ZOE_CHECK(cx_.frees.reap_oldest(), "parameter offload: no pinned read buffer free and none in flight");
+  }
+}
+
+}  // namespace zoe::core

@@ -1,0 +1,230 @@
+// The GradReducer's work (see grad_reducer.hpp for the design).
+#include <algorithm>
+
+#include "src/common/check.hpp"
+#include "src/core/grad_reducer.hpp"
+
+namespace zoe::core {
+
+void GradReducer::prepare(const ModuleInfo& m) {
+  // A group still waiting in the bucket_ is reduced before its buffer takes the next
+  // micro-batch's gradients.
+  for (int gi : m.groups)
+    if (bucket_.holds(gi)) {
+      flush_bucket();
+      break;
+    }
+  if (!cx_.policy.shards_grads) return;  // persistent buffers, zeroed after each step
+  bool filled = false;
+  for (int gi : m.groups) {
+    Group& g = model_.group(gi);
+    if (g.frozen || g.grad_full) continue;  // frozen: no gradient buffer
+    g.grad_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
+    cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *cx_.side);
+    filled = true;
+  }
+  if (filled) {
+    auto e = cx_.device.create_event();
+    cx_.device.record(*e, *cx_.side);
+    cx_.ready_for_compute(*e);
+  }
+}
+
+void GradReducer::finish_backward(const ModuleInfo& m) {
+  cx_.side_waits_for_compute();
+  for (int gi : m.groups) {
+    Group& g = model_.group(gi);
+    if (g.frozen) continue;  // no gradients: never reduced
+    if (--g.pending_users > 0) continue;
+    g.pending_users = static_cast<int>(g.users.size());
+    ++g.micro_batches;
+    if (cx_.policy.shards_grads || g.micro_batches == cx_.config.gradient_accumulation_steps) queue_reduction(gi);
+  }
+  if (round_complete()) flush_bucket();
+}
+
+void GradReducer::queue_reduction(int gi) {
+  const std::int64_t n = model_.group(gi).layout->padded_numel();
+  const std::int64_t cap = cx_.config.zero_optimization.reduce_bucket_size;
+  if (!bucket_.groups.empty() && bucket_.elements + n > cap) flush_bucket();  // DeepSpeed's test, before adding
+  bucket_.groups.push_back(gi);
+  bucket_.elements += n;
+  if (bucket_.elements >= cap) flush_bucket();  // full: nothing more can join (same buckets, issued sooner)
+}
+
+bool GradReducer::round_complete() const {
+  if (bucket_.groups.empty()) return false;
+  int round = 0;
+  for (int gi : bucket_.groups) round = std::max(round, model_.group(gi).micro_batches);
+  // Frozen groups have no gradients (micro_batches stays 0): they take no part in a round;
+  // neither does a group no module uses (the empty trainable group of a module whose
+  // parameters are all frozen or owned by another module).
+  return std::all_of(model_.groups.begin(), model_.groups.end(), [round](const Group& g) {
+    return g.frozen || g.users.empty() || g.micro_batches >= round;
+  });
+}
+
+void GradReducer::flush_bucket() {
+  if (bucket_.groups.empty()) return;
+  std::vector<int> gis = std::move(bucket_.groups);
+  bucket_ = GradBucket{};
+  if (const double p = cx_.pre_divisor(); p != 1.0)  // prescale_gradients / gradient_predivide_factor
+    for (int gi : gis) {
+      Group& g = model_.group(gi);
+      cx_.device.scale(g.grad_full.data(), cx_.dtype, static_cast<std::size_t>(g.layout->padded_numel()),
+                   static_cast<float>(1.0 / p), *cx_.side);
+    }
+  if (gis.size() == 1) {
+    reduce_group(model_.group(gis.front()));
+  } else {
+    reduce_groups(gis);
+  }
+  // zoe.update_in_backward: the groups whose gradient of the step's last micro-batch this
+  // reduced start their update now (async_update.cpp).
+  if (cx_.config.zoe.update_in_backward)
+    for (int gi : gis)
+      if (model_.group(gi).micro_batches == cx_.config.gradient_accumulation_steps)
+        updater_.start_in_backward(gi);
+  if (!cx_.config.zero_optimization.overlap_comm) {
+    // DeepSpeed without overlap_comm reduces on the compute stream: the trainer's next work
+    // (the rest of backward) starts after the reduction.
+    auto done = cx_.device.create_event();
+    cx_.device.record(*done, *cx_.side);
+    cx_.ready_for_compute(*done);
+  }
+}
+
+void GradReducer::reduce_groups(const std::vector<int>& gis) {
+  const std::size_t esz = dtype_size(cx_.dtype);
+  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
+  const CollectiveTag tag = coll_.coalesced_tag(gis, CollectiveTag::Kind::grads);
+  if (!cx_.policy.shards_optimizer) {  // stage 0: all-reduce the concatenation, copy the sums back
+    std::int64_t total = 0;
+    for (int gi : gis) total += model_.group(gi).layout->padded_numel();
+    DeviceBuffer flat = cx_.alloc(MemKind::buffer, cx_.dtype, total);
+    std::int64_t off = 0;
+    for (int gi : gis) {
+      Group& g = model_.group(gi);
+      cx_.device.copy(at(flat.data(), off), g.grad_full.data(), g.grad_full.bytes(), *cx_.side);
+      off += g.layout->padded_numel();
+    }
+    coll_.all_reduce(flat.data(), total, cx_.dtype, tag);
+    off = 0;
+    for (int gi : gis) {
+      Group& g = model_.group(gi);
+      cx_.device.copy(g.grad_full.data(), at(flat.data(), off), g.grad_full.bytes(), *cx_.side);
+      off += g.layout->padded_numel();
+    }
+    cx_.frees.after_side(std::move(flat));
+    return;
+  }
+  // Rank-major: part r = [group 1's shard r | group 2's shard r | ...], so rank r receives its
+  // shards of every group, contiguously.
+  std::vector<std::int64_t> offsets;
+  std::int64_t T = 0;
+  for (int gi : gis) {
+    offsets.push_back(T);
+    T += model_.group(gi).layout->shard_numel();
+  }
+  DeviceBuffer send = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
+  for (int r = 0; r < cx_.world; ++r)
+    for (std::size_t k = 0; k < gis.size(); ++k) {
+      Group& g = model_.group(gis[k]);
+      const std::int64_t S = g.layout->shard_numel();
+      cx_.device.copy(at(send.data(), r * T + offsets[k]), at(g.grad_full.data(), r * S), static_cast<std::size_t>(S) * esz, *cx_.side);
+    }
+  DeviceBuffer out = cx_.alloc(MemKind::buffer, cx_.dtype, T);
+  coll_.reduce_scatter(send.data(), out.data(), T, cx_.dtype, tag);
+  cx_.frees.after_side(std::move(send));
+  for (std::size_t k = 0; k < gis.size(); ++k) {
+    Group& g = model_.group(gis[k]);
+    absorb_shard(g, at(out.data(), offsets[k]));
+    if (cx_.policy.shards_grads) cx_.frees.after_side(std::move(g.grad_full));
+  }
+  cx_.frees.after_side(std::move(out));
+}
+
+void GradReducer::absorb_shard(Group& g, const void* reduced) {
+  const std::int64_t S = g.layout->shard_numel();
+  const std::size_t bytes = static_cast<std::size_t>(S) * dtype_size(cx_.dtype);
+  const int gas = cx_.config.gradient_accumulation_steps;
+  const bool offloaded = updater_.has_offloaded_sub_groups(g);
+  if (cx_.policy.reduces_at_step || (gas == 1 && g.grad_shard)) {
+    // The shard the step reads (stage 1), or the one micro-batch's (stages 2-3).
+    if (cx_.policy.reduces_at_step) g.grad_shard = cx_.alloc(MemKind::buffer, cx_.dtype, S);
+    cx_.device.copy(g.grad_shard.data(), reduced, bytes, *cx_.side);
+    if (offloaded) updater_.accept_gradient(g, g.grad_shard.data(), true, true);
+    return;
+  }
+  const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
+  if (g.grad_shard && first) cx_.device.cast(reduced, cx_.dtype, g.grad_shard.data(), DType::f32, S, *cx_.side);
+  if (g.grad_shard && !first) cx_.device.accumulate(reduced, cx_.dtype, static_cast<float*>(g.grad_shard.data()), S, *cx_.side);
+  if (offloaded) {
+    // The tier's copy reads on a stream of its own: give it a buffer that lives until then.
+    DeviceBuffer part = cx_.alloc(MemKind::buffer, cx_.dtype, S);
+    cx_.device.copy(part.data(), reduced, bytes, *cx_.side);
+    std::shared_ptr<Event> read = updater_.accept_gradient(g, part.data(), first, last);
+    cx_.frees.after(std::move(part), std::move(read));
+  }
+}
+
+void GradReducer::reduce_group(Group& g) {
+  const FlatLayout& L = *g.layout;
+  const std::int64_t S = L.shard_numel();
+  const int gas = cx_.config.gradient_accumulation_steps;
+  const bool offloaded = updater_.has_offloaded_sub_groups(g);
+  if (!cx_.policy.shards_optimizer) {
+    coll_.all_reduce(g.grad_full.data(), L.padded_numel(), cx_.dtype, coll_.grads_tag(g));
+    return;
+  }
+  if (cx_.policy.reduces_at_step) {  // after the last micro-batch, into a shard the step reads
+    g.grad_shard = cx_.alloc(MemKind::buffer, cx_.dtype, S);
+    coll_.reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, cx_.dtype, coll_.grads_tag(g));
+    if (offloaded) updater_.accept_gradient(g, g.grad_shard.data(), true, true);  // read before the step (drained)
+    return;
+  }
+  // Each micro-batch, as soon as the group's backward ended.
+  const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
+  if (gas == 1 && g.grad_shard) {
+    coll_.reduce_scatter(g.grad_full.data(), g.grad_shard.data(), S, cx_.dtype, coll_.grads_tag(g));
+    if (offloaded) updater_.accept_gradient(g, g.grad_shard.data(), true, true);
+  } else {
+    DeviceBuffer part = cx_.alloc(MemKind::buffer, cx_.dtype, S);
+    coll_.reduce_scatter(g.grad_full.data(), part.data(), S, cx_.dtype, coll_.grads_tag(g));
+    // Micro-batches add up in fp32 (grad_dtype() is f32 when gas > 1).
+    if (g.grad_shard && first) cx_.device.cast(part.data(), cx_.dtype, g.grad_shard.data(), DType::f32, S, *cx_.side);
+    if (g.grad_shard && !first) cx_.device.accumulate(part.data(), cx_.dtype, static_cast<float*>(g.grad_shard.data()), S, *cx_.side);
+    if (offloaded) {
+      std::shared_ptr<Event> read = updater_.accept_gradient(g, part.data(), first, last);
+      cx_.frees.after(std::move(part), std::move(read));
+    } else {
+      cx_.frees.after_side(std::move(part));
+    }
+  }
+  cx_.frees.after_side(std::move(g.grad_full));
+}
+
+void GradReducer::zero_unused_gradients() {
+  Stream& s = *cx_.side;
+  for (Group& g : model_.groups) {
+    if (g.frozen || g.micro_batches != 0) continue;
+    if (cx_.policy.reduces_at_step) g.grad_shard = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->shard_numel());
+    if (cx_.policy.shards_optimizer && g.grad_shard)
+      cx_.device.fill(g.grad_shard.data(), cx_.grad_dtype(), g.layout->shard_numel(), 0.0f, s);
+    if (updater_.has_offloaded_sub_groups(g)) updater_.zero_offloaded_gradients(g);
+  }
+}
+
+void GradReducer::reset_for_next_step(bool skipped) {
+  // The update, if running, owns the gradients it reads until it is done.
+  for (Group& g : model_.groups) {
+    if (g.frozen) continue;
+    if (skipped && !cx_.policy.shards_grads)
+      cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *cx_.side);
+    if (skipped && cx_.policy.reduces_at_step) cx_.frees.after_side(std::move(g.grad_shard));
+    g.micro_batches = 0;
+    g.pending_users = static_cast<int>(g.users.size());
+  }
+}
+
+}  // namespace zoe::core

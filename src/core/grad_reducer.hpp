@@ -1,0 +1,69 @@
+// GradReducer: the gradient buffers handed to the trainer and their reduction.
+//  stage 0: grad_full persistent; all-reduced after the last micro-batch's backward.
+//  stage 1: grad_full persistent; reduce-scattered into grad_shard after the last one.
+//  stages 2-3: grad_full lives for one micro-batch; reduce-scattered once every module using
+//    the group finished its backward (on the side stream, overlapping the rest of backward)
+//    and accumulated into the persistent grad_shard.
+// Reductions go through DeepSpeed's IPG bucket (GradBucket): consecutive groups, in the order
+// their backward completed, reduced by one collective of at most reduce_bucket_size elements
+// (a larger group alone, straight from its buffer). A bucket of several groups is flattened
+// into one buffer first (rank-major for reduce-scatter, so each rank's part is its shards of
+// every group) and the result taken back per group; the sums are elementwise in rank order,
+// so bucketing never changes a bit. overlap_comm false makes the trainer's compute wait for
+// each bucket's reduction (DeepSpeed then reduces on the compute stream). With optimizer
+// offload the reduced shard also goes, as soon as it is ready, into the fp32 gradients of the
+// offloaded sub-groups (Updater::accept_gradient), accumulating over micro-batches; with
+// zoe.update_in_backward a group whose last micro-batch was reduced starts its update.
+// Not thread-safe: the thread that drives the Engine calls it.
+#pragma once
+
+#include <vector>
+
+#include "src/core/collectives.hpp"
+#include "src/core/engine_context.hpp"
+#include "src/core/model.hpp"
+#include "src/core/update/updater.hpp"
+
+namespace zoe::core {
+
+class GradReducer {
+ public:
+  GradReducer(EngineContext& cx, Model& model, Collectives& coll, Updater& updater)
+      : cx_(cx), model_(model), coll_(coll), updater_(updater) {}
+
+  /// At begin_backward(m): reduces a bucket holding one of m's groups first, then (stages 2-3)
+  /// allocates and zeroes the gradient buffers m's groups lack.
+  void prepare(const ModuleInfo& m);
+  /// At end_backward(m): each of m's groups whose every user finished this round joins the
+  /// bucket; the bucket is reduced once the round is complete.
+  void finish_backward(const ModuleInfo& m);
+  /// Reduces the bucket's groups with one collective (nothing when empty).
+  void flush_bucket();
+  /// At step(): the gradients of groups no module ran backward for this step are zero.
+  void zero_unused_gradients();
+  /// At the end of step(): the persistent buffers of a skipped step are zeroed (stages 0-1),
+  /// stage 1's reduced shards dropped, the round counts reset.
+  void reset_for_next_step(bool skipped);
+
+ private:
+  /// Puts group `gi`'s complete gradient of this round into the bucket (reducing the bucket
+  /// first when it would overflow, after when it is full).
+  void queue_reduction(int gi);
+  /// Whether every group has reduced the round of the bucket's last group.
+  bool round_complete() const;
+  /// One group's reduction straight from its gradient buffer (a bucket of one group).
+  void reduce_group(Group& g);
+  /// Several groups' reduction through one flattened buffer (see the file comment).
+  void reduce_groups(const std::vector<int>& gis);
+  /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
+  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups.
+  void absorb_shard(Group& g, const void* reduced);
+
+  EngineContext& cx_;
+  Model& model_;
+  Collectives& coll_;
+  Updater& updater_;
+  GradBucket bucket_;  // gradients waiting for their reduction
+};
+
+}  // namespace zoe::core

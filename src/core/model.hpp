@@ -1,0 +1,50 @@
+// Model: the registry of one rank's engine: the parameters the trainer registered (by name),
+// the optimizer parameter groups, the modules, and the flat-buffer groups the modules'
+// parameters are partitioned into at build (each module owns the parameters it lists first;
+// its frozen ones form a second group). The groups' buffers and states are filled in by the
+// parts that own each concern (Gatherer, GradReducer, Updater); Model owns the containers.
+// Not thread-safe: the thread that drives the Engine uses it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "src/core/group.hpp"
+#include "src/core/stage_policy.hpp"
+#include "zoe/engine.hpp"
+
+namespace zoe::core {
+
+struct Model {
+  std::vector<ParamInfo> params;
+  std::unordered_map<std::string, std::uint32_t> param_by_name;  // every registered name
+  std::vector<std::string> param_groups;                          // add_param_group names, in order
+  std::vector<ModuleInfo> modules;
+  std::vector<Group> groups;  // empty until build
+
+  /// Throws UsageError unless a build can start: some module registered, every parameter used
+  /// by one. Changes nothing.
+  void check_complete() const;
+  /// Partitions the parameters into groups (each module owns the parameters it lists first;
+  /// frozen ones form "<module> (frozen)") and lays each out as a flat buffer padded for
+  /// `world` ranks: sets every group's layout, users, persistence (stage 3, below
+  /// `persistence_threshold` elements) and this rank's optimizer range. Buffers are not
+  /// allocated here.
+  void build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold);
+  /// Throws UsageError for an unknown module id.
+  void check_module(ModuleId m) const;
+  /// The trainer's views of module `m`'s parameters (in the gathered full buffer, `dtype`) and,
+  /// `with_grads`, of their gradient buffers (null for frozen parameters).
+  ModuleTensors views(const ModuleInfo& m, bool with_grads, DType dtype) const;
+  /// Runs of equal optimizer options over the group's flat buffer [0, padded_numel): parameter
+  /// i covers [offset(i), offset(i + 1)) (its padding with it), neighbours with equal options
+  /// merged; an empty group is one run with the config's `default_weight_decay`.
+  std::vector<OptimRun> option_runs(const Group& g, double default_weight_decay) const;
+  int index_of(const Group& g) const { return static_cast<int>(&g - groups.data()); }
+  Group& group(int gi) { return groups[static_cast<std::size_t>(gi)]; }
+  const Group& group(int gi) const { return groups[static_cast<std::size_t>(gi)]; }
+};
+
+}  // namespace zoe::core

@@ -1,0 +1,113 @@
+// The step's gradient statistics: the global sum of squares and the count of non-finite
+// pieces, from the reduced gradients (device sub-groups on the device, offloaded ones as the
+// gradient sink recorded them), with one small fp64 all-reduce.
+//
+// Bitwise agreement between stages: each rank's shard of each group is summed in pieces of
+// sub_group_size elements (the sub-groups), in fp64, and the pieces are added in order: the
+// same in every stage (stage 0 forms all ranks' partials itself) and added in rank order, as
+// the communicator's all-reduce does.
+#include "src/core/update/grad_norm.hpp"
+
+#include <algorithm>
+#include <span>
+
+namespace zoe::core {
+
+GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& updater, OffloadTiers& tiers) {
+  const StagePolicy& policy = cx.policy;
+  const int world = cx.world;
+  Device& device = cx.device;
+  Stream& s = *cx.side;
+  const DType gdt = cx.grad_dtype();
+  const std::vector<Group>& groups = model.groups;
+  auto sub_group_numel = [&cx] { return cx.sub_group_numel(); };
+  auto grad_of = [&policy](const Group& g) -> const void* {
+    return policy.shards_optimizer ? g.grad_shard.data() : g.grad_full.data();
+  };
+  // ---- sums of squares and finite flags. Each rank's shard of each group is summed in
+  // pieces of sub_group_size elements (the sub-groups), in fp64, and the pieces are added in
+  // order: the same in every stage (stage 0 forms all ranks' partials itself) whether a
+  // piece's gradient is on the device or offloaded (whose sum add_grad recorded).
+  struct Piece {
+    int rank;
+    std::int64_t begin, numel;  // in the rank's shard
+    int offload_id;             // >= 0: an offloaded sub-group
+    const Group* group;
+  };
+  const int parts = policy.shards_optimizer ? 1 : world;
+  const std::size_t G = groups.size();
+  std::vector<Piece> pieces;
+  for (const Group& g : groups) {
+    if (g.frozen) continue;
+    const std::int64_t S = g.layout->shard_numel();
+    for (int r = 0; r < parts; ++r) {
+      for (std::int64_t c = 0; c < S; c += sub_group_numel()) {
+        const std::int64_t n = std::min(sub_group_numel(), S - c);
+        int id = -1;
+        if (policy.shards_optimizer) {
+          const SubGroup& sg = g.subgroups[static_cast<std::size_t>(c / sub_group_numel())];
+          id = sg.offload_id;
+        }
+        pieces.push_back(Piece{r, c, n, id, &g});
+      }
+    }
+  }
+  DeviceBuffer sums = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * std::max<std::size_t>(pieces.size(), 1)));
+  DeviceBuffer finite = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));  // ints
+  // The step's read-backs (sums, finite flags, the all-reduced pair) land in registered host
+  // memory: no pageable copy on the hot path. Layout: [pieces doubles | 2 doubles | G ints].
+  std::byte* area = cx.readback.get(pieces.size() * sizeof(double) + 2 * sizeof(double) + G * sizeof(int));
+  std::span<double> host_sums(reinterpret_cast<double*>(area), pieces.size());
+  double* local = reinterpret_cast<double*>(area) + pieces.size();
+  std::span<int> host_finite(reinterpret_cast<int*>(local + 2), G);
+  std::fill(host_finite.begin(), host_finite.end(), 1);
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& p = pieces[i];
+    if (p.offload_id >= 0) continue;
+    const std::int64_t at = p.rank * p.group->layout->shard_numel() + p.begin;
+    device.sum_squares(static_cast<const char*>(grad_of(*p.group)) + at * dtype_size(gdt),
+                       gdt, static_cast<std::size_t>(p.numel), static_cast<double*>(sums.data()) + i, s);
+  }
+  for (std::size_t gi = 0; gi < G; ++gi) {
+    const Group& g = groups[gi];
+    if (!grad_of(g)) continue;  // every sub-group offloaded
+    const std::int64_t n = policy.shards_optimizer ? g.layout->shard_numel() : g.layout->padded_numel();
+    device.all_finite(grad_of(g), gdt, static_cast<std::size_t>(n), static_cast<int*>(finite.data()) + gi, s);
+  }
+  device.copy(host_sums.data(), sums.data(), host_sums.size() * sizeof(double), s);
+  device.copy(host_finite.data(), finite.data(), host_finite.size() * sizeof(int), s);
+  device.synchronize(s);
+  updater.drain_gradients();  // the offloaded gradients' add_grad (their sums of squares)
+  for (std::size_t gi = 0; gi < G; ++gi)
+    if (!grad_of(groups[gi])) host_finite[gi] = 1;
+  double total = 0.0, nonfinite = 0.0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].offload_id < 0) continue;
+    host_sums[i] = tiers.states->grad_sum_squares(pieces[i].offload_id);
+    nonfinite += tiers.states->grad_finite(pieces[i].offload_id) ? 0.0 : 1.0;
+  }
+  for (std::size_t gi = 0; gi < G; ++gi) nonfinite += host_finite[gi] ? 0.0 : 1.0;
+  if (!policy.shards_optimizer) {
+    for (int r = 0; r < parts; ++r) {
+      double partial = 0.0;
+      for (std::size_t i = 0; i < pieces.size(); ++i)
+        if (pieces[i].rank == r) partial += host_sums[i];
+      total += partial;
+    }
+  } else {
+    local[0] = 0.0;
+    local[1] = nonfinite;
+    for (double x : host_sums) local[0] += x;
+    DeviceBuffer red = cx.alloc(MemKind::buffer, DType::f32, 4);
+    device.copy(red.data(), local, 2 * sizeof(double), s);
+    cx.comm.all_reduce_f64(static_cast<double*>(red.data()), 2, s);
+    device.copy(local, red.data(), 2 * sizeof(double), s);
+    device.synchronize(s);
+    total = local[0];
+    nonfinite = local[1];
+  }
+
+  return GradStats{total, nonfinite};
+}
+
+}  // namespace zoe::core

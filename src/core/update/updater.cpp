@@ -1,0 +1,302 @@
+// The Updater's executor and triggers (see updater.hpp for the design): start_update (step()),
+// start_in_backward (zoe.update_in_backward), the delayed update's snapshots, after_update /
+// finish_update, and the gradients' way into the optimizer tier.
+#include "src/core/update/updater.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/common/check.hpp"
+#include "kernels/adam_math.hpp"
+
+namespace zoe::core {
+
+namespace {
+// The group's reduced gradient the update reads (stages 1-3: its shard; stage 0: the full buffer).
+const void* grad_of(const StagePolicy& policy, const Group& g) {
+  return policy.shards_optimizer ? g.grad_shard.data() : g.grad_full.data();
+}
+}  // namespace
+
+Updater::Updater(EngineContext& cx, Model& model, Collectives& coll, OffloadTiers& tiers)
+    : cx_(cx), model_(model), coll_(coll), tiers_(tiers), scaler_(cx.config), lr_(cx.config.optimizer.lr),
+      update_stream_(cx.device.create_stream()) {}
+
+Updater::~Updater() { stop(); }
+
+void Updater::stop() {
+  pipeline_.reset();   // waits for a running update
+  grad_sink_.reset();  // and for gradients on their way to the tier
+  try {
+    cx_.device.synchronize(*update_stream_);
+  } catch (...) {
+  }
+}
+
+UpdatePlan Updater::plan(float grad_scale) const {
+  const auto& oc = cx_.config.optimizer;
+  return UpdatePlan{optim::AdamHyper{lr_, oc.betas[0], oc.betas[1], oc.eps, oc.weight_decay,
+                                     oc.type == OptimizerType::adamw, oc.bias_correction},
+                    steps_ + 1, grad_scale};
+}
+
+double Updater::unclipped_grad_factor() const {
+  return cx_.pre_divisor() / (scaler_.scale() * cx_.world * cx_.gradient_accumulation_steps());
+}
+
+void Updater::wait_for_previous_step() {
+  // Unless this step's update has begun in backward (queued behind the previous one: waiting
+  // would wait for that too); then the error of an earlier wave surfaces here, without waiting.
+  if (phase_ == Phase::between_steps) {
+    finish_update();
+  } else if (pipeline_) {
+    pipeline_->check();
+  }
+}
+
+void Updater::drain_gradients() {
+  if (grad_sink_) grad_sink_->drain();
+}
+
+std::int64_t Updater::staging_bytes() const {
+  return (pipeline_ ? static_cast<std::int64_t>(pipeline_->staging_bytes()) : 0) +
+         (grad_sink_ ? static_cast<std::int64_t>(grad_sink_->staging_bytes()) : 0);
+}
+
+
+void Updater::start_update(const UpdatePlan& plan) {
+  if (phase_ == Phase::in_backward) {
+    // What the groups started in backward used must be what the step computes (set_lr was
+    // refused since; no clipping, no loss scale: validated).
+    ZOE_CHECK(backward_plan_.step == plan.step && backward_plan_.grad_scale == plan.grad_scale &&
+                  backward_plan_.hyper.lr == plan.hyper.lr,
+              "update in backward: its plan (step ", backward_plan_.step, ", lr ", backward_plan_.hyper.lr,
+              ", gradient factor ", backward_plan_.grad_scale, ") differs from step()'s (step ", plan.step, ", lr ",
+              plan.hyper.lr, ", ", plan.grad_scale, ")");
+  }
+  steps_ = plan.step;
+  // Delayed update: the next step's backward refills the gradient buffers while this update
+  // still reads them, so it reads a snapshot (stage 1's reduce-scatter output is already
+  // private to the step), and the persistent buffers are zeroed now.
+  std::vector<std::shared_ptr<DeviceBuffer>> snapshots(model_.groups.size());
+  if (cx_.config.zoe.delayed_update) {
+    for (std::size_t gi = 0; gi < model_.groups.size(); ++gi) {
+      Group& g = model_.groups[gi];
+      if (g.frozen) continue;
+      // (Validated: the delayed update needs optimizer offload, hence a sharded optimizer.)
+      if (cx_.policy.shards_grads) {
+        if (!g.grad_shard) continue;  // every sub-group offloaded: offload_grads waits for the update
+        snapshots[gi] = std::make_shared<DeviceBuffer>(cx_.alloc(MemKind::buffer, cx_.grad_dtype(), g.layout->shard_numel()));
+        cx_.device.copy(snapshots[gi]->data(), grad_of(cx_.policy, g), snapshots[gi]->bytes(), *cx_.side);
+      } else {
+        cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *cx_.side);
+      }
+    }
+    cx_.device.synchronize(*cx_.side);
+  }
+  std::vector<PipelineGroup> host_parts;
+  for (std::size_t gi = 0; gi < model_.groups.size(); ++gi) {
+    Group& g = model_.groups[gi];
+    // Frozen: nothing to update (it stays settled). update_step == plan.step: started in
+    // backward (zoe.update_in_backward).
+    if (g.frozen || g.update_step == plan.step) continue;
+    // The previous step's update of a group this step never used (step() waited for it only
+    // when no update began in backward).
+    if (g.update_state == Group::UpdateState::pending) after_update(g);
+    begin_group_update(static_cast<int>(gi), plan, snapshots[gi], host_parts);
+  }
+  if (!host_parts.empty()) pipeline_->start(std::move(host_parts), plan);
+  if (!cx_.config.zoe.overlap_step && !cx_.config.zoe.delayed_update) finish_update();
+}
+
+void Updater::begin_group_update(int gi, const UpdatePlan& plan, const std::shared_ptr<DeviceBuffer>& snapshot,
+                                 std::vector<PipelineGroup>& host_parts) {
+  Group& g = model_.group(gi);
+  ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
+  g.update_step = plan.step;
+  if (cx_.policy.gathers_updates || cx_.config.zoe.delayed_update) {
+    // The new parameters wait in `updated` until after_update applies them.
+    g.updated = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->shard_numel());
+  }
+  // Pointers are taken now: the buffers may change hands before the work runs.
+  const void* grad = snapshot ? snapshot->data() : grad_of(cx_.policy, g);
+  void* out = g.updated ? g.updated.data() : !cx_.policy.shards_optimizer ? g.param_full.data() : g.param_shard.data();
+  // Parameter offload: device sub-groups write into a device buffer the host part copies
+  // into the tier.
+  std::shared_ptr<DeviceBuffer> device_out;
+  if (tiers_.params) {
+    device_out = std::make_shared<DeviceBuffer>(
+        has_device_sub_groups(g) ? cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->shard_numel()) : DeviceBuffer());
+    out = device_out->data();
+  }
+  if (out) update_on_device(g, plan, grad, out, *update_stream_);
+  // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
+  if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update) cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
+  cx_.device.record(*g.update_done, *update_stream_);
+  g.update_state = Group::UpdateState::pending;
+  g.host_done.reset();
+  if (tiers_.params || has_offloaded_sub_groups(g)) {
+    host_parts.push_back(host_part(g, gi, out, std::move(device_out)));
+    g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
+  }
+  // Buffers the device part reads are freed after it.
+  if (snapshot) cx_.frees.after_stream(*update_stream_, DeviceBuffer(), snapshot);
+  if (cx_.policy.reduces_at_step) cx_.frees.after_stream(*update_stream_, std::move(g.grad_shard));
+}
+
+
+// zoe.update_in_backward (the optimizer step in backward: PyTorch's optimizer hooks in
+// backward, LOMO's fused update; here with the states offloaded). A group's gradient is final
+// once the step's last micro-batch reduced it; with no clipping and no loss scaling (the
+// config refuses both: they need every gradient's norm first) nothing else its update needs
+// is still to come, so its update starts then, while backward goes on: the CPU optimizer's
+// NVMe reads and writes overlap the rest of backward, not only the next forward. The math is
+// the plain step's, bit for bit. Each group is one pipeline wave (its `ready` latch: the
+// gradient sink has written its gradient), queued behind the previous step's last wave.
+void Updater::start_in_backward(int gi) {
+  Group& g = model_.group(gi);
+  if (phase_ == Phase::between_steps) {
+    // No clipping and no loss scaling (validated): the plan needs no global norm. The lr is
+    // the one step() will use (the scheduler's for this step, else set_lr's).
+    if (cx_.config.scheduler.type != SchedulerType::none)
+      lr_ = cx_.config.scheduler.lr_at(cx_.config.optimizer.lr, steps_);
+    backward_plan_ = plan(static_cast<float>(unclipped_grad_factor()));
+    phase_ = Phase::in_backward;
+  }
+  if (g.update_state == Group::UpdateState::pending) after_update(g);  // the previous step's, not yet applied
+  std::vector<PipelineGroup> host_parts;
+  begin_group_update(gi, backward_plan_, nullptr, host_parts);
+  if (host_parts.empty()) return;
+  host_parts.front().ready = std::make_shared<GroupDone>();
+  grad_sink_->signal(host_parts.front().ready);
+  pipeline_->start(std::move(host_parts), backward_plan_);
+}
+
+void Updater::check_overflow_skippable() const {
+  if (phase_ != Phase::in_backward) return;
+  // Some groups already took this step's update: the step cannot be skipped as a whole.
+  ZOE_THROW(Error, "rank ", cx_.rank, ": inf/NaN in the gradients of step ", backward_plan_.step,
+            " with zoe.update_in_backward: ", groups_updated_in_backward(), " group(s) had already taken this step's update in "
+            "backward, so the step cannot be skipped and those groups' master weights and exp_avg / exp_avg_sq "
+            "may now hold inf/NaN; load the last checkpoint (and lower the lr, or turn zoe.update_in_backward "
+            "off to get skipped steps)");
+}
+
+int Updater::groups_updated_in_backward() const {
+  int started = 0;
+  for (const Group& g : model_.groups) started += g.update_step == backward_plan_.step ? 1 : 0;
+  return started;
+}
+
+void Updater::check_forward_allowed(const ModuleInfo& mod) const {
+  if (phase_ != Phase::in_backward) return;
+  for (int gi : mod.groups) {
+    const Group& g = model_.groups[static_cast<std::size_t>(gi)];
+    ZOE_CHECK_USAGE(g.update_step != backward_plan_.step, "begin_forward('", mod.name, "') before step() with "
+                    "zoe.update_in_backward: its group '", g.name, "' already took step ", backward_plan_.step,
+                    "'s update in backward; call step() first (evaluation belongs between steps)");
+  }
+}
+
+void Updater::check_no_update_in_backward(const char* call) const {
+  if (phase_ != Phase::in_backward) return;
+  ZOE_THROW(UsageError, call, " after the last micro-batch's backward and before step() with "
+            "zoe.update_in_backward: ", groups_updated_in_backward(), " group(s) already took step ", backward_plan_.step,
+            "'s update, so the parameters and optimizer states are between two steps; call step() first");
+}
+
+
+void Updater::after_update(Group& g) {
+  if (g.update_state != Group::UpdateState::pending) return;
+  g.update_state = Group::UpdateState::settled;
+  cx_.device.wait(*cx_.side, *g.update_done);
+  // The host part: wait on the side stream (not on this thread) for its latch.
+  if (g.host_done) cx_.device.host_func(*cx_.side, [done = g.host_done] { done->wait(); });
+  if (g.updated) {
+    if (cx_.policy.gathers_updates) {
+      gather_update(g);
+    } else {  // stage 3, delayed update
+      cx_.device.copy(g.param_shard.data(), g.updated.data(), g.param_shard.bytes(), *cx_.side);
+    }
+    cx_.frees.after_side(std::move(g.updated));
+  }
+  cx_.device.record(*g.param_ready, *cx_.side);
+}
+
+void Updater::finish_update() {
+  if (pipeline_) pipeline_->finish();        // rethrows an error of the host part
+  cx_.device.synchronize(*update_stream_);       // and of the device part
+  for (Group& g : model_.groups) after_update(g);
+}
+
+void Updater::gather_update(Group& g) {
+  // DeepSpeed's all_gather_dp_groups: max(1, shard · world / allgather_bucket_size) pieces of
+  // the shard, each aligned (16 elements here, zoe's alignment), the last taking the rest.
+  const std::int64_t S = g.layout->shard_numel();
+  const std::int64_t pieces = std::max<std::int64_t>(1, S * cx_.world / cx_.config.zero_optimization.allgather_bucket_size);
+  // DeepSpeed aligns a piece down (to 2 elements) and would issue empty ones below that.
+  const std::int64_t piece = std::max<std::int64_t>(FlatLayout::kAlign, S / pieces / FlatLayout::kAlign * FlatLayout::kAlign);
+  const std::int64_t count = std::min(pieces, S / piece);
+  if (count == 1) {
+    coll_.all_gather(g.updated.data(), g.param_full.data(), S, cx_.dtype, coll_.params_tag(g));
+    return;
+  }
+  const std::size_t esz = dtype_size(cx_.dtype);
+  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
+  for (std::int64_t k = 0; k < count; ++k) {
+    const std::int64_t begin = k * piece, n = k + 1 == count ? S - begin : piece;  // the last takes the rest
+    DeviceBuffer recv = cx_.alloc(MemKind::buffer, cx_.dtype, n * cx_.world);
+    coll_.all_gather(at(g.updated.data(), begin), recv.data(), n, cx_.dtype, coll_.params_tag(g));
+    for (int r = 0; r < cx_.world; ++r)
+      cx_.device.copy(at(g.param_full.data(), r * S + begin), at(recv.data(), r * n), static_cast<std::size_t>(n) * esz, *cx_.side);
+    cx_.frees.after_side(std::move(recv));
+  }
+}
+
+void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
+                                  Stream& s) {
+  const std::size_t esz = dtype_size(cx_.dtype);
+  const DType gdt = cx_.policy.reduces_at_step ? cx_.dtype : cx_.grad_dtype();
+  for (const SubGroup& sg : g.subgroups) {
+    if (sg.offloaded()) continue;
+    const auto n = static_cast<std::size_t>(sg.numel);
+    float* master = sg.master();
+    // Each run of equal per-parameter options (weight decay, lr_ factor) with its coefficients,
+    // from the same double hyper-parameters the CPU optimizer gets (hyper_for): same bits.
+    for (const OptimRun& r : sg.runs) {
+      const optim::AdamHyper h = hyper_for(plan.hyper, r);
+      const kernels::AdamCoeffs c = kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled,
+                                                         plan.step, plan.grad_scale, h.bias_correction);
+      const std::int64_t at = sg.begin + r.begin;
+      const auto b = static_cast<std::size_t>(r.begin);
+      cx_.device.adam_step(c, master + b, master + n + b, master + 2 * n + b,
+                       static_cast<const char*>(grad_data) + at * dtype_size(gdt), gdt,
+                       static_cast<char*>(out_data) + at * esz, cx_.dtype, static_cast<std::size_t>(r.numel), s);
+    }
+  }
+}
+std::shared_ptr<Event> Updater::accept_gradient(Group& g, const void* shard, bool first, bool last) {
+  auto reduced = std::shared_ptr<Event>(cx_.device.create_event());
+  cx_.device.record(*reduced, *cx_.side);
+  std::shared_ptr<Event> read = reduced;
+  const std::size_t esz = dtype_size(cx_.dtype);
+  // The tier write waits for the group's previous update (it may still read the gradients:
+  // delayed update).
+  for (const SubGroup& sg : g.subgroups)
+    if (sg.offloaded())
+      read = grad_sink_->add(sg.offload_id, static_cast<const char*>(shard) + sg.begin * esz, sg.numel, first, last,
+                            *reduced, g.host_done);
+  return read;
+}
+void Updater::zero_offloaded_gradients(Group& g) {
+  for (const SubGroup& sg : g.subgroups)
+    if (sg.offloaded()) grad_sink_->zero(sg.offload_id, g.host_done);
+}
+bool Updater::has_device_sub_groups(const Group& g) const {
+  if (!tiers_.states) return true;  // no offload: everything is on the device, even an empty group
+  return std::any_of(g.subgroups.begin(), g.subgroups.end(), [](const SubGroup& sg) { return !sg.offloaded(); });
+}
+bool Updater::has_offloaded_sub_groups(const Group& g) const {
+  return std::any_of(g.subgroups.begin(), g.subgroups.end(), [](const SubGroup& sg) { return sg.offloaded(); });
+}
+}  // namespace zoe::core

@@ -1,0 +1,173 @@
+// Updater: the one owner of the optimizer update (Adam / AdamW over this rank's sub-groups).
+//
+// One plan builder (plan()), one host-part builder (host_part()), one executor
+// (begin_group_update(): the device sub-groups as Device::adam_step on the update stream, the
+// offloaded ones as the group's host part in the one UpdatePipeline), used by all three
+// triggers: step() (start_update), the update in backward (start_in_backward, zoe.update_in_
+// backward) and the delayed update (start_update with gradient snapshots, zoe.delayed_update).
+// Its phase says whether this step's update has begun in backward.
+//
+// The update overlaps the next forward (ZeRO-Offload's CPU step, without its one-step delay):
+// after_update(g) orders the side stream after group g's update (a device wait on the device
+// part's event, a host function waiting for the host part's latch), so the next forward of
+// module k waits only for the groups it uses. The host latch, not an event the worker
+// records, because waiting on a CUDA event that is not yet recorded does not wait; the side
+// stream, not the engine's thread, blocks, so prefetching queues ahead without waiting for
+// later groups' updates. Collectives stay on the engine's thread in program order: stages 1-2
+// leave the new shard in Group::updated and after_update() all-gathers it before the group's
+// next use.
+//
+// Delayed update (ZeRO-Offload's one-step-delayed parameter update, Ren et al. 2021, §4.2
+// "DPU"): update N reads a snapshot of step N's gradients and writes the new parameters aside;
+// step N+1's forward and backward use the parameters of update N-1; step N+1's step() applies
+// update N. This changes the math in exchange for the CPU step overlapping a whole step.
+//
+// It also owns what the update reads and writes besides the groups: the loss scaler, the lr,
+// the step count, the update stream, the pipeline and the gradient sink (the reduced gradients'
+// way into the optimizer tier), and the sub-groups' placement and states (update/sub_groups.cpp).
+// Not thread-safe: the thread that drives the Engine calls it (the pipeline's worker runs the
+// host parts).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "src/core/collectives.hpp"
+#include "src/core/engine_context.hpp"
+#include "src/core/loss_scaler.hpp"
+#include "src/core/model.hpp"
+#include "src/core/offload_tiers.hpp"
+#include "src/core/update/gradient_sink.hpp"
+#include "src/core/update/update_pipeline.hpp"
+
+namespace zoe::core {
+
+class Updater {
+ public:
+  /// Whether this step's update has begun: not before step() (between_steps), or group by
+  /// group in backward since the first group's gradient became final (in_backward, until
+  /// step() ends).
+  enum class Phase { between_steps, in_backward };
+
+  Updater(EngineContext& cx, Model& model, Collectives& coll, OffloadTiers& tiers);
+  /// stop().
+  ~Updater();
+  /// Waits for a running update and for gradients on their way to the tier, then for the
+  /// update stream (errors dropped): what must end before the side stream can be drained.
+  void stop();
+  Updater(const Updater&) = delete;
+  Updater& operator=(const Updater&) = delete;
+
+  // ---- build (update/sub_groups.cpp)
+  /// Splits every group's optimizer range into sub-groups of sub_group_size elements: the first
+  /// ones (in forward order) get device memory, offload_optimizer.ratio of them (the last ones)
+  /// go to the optimizer tier. Sizes only; the values are written after the tiers open.
+  void place_sub_groups();
+  /// With optimizer or parameter offload: the update pipeline and the gradient sink, with pinned
+  /// staging of the largest offloaded sub-group (after the tiers' finalize).
+  void build_paths();
+
+  // ---- the plan
+  /// The update of the coming step (step count + 1) with this step's lr and gradient factor
+  /// `grad_scale` (1 / (loss scale x world x micro-batches) x pre-divisor x clip coefficient).
+  UpdatePlan plan(float grad_scale) const;
+  /// The gradient factor without clipping: pre_divisor / (loss scale x world x micro-batches).
+  double unclipped_grad_factor() const;
+
+  // ---- the three triggers
+  /// step(): queues the update of every trainable group not yet started in backward and counts
+  /// the step (steps() becomes plan.step); returns at once (zoe.overlap_step) or after
+  /// finish_update().
+  void start_update(const UpdatePlan& plan);
+  /// zoe.update_in_backward: group gi's gradient of the step's last micro-batch is reduced:
+  /// starts its update now as one pipeline wave (waiting for the gradient sink).
+  void start_in_backward(int gi);
+  /// At step(): the previous step's update (unless this step's began in backward, which is
+  /// queued behind it: only its errors so far are rethrown).
+  void wait_for_previous_step();
+  /// At the end of step(): the next step's update has not begun.
+  void step_ended() { phase_ = Phase::between_steps; }
+
+  // ---- ordering the side stream after the update
+  /// Makes the side stream wait for group g's update and, stages 1-2 / delayed update, applies
+  /// its new parameters (all-gathered). No-op unless the group's update is pending.
+  void after_update(Group& g);
+  /// Blocks until the whole update is done (rethrows its error), then after_update of every group.
+  void finish_update();
+
+  // ---- the gradients' way into the optimizer tier
+  /// Adds group g's reduced shard (compute dtype, device memory, reduced on the side stream) to
+  /// the fp32 gradients of its offloaded sub-groups (after the group's previous update).
+  /// Returns the event after which `shard` is no longer read.
+  std::shared_ptr<Event> accept_gradient(Group& g, const void* shard, bool first, bool last);
+  /// Sets the offloaded sub-groups' gradients to zero (no backward reached the group).
+  void zero_offloaded_gradients(Group& g);
+  /// Blocks until every gradient on its way into the tier is there.
+  void drain_gradients();
+  /// Whether some of the group's sub-groups are on the device optimizer / offloaded.
+  bool has_device_sub_groups(const Group& g) const;
+  bool has_offloaded_sub_groups(const Group& g) const;
+
+  // ---- misuse while the update is in backward
+  /// Throws UsageError naming `call` while this step's update has begun in backward.
+  void check_no_update_in_backward(const char* call) const;
+  /// Throws UsageError when module `m` uses a group whose update began in backward this step.
+  void check_forward_allowed(const ModuleInfo& m) const;
+  /// Throws Error (the step cannot be skipped) when this step's update began in backward.
+  void check_overflow_skippable() const;
+  /// Whether this step's update has begun in backward.
+  Phase phase() const { return phase_; }
+
+  // ---- the optimizer's own state (state_dict)
+  LossScaler& scaler() { return scaler_; }
+  const LossScaler& scaler() const { return scaler_; }
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  /// Updates applied so far (DeepSpeed's global_steps less the skipped ones).
+  std::int64_t steps() const { return steps_; }
+  void set_steps(std::int64_t steps) { steps_ = steps; }
+  /// This rank's fp32 master weights of the group's range (opt_numel floats), host memory.
+  std::vector<float> master_range(Group& g);
+  /// master / exp_avg / exp_avg_sq of the group's range ([3 x opt_numel] floats, host memory).
+  std::vector<float> read_states(Group& g);
+  /// Writes all three states of the range from `all` ([3 x opt_numel] floats).
+  void write_states(Group& g, const std::vector<float>& all);
+  /// Pinned staging bytes of the pipeline and the gradient sink.
+  std::int64_t staging_bytes() const;
+
+ private:
+  int device_sub_group_count() const;
+  void place_sub_groups(Group& g, int& device_left);
+  /// The executor: queues group gi's update (device part on the update stream, host part
+  /// appended to `host_parts`); `snapshot`: the delayed update's copy of its gradient.
+  void begin_group_update(int gi, const UpdatePlan& plan, const std::shared_ptr<DeviceBuffer>& snapshot,
+                          std::vector<PipelineGroup>& host_parts);
+  /// Device::adam_step for the group's device sub-groups on `stream`, run by run.
+  void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
+  /// The host-part builder: the group's offloaded sub-groups for the pipeline, their outputs to
+  /// `out` (device memory, the group's range), or, with parameter offload, into the shard's
+  /// home in the parameter tier (after copying the device sub-groups' `device_out` there).
+  PipelineGroup host_part(Group& g, int gi, void* out, std::shared_ptr<DeviceBuffer> device_out);
+  /// Stages 1-2: all-gathers the group's updated shard into param_full, in pieces of at most
+  /// about allgather_bucket_size elements (DeepSpeed's all_gather_dp_groups).
+  void gather_update(Group& g);
+  int groups_updated_in_backward() const;
+
+  EngineContext& cx_;
+  Model& model_;
+  Collectives& coll_;
+  OffloadTiers& tiers_;
+  LossScaler scaler_;
+  double lr_;
+  std::int64_t steps_ = 0;
+  std::unique_ptr<Stream> update_stream_;  // the device sub-groups' updates, group by group
+  // With optimizer or parameter offload: the CPU optimizer's pipeline and the gradients' way
+  // into the tier. Declared after what they use: destroyed first.
+  std::unique_ptr<UpdatePipeline> pipeline_;
+  std::unique_ptr<GradientSink> grad_sink_;
+  Phase phase_ = Phase::between_steps;
+  UpdatePlan backward_plan_{};  // the plan of the update begun in backward (phase in_backward)
+};
+
+}  // namespace zoe::core
