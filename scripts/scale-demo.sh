@@ -10,7 +10,7 @@
 # construction time and GB/s against the dd bound, step time, step time over max(compute alone,
 # NVMe I/O alone), and zoe-estimate's prediction for the same configuration next to the
 # engine's memory report (device buffers against the allocated peak, torch's
-# max_memory_allocated; the reserved peak beside it). README.md "The scale demo" records a run and explains the method.
+# max_memory_allocated; the reserved peak beside it). docs/performance.md "The scale demo" records runs and explains the method.
 # Usage: scripts/scale-demo.sh [extra zoe-gpt flags]   (they override the defaults below)
 # Env: ZOE_BUILD_DIR (default build-scale), ZOE_GPT_DATA (default data/gpt), ZOE_DATA_SOURCE (as
 #      scripts/run-main.sh), ZOE_SCALE_NVME (the NVMe directory; default /work/zoe-scale-nvme if

@@ -13,7 +13,7 @@ default is bf16). With --json one object per line {"bench":"gpt_torch","case","v
 tokens/s),"unit","baseline" (torch tokens/s),"ratio" (zoe / torch), ...}; figures depend on the
 machine's load: each line carries the load average before and after.
 Without PyTorch it prints why on stderr and exits 77 (skipped). Run it with /usr/bin/python3
-(Debian's python3-torch); see README.md "zoe-gpt against PyTorch".
+(Debian's python3-torch); see docs/performance.md "zoe-gpt against plain PyTorch".
 """
 import argparse
 import csv
