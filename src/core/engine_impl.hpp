@@ -28,7 +28,7 @@
 #include "src/core/deferred_frees.hpp"
 #include "src/core/execution_trace.hpp"
 #include "src/core/group.hpp"
-#include "src/core/stage_policy.hpp"
+#include "src/config/stage_policy.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/flat_layout.hpp"
 #include "src/core/loss_scaler.hpp"
