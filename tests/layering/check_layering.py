@@ -127,7 +127,7 @@ def check_includes(root, rows, errors):
                 count += 1
                 if target != own and target not in allowed[own]:
                     errors.append(f"{rel}:{number}: {own} -> {target} is not in the dependency rule "
-                                  f"({TABLE_DOC}): #include {quote}{spelling}")
+                                  f"({TABLE_DOC}): {line.strip()}")
     return len(files), count
 
 
