@@ -1,11 +1,29 @@
 # zoe_add_module(NAME <name> SOURCES <files...> [DEPS <targets...>])
 # Builds the module folder as OBJECT library zoe_<name> (its own target, so its
-# dependencies stay visible) and adds its objects and dependencies to zoe.
+# dependencies stay visible) and adds its objects and dependencies to zoe. DEPS are the
+# libraries it uses (Debian packages, CUDA); the modules it may include come from its row of
+# the dependency rule (cmake/ZoeLayering.cmake): its only include path is its include view,
+# and it links the module targets of its row.
 function(zoe_add_module)
   cmake_parse_arguments(M "" "NAME" "SOURCES;DEPS" ${ARGN})
   set(target zoe_${M_NAME})
   add_library(${target} OBJECT ${M_SOURCES})
-  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/include)
+  file(RELATIVE_PATH module ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  zoe_layering_view(${module} view)
+  target_include_directories(${target} PRIVATE ${view})
+  # __FILE__ of a header reached through the view is its repository path, as for sources (the
+  # second form: ccache's path relative to the build dir). The last matching map wins.
+  file(RELATIVE_PATH view_from_build ${PROJECT_BINARY_DIR} ${view})
+  foreach(map ${view}/= ${view_from_build}/=)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:C,CXX>:-fmacro-prefix-map=${map}>
+      $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-fmacro-prefix-map=${map}>)
+  endforeach()
+  foreach(dep IN LISTS ZOE_LAYERING_DEPS_${module})
+    get_filename_component(dep_name ${dep} NAME)
+    if(TARGET zoe_${dep_name} AND NOT dep MATCHES "^zoe/")
+      target_link_libraries(${target} PRIVATE zoe_${dep_name})
+    endif()
+  endforeach()
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
   if(M_DEPS)
     target_link_libraries(${target} PUBLIC ${M_DEPS})

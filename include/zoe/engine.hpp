@@ -37,66 +37,10 @@
 #include "zoe/device_kind.hpp"
 #include "zoe/dtype.hpp"
 #include "zoe/error.hpp"
+#include "zoe/param_initializer.hpp"  // ParamInitializer
+#include "zoe/ranks.hpp"              // RankContext and the rank factories
 
 namespace zoe {
-
-class Device;        // opaque: memory, streams, copies (host or CUDA backend)
-class Communicator;  // opaque: collectives (host/Gloo or NCCL backend)
-
-/// The host device: device memory is host memory, streams are in-order executors.
-/// ZOE_HOST_MEMORY=discrete makes it model a GPU's separate memory instead (copies on
-/// copy-engine threads, host code kept out of device memory; ZOE_HOST_COPY_GBPS,
-/// ZOE_HOST_COPY_LATENCY_US): a testing aid, see docs/architecture.md. Throws ConfigError
-/// for an invalid value of those variables.
-std::shared_ptr<Device> make_host_device();
-/// The CUDA device `ordinal` if a GPU is usable, else the host device (logged).
-std::shared_ptr<Device> best_available_device(int ordinal = 0);
-
-/// One rank's device and communicator.
-struct RankContext {
-  int rank = 0;
-  int world_size = 1;
-  std::shared_ptr<Device> device;
-  std::shared_ptr<Communicator> comm;
-};
-
-/// `world_size` ranks as threads of this process, each with its own host device and a
-/// communicator of one in-process group (no sockets: each rank reads its peers' buffers
-/// directly, with results bitwise equal to the multi-process Gloo backend's). Element i
-/// is rank i; run each rank's collectives from its own thread (run_ranks). `timeout_s`
-/// (seconds) bounds how long a collective waits for every rank to join; it then throws
-/// TimeoutError naming the collective and the missing rank. Throws UsageError if
-/// world_size < 1 or timeout_s is not a positive finite number. The devices follow
-/// ZOE_HOST_MEMORY as make_host_device() does.
-std::vector<RankContext> make_local_ranks(int world_size, double timeout_s = 300.0);
-
-/// This process's rank from the launcher's environment (torchrun: RANK/WORLD_SIZE/
-/// LOCAL_RANK/MASTER_ADDR/MASTER_PORT; mpirun: OMPI_COMM_WORLD_*; srun: SLURM_*), on the
-/// best available device. The ranks meet through torchrun's agent store when torchrun sets
-/// TORCHELASTIC_USE_AGENT_STORE=True, else through a store rank 0 serves at MASTER_PORT, or,
-/// for mpirun on one host without MASTER_ADDR, on a local socket named after the job id.
-/// Throws Error listing what was found (and saying what to set) when variables are missing,
-/// TimeoutError when the store or a peer is not reached within `timeout_s` seconds.
-RankContext rank_from_environment(double timeout_s = 300.0);
-
-/// Calls fn(ctx) on one thread per rank and joins them. A rank whose fn throws aborts its
-/// communicator with the exception's message (its peers' collectives then throw
-/// RankFailedError naming it at once instead of waiting out the timeout). Rethrows the first
-/// exception (by rank) that is not a RankFailedError, else the first one.
-void run_ranks(const std::vector<RankContext>& ranks, const std::function<void(RankContext&)>& fn);
-
-/// Produces part of a parameter's initial value: fills `out` with elements
-/// [offset, offset + out.size()) of the parameter's flattened row-major fp32 value (offset in
-/// elements, 0 <= offset, offset + out.size() <= numel; out is host memory). It must give the
-/// same values for the same elements whatever the chunking and on every rank (a pure function
-/// of the element index, e.g. a counter-based hash or a seeded generator skipped to `offset`).
-/// The Engine calls it only during its first forward (or the first call that needs the
-/// parameters: begin_backward, step, gather_parameter, checkpoints), only from the thread
-/// driving the Engine, with at most zero_optimization.sub_group_size elements per call, and
-/// only for the elements this rank keeps (DeepSpeed's zero.Init): with stage 3 exactly the
-/// live elements of its shard, with stages 0-2 the whole parameter (those stages keep full
-/// compute-dtype parameters). It may throw; see Engine::add_parameter.
-using ParamInitializer = std::function<void(std::int64_t offset, std::span<float> out)>;
 
 /// Handle of a registered parameter (index in registration order).
 struct ParamId {
@@ -160,7 +104,12 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;
-  std::int64_t numel() const;
+  /// Product of shape (1 for a scalar); no overflow check.
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+  }
   template <class T>
   T* as() const { return static_cast<T*>(data); }
 };

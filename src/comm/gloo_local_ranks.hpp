@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "src/comm/host_communicator.hpp"
-#include "zoe/engine.hpp"
+#include "zoe/ranks.hpp"
 
 namespace zoe {
 

@@ -1,4 +1,4 @@
-// make_local_ranks and run_ranks of include/zoe/engine.hpp: ranks as threads, connected
+// make_local_ranks and run_ranks of include/zoe/ranks.hpp: ranks as threads, connected
 // by a LocalCommunicator group (multi-process runs use HostCommunicator, rendezvous.cpp).
 #include <cmath>
 #include <exception>
@@ -10,7 +10,7 @@
 #include "src/comm/local_communicator.hpp"
 #include "src/common/check.hpp"
 #include "src/device/host_device.hpp"
-#include "zoe/engine.hpp"
+#include "zoe/ranks.hpp"
 
 namespace zoe {
 

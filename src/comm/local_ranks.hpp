@@ -1,5 +1,5 @@
 // Ranks as threads on host devices of a chosen model: the internal form of
-// make_local_ranks (include/zoe/engine.hpp), which uses the environment's options
+// make_local_ranks (include/zoe/ranks.hpp), which uses the environment's options
 // (ZOE_HOST_MEMORY..., src/device/host_device_options.hpp). Tests and benches that need a
 // discrete host device whatever the environment call this.
 #pragma once
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "src/device/host_device_options.hpp"
-#include "zoe/engine.hpp"
+#include "zoe/ranks.hpp"
 
 namespace zoe {
 

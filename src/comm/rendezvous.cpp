@@ -1,4 +1,4 @@
-// rank_from_environment of include/zoe/engine.hpp: ranks as processes.
+// rank_from_environment of include/zoe/ranks.hpp: ranks as processes.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,7 +9,7 @@
 #include "src/comm/torch_store_client.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
-#include "zoe/engine.hpp"
+#include "zoe/ranks.hpp"
 #if ZOE_HAVE_CUDA
 #include "src/comm/nccl_communicator.hpp"
 #include "src/device/cuda_device.hpp"

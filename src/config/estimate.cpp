@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "src/common/check.hpp"
+#include "src/config/stage_policy.hpp"
 
 namespace zoe::estimate {
 namespace {
@@ -55,6 +56,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
                      model.frozen_parameters);
   config.validate();
   const auto& z = config.zero_optimization;
+  const StagePolicy stage(z.stage);
   const std::int64_t psi = model.parameters;
   const std::int64_t nd = world_size;
   const std::int64_t B = static_cast<std::int64_t>(dtype_size(config.compute_dtype()));
@@ -71,12 +73,12 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const std::int64_t t = r.trainable_shard_elements;
 
   // Parameters: full at stages 0-2, the shard at 3 (where offload_param may move it).
-  if (z.stage == 3) put(r.params, z.offload_param.device, B * r.shard_elements);
+  if (stage.shards_params) put(r.params, z.offload_param.device, B * r.shard_elements);
   else r.params.device = B * psi;
 
   // Optimizer states: the whole model at stage 0, else the shard; `ratio` of it offloaded.
-  const bool offloaded = z.stage >= 1 && z.offload_optimizer.device != OffloadDevice::none;
-  const std::int64_t state_elements = z.stage == 0 ? psi_t : t;
+  const bool offloaded = stage.shards_optimizer && z.offload_optimizer.device != OffloadDevice::none;
+  const std::int64_t state_elements = stage.shards_optimizer ? t : psi_t;
   const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(t)) : 0;
   put(r.optimizer_states, z.offload_optimizer.device, kOptimizerBytes * off);
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
@@ -84,8 +86,8 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // Gradients, as the engine keeps them: on the device full at stages 0-1 (the trainer
   // accumulates there) and the shard at 2-3 (fp32 when micro-batches accumulate), unless
   // every sub-group is offloaded; the offloaded elements' fp32 gradients on the offload tier.
-  const std::int64_t grad_bytes = z.stage >= 2 && config.gradient_accumulation_steps > 1 ? 4 : B;
-  if (z.stage <= 1) {
+  const std::int64_t grad_bytes = stage.shards_grads && config.gradient_accumulation_steps > 1 ? 4 : B;
+  if (!stage.shards_grads) {
     r.gradients.device = B * psi_t;
   } else if (off < t) {
     r.gradients.device = grad_bytes * t;
@@ -107,14 +109,14 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const std::int64_t bucketed = 2 * bucket + shard_of(bucket);
   // A reduced shard goes into a buffer of its own (freed once the tier has copied it) unless it
   // lands straight in a device gradient shard (a model state) of one micro-batch.
-  const bool own_reduced = (offloaded && off == t) || (z.stage >= 2 && config.gradient_accumulation_steps > 1);
+  const bool own_reduced = (offloaded && off == t) || (stage.shards_grads && config.gradient_accumulation_steps > 1);
   auto reduced = [&](std::int64_t n) { return own_reduced ? shard_of(n) : 0; };
   std::int64_t elements = 0;  // of the compute dtype
-  if (z.stage >= 2 && L > 0) {
+  if (stage.shards_grads && L > 0) {
     // The module in backward: its gradient and reduced shard; the module before it: the same,
     // freed but given back only at the next module's acquire (the engine's deferred frees).
     const std::int64_t grads = std::max(L + reduced(L) + m + reduced(m), bucketed);
-    if (z.stage == 3) {
+    if (stage.shards_params) {
       const std::int64_t P = std::min(z.stage3_prefetch_bucket_size, psi);
       const std::int64_t staging = z.offload_param.device != OffloadDevice::none ? shard_of(L) : 0;
       // The first step (no recorded order: nothing prefetched or kept): the largest module
@@ -135,7 +137,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
       const std::int64_t all = psi_t + reduced(psi_t) + 2 * t;
       elements = std::max(grads, all);
     }
-  } else if (z.stage == 3) {
+  } else if (stage.shards_params) {
     // Largest module unknown: the prefetch bucket gathered and staged once more (a coalesced
     // all-gather's copy and its shards).
     const std::int64_t P = std::min({z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters, psi});
@@ -144,7 +146,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     elements = bucketed;  // stages 0-1 (the gradients are model states, reduced at the step), or L unknown
   }
   r.buffers.device = B * elements;
-  if (z.stage >= 1 && z.stage <= 2) {
+  if (stage.gathers_updates) {
     // allgather_bucket_size pieces of an updated shard land in a staging buffer (under two
     // pieces' worth, all ranks') when a group holds two buckets or more.
     // (L unknown counts 0.)
@@ -153,7 +155,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   if (z.offload_param.device == OffloadDevice::none && B != 4 && L > 0) {
     // Construction: 16-bit device parameters are cast from an fp32 chunk on the device.
     const std::int64_t chunk = std::min(std::max(kAlign, z.sub_group_size / kAlign * kAlign),
-                                        z.stage == 3 ? round_up(shard_of(L), kAlign) : L);
+                                        stage.shards_params ? round_up(shard_of(L), kAlign) : L);
     r.buffers.device = std::max(r.buffers.device, 4 * chunk);
   }
   // Sub-groups never span modules: the largest is bounded by the largest module's shard.
@@ -164,7 +166,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   if (offloaded && largest > 0) {
     // The update pipeline's pinned staging of one sub-group each (src/core/update/gradient_sink.hpp,
     // update_pipeline.hpp): two for gradients, two for new parameters bound for the device.
-    const bool outputs_to_param_tier = z.stage == 3 && z.offload_param.device != OffloadDevice::none;
+    const bool outputs_to_param_tier = stage.shards_params && z.offload_param.device != OffloadDevice::none;
     r.buffers.host += (outputs_to_param_tier ? 2 : 4) * round_up(B * largest, kPage);
   }
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
@@ -175,13 +177,13 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
                                        kGradientBytes * largest, kPage) +
                       round_up(std::max(kPage, kGradientBytes * largest), kPage);
   }
-  if (z.stage == 3 && z.offload_param.device == OffloadDevice::nvme)
+  if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme)
     // As offload::ParamShards: buffer_count pinned buffers (reads + one write-back), each in
     // whole pages; no host cache beyond them.
     r.buffers.host += std::int64_t{z.offload_param.buffer_count} *
                       round_up(std::max(kPage, z.offload_param.buffer_size * B), kPage);
 
-  r.traffic_elements = z.stage == 3 ? 2 * psi + psi_t : 2 * psi_t;
+  r.traffic_elements = stage.shards_params ? 2 * psi + psi_t : 2 * psi_t;
   // elements * B * (Nd-1)/Nd without overflow for Ψ up to ~1e15.
   r.traffic_bytes_sent = static_cast<std::int64_t>(
       std::llround(static_cast<double>(r.traffic_elements) * static_cast<double>(B) * static_cast<double>(nd - 1) /
@@ -232,7 +234,7 @@ struct Choice {
 };
 
 std::string label_of(const Choice& c) {
-  if (c.stage == 0) return "stage 0 (plain DP)";
+  if (!StagePolicy(c.stage).shards_optimizer) return "stage 0 (plain DP)";
   std::string l = "stage " + std::to_string(c.stage);
   if (c.optimizer != OffloadDevice::none) l += std::string(", optimizer ") + device_name(c.optimizer);
   if (c.param != OffloadDevice::none) l += std::string(", params ") + device_name(c.param);
@@ -321,7 +323,7 @@ Plan plan(const ModelShape& model, const Cluster& cluster, const Config& knobs, 
     } else {
       const PlanRow& prev = p.rows[order[k - 1]];
       why += "; " + prev.label + " does not (" + prev.shortfall + ")";
-      if (row.rank.stage == 3 && prev.rank.stage == 2) why += "; stage 3 sends 1.5x the traffic (3 Psi per step)";
+      if (StagePolicy(row.rank.stage).shards_params && !StagePolicy(prev.rank.stage).shards_params) why += "; stage 3 sends 1.5x the traffic (3 Psi per step)";
     }
     p.why = why;
     return p;

@@ -27,7 +27,7 @@ void core::EngineImpl::finalize() {
   model.check_complete();  // throws before anything changes: the engine stays usable
   try {
     const auto& zc = cx.config.zero_optimization;
-    const core::StagePolicy& policy = cx.policy;
+    const StagePolicy& policy = cx.policy;
     model.build_groups(policy, cx.rank, cx.world, zc.stage3_param_persistence_threshold);
     // Every state's home, sizes only: the offload tiers must know all their tensors before
     // they open (finalize), and the values are written after, chunk by chunk.

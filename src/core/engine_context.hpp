@@ -15,7 +15,7 @@
 #include "src/core/deferred_frees.hpp"
 #include "src/core/device_buffer.hpp"
 #include "src/core/memory_ledger.hpp"
-#include "src/core/stage_policy.hpp"
+#include "src/config/stage_policy.hpp"
 #include "src/device/device.hpp"
 #include "zoe/engine.hpp"
 

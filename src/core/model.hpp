@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "src/core/group.hpp"
-#include "src/core/stage_policy.hpp"
+#include "src/config/stage_policy.hpp"
 #include "zoe/engine.hpp"
 
 namespace zoe::core {

@@ -1,8 +1,8 @@
-// The public device factories of include/zoe/engine.hpp.
+// The public device factories of include/zoe/ranks.hpp.
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/device/host_device.hpp"
-#include "zoe/engine.hpp"
+#include "zoe/ranks.hpp"
 #if ZOE_HAVE_CUDA
 #include "src/device/cuda_device.hpp"
 #endif
@@ -24,12 +24,6 @@ std::shared_ptr<Device> best_available_device(int ordinal) {
   ZOE_LOG_INFO("zoe was built without CUDA; using the host device (requested cuda:{})", ordinal);
 #endif
   return make_host_device();
-}
-
-std::int64_t TensorView::numel() const {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
 }
 
 }  // namespace zoe

@@ -1,12 +1,14 @@
-// StagePolicy: what zero_optimization.stage decides, computed once, so the engine tests named
-// decisions, never the stage number (DeepSpeed's stages: 1 shards the optimizer states, 2 also
-// the gradients, 3 also the parameters).
+// StagePolicy: what zero_optimization.stage decides, computed once, so the engine and the
+// memory estimate (src/config/estimate.cpp) test named decisions, never the stage number
+// (DeepSpeed's stages: 1 shards the optimizer states, 2 also the gradients, 3 also the
+// parameters). In src/config, beside the Config it reads, so both can use it.
 #pragma once
 
-namespace zoe::core {
+namespace zoe {
 
-/// What the ZeRO stage decides, computed once from zero_optimization.stage: the engine tests
-/// these named decisions, never the stage number.
+/// What the ZeRO stage decides, computed once from zero_optimization.stage (0-3, as
+/// Config::validate checks; no error here): the engine and the estimate test these named
+/// decisions, never the stage number. An immutable value; safe to share between threads.
 struct StagePolicy {
   explicit StagePolicy(int stage)
       : shards_optimizer(stage >= 1), shards_grads(stage >= 2), shards_params(stage == 3),
@@ -27,4 +29,4 @@ struct StagePolicy {
   bool reduces_at_step;
 };
 
-}  // namespace zoe::core
+}  // namespace zoe
