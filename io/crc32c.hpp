@@ -1,8 +1,14 @@
 // CRC32C (Castagnoli polynomial 0x1EDC6F41, reflected 0x82F63B78), as used by iSCSI
 // (RFC 3720, appendix B.4) and ext4/btrfs metadata. crc32c("123456789") = 0xE3069283.
-// Hardware path: the SSE4.2 crc32 instruction over three interleaved streams, combined
-// with GF(2) "append zeros" operators (Mark Adler's method); portable path: slicing-by-8
-// tables. The path is chosen once at run time from CPUID.
+// Paths, the fastest this CPU runs chosen once at run time from CPUID:
+//  - vpclmulqdq: folding 64-byte registers by carry-less multiplication (AVX-512 + VPCLMULQDQ);
+//  - pclmulqdq: the same folding on 16-byte registers (PCLMULQDQ + SSE4.2);
+//    (folding: io/crc32c_fold.hpp; both reach memory speed on long buffers, short ones and
+//    the last < 64 bytes go through the SSE4.2 path);
+//  - sse4.2: the crc32 instruction over three interleaved streams, combined with GF(2)
+//    "append zeros" operators (Mark Adler's method);
+//  - table: portable slicing-by-8.
+// Every path gives the same value for every input (tested bitwise at every length and alignment).
 // Thread-safety: every function is pure and may be called from any thread.
 #pragma once
 
@@ -16,16 +22,34 @@ namespace zoe::io {
 /// returned; 0 to start). crc32c(b, crc32c(a)) == crc32c(a ++ b). Any alignment.
 std::uint32_t crc32c(const void* data, std::size_t bytes, std::uint32_t crc = 0) noexcept;
 
-/// The same with the portable table path (tests compare the two paths).
+/// The same with the portable table path (tests compare the paths).
 std::uint32_t crc32c_portable(const void* data, std::size_t bytes, std::uint32_t crc = 0) noexcept;
 
-/// "sse4.2" or "table": the path crc32c() uses on this CPU.
+/// The implementations, fastest last.
+enum class Crc32cPath { table, sse42, pclmul, vpclmul };
+
+/// "table", "sse4.2", "pclmulqdq" or "vpclmulqdq".
+std::string_view crc32c_path_name(Crc32cPath path) noexcept;
+
+/// Whether this CPU (and OS, for AVX-512 register state) can run `path`.
+bool crc32c_path_supported(Crc32cPath path) noexcept;
+
+/// The path crc32c() uses on this CPU: the last supported one of Crc32cPath.
+Crc32cPath crc32c_active_path() noexcept;
+
+/// crc32c_path_name(crc32c_active_path()).
 std::string_view crc32c_path() noexcept;
 
+/// crc32c() through the given path (tests, benches). Throws zoe::UsageError naming the path
+/// if crc32c_path_supported(path) is false.
+std::uint32_t crc32c_via(Crc32cPath path, const void* data, std::size_t bytes, std::uint32_t crc = 0);
+
 namespace detail {
-/// The SSE4.2 path (io/crc32c_sse42.cpp, the only file compiled with -msse4.2).
-/// Only call when the CPU supports SSE4.2.
+/// The paths, each in its own file, the only one compiled with its ISA flags. Only call one
+/// when crc32c_path_supported says the CPU runs it.
 std::uint32_t crc32c_sse42(const void* data, std::size_t bytes, std::uint32_t crc) noexcept;
+std::uint32_t crc32c_pclmul(const void* data, std::size_t bytes, std::uint32_t crc) noexcept;
+std::uint32_t crc32c_vpclmul(const void* data, std::size_t bytes, std::uint32_t crc) noexcept;
 }  // namespace detail
 
 }  // namespace zoe::io
