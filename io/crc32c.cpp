@@ -61,8 +61,11 @@ PathFn path_fn(Crc32cPath path) {
   return crc32c_portable;
 }
 
+// The preference order (crc32c.hpp says why PCLMULQDQ comes after SSE4.2).
+constexpr Crc32cPath kPreference[] = {Crc32cPath::vpclmul, Crc32cPath::sse42, Crc32cPath::pclmul};
+
 Crc32cPath best_path() {
-  for (Crc32cPath p : {Crc32cPath::vpclmul, Crc32cPath::pclmul, Crc32cPath::sse42})
+  for (Crc32cPath p : kPreference)
     if (cpu_supports(p)) return p;
   return Crc32cPath::table;
 }

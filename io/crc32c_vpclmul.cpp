@@ -34,7 +34,7 @@ inline __m512i load(const unsigned char* p) { return _mm512_loadu_si512(p); }
 
 std::uint32_t crc32c_vpclmul(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
   constexpr std::size_t kStep = 256;
-  if (bytes < 2 * kStep) return crc32c_pclmul(data, bytes, crc);
+  if (bytes < 2 * kStep) return crc32c_sse42(data, bytes, crc);
   static const __m128i k128 = constant(kFold128), k256 = constant(kFold256), k384 = constant(kFold384);
   static const __m512i k512 = _mm512_broadcast_i32x4(constant(kFold512)),
                        k2048 = _mm512_broadcast_i32x4(constant(kFold2048));

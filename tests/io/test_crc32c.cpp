@@ -79,9 +79,9 @@ TEST(Crc32c, FoldConstantsMatchLongDivision) {
   EXPECT_EQ(crc32c_xpow_mod(0), 0x80000000u);
 }
 
-TEST(Crc32c, ActivePathIsTheFastestSupported) {
+TEST(Crc32c, ActivePathIsTheFirstSupportedInPreferenceOrder) {
   Crc32cPath best = Crc32cPath::table;
-  for (Crc32cPath p : kAllPaths)
+  for (Crc32cPath p : {Crc32cPath::pclmul, Crc32cPath::sse42, Crc32cPath::vpclmul})  // least preferred first
     if (zoe::io::crc32c_path_supported(p)) best = p;
   EXPECT_EQ(zoe::io::crc32c_active_path(), best);
   EXPECT_TRUE(zoe::io::crc32c_path_supported(Crc32cPath::table));
