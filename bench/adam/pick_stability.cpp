@@ -49,8 +49,10 @@ void print_store_picks(const PickCases& cases) {
         while (!adam.store_choice(n, DType::f32, bf16_out).decided)
           adam.step(h, ++t, 1.0f, p, m, v, g, DType::f32, n, bf16_out ? out : nullptr, DType::bf16);
         const auto choice = adam.store_choice(n, DType::f32, bf16_out);
-        std::printf("pick\t%s\t%s\t%.4f\n", case_name(size_mi, threads, bf16_out).c_str(),
+        std::printf("pick\t%s\t%s\t%.4f\t", case_name(size_mi, threads, bf16_out).c_str(),
                     optim::stores_name(choice.stores).c_str(), choice.margin);
+        for (double r : choice.gbps) std::printf(" %.2f", r);  // each candidate's median GB/s
+        std::printf("\n");
         std::fflush(stdout);
       }
   }

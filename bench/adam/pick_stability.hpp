@@ -15,7 +15,8 @@ struct PickCases {
   std::vector<bool> bf16_out; // without / with the bf16 copy
 };
 
-/// Child side (--pick-only): one line per case on stdout, "pick<TAB>case<TAB>stores<TAB>margin".
+/// Child side (--pick-only): one line per case on stdout,
+/// "pick<TAB>case<TAB>stores<TAB>margin<TAB>median GB/s of each candidate".
 void print_store_picks(const PickCases& cases);
 
 /// Parent side: runs `self_args` (this binary and its options, ending in --pick-only) `processes`

@@ -32,7 +32,12 @@ StorePick pick_simplest_within_noise(const std::vector<std::vector<double>>& sec
     r.relative[c] = median(ratio);
     for (double q : ratio) deviations.push_back(std::fabs(q / r.relative[c] - 1.0));
   }
-  if (!deviations.empty()) r.margin = std::max(kMinStoreMargin, 2 * 1.4826 * median(deviations));
+  // sigma of one round's ratio from the median absolute deviation (x 1.4826 for a normal
+  // distribution); the median of `rounds` of them has a standard error of 1.2533 sigma / sqrt(rounds).
+  if (!deviations.empty()) {
+    const double sigma = 1.4826 * median(deviations);
+    r.margin = std::max(kMinStoreMargin, 2 * 1.2533 * sigma / std::sqrt(static_cast<double>(rounds)));
+  }
   const double fastest = *std::min_element(r.relative.begin(), r.relative.end());
   for (std::size_t c = 0; c < candidates; ++c)
     if (r.relative[c] <= fastest * (1 + r.margin)) {

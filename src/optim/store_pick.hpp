@@ -22,9 +22,10 @@ struct StorePick {
 /// are listed simplest first; at least one.
 /// Per round, each candidate's time is divided by candidate 0's of the same round (a slow
 /// drift of the machine's load cancels), and the median over rounds is its relative time.
-/// The noise is 1.4826 x the median absolute deviation of those per-round ratios around their
-/// candidate's median (pooled over candidates 1..; a normal distribution's sigma), the margin
-/// max(kMinStoreMargin, 2 x noise). The pick is the simplest candidate whose relative time is
+/// The noise sigma is 1.4826 x the median absolute deviation of those per-round ratios around
+/// their candidate's median (pooled over candidates 1..; a normal distribution's sigma); a median
+/// of R rounds then has a standard error of 1.2533 sigma / sqrt(R), and the margin is
+/// max(kMinStoreMargin, 2 x that standard error). The pick is the simplest candidate whose relative time is
 /// within the margin of the fastest one: relative[c] <= min(relative) * (1 + margin).
 /// Deterministic; throws nothing (an empty or ragged table gives candidate 0).
 StorePick pick_simplest_within_noise(const std::vector<std::vector<double>>& secs);

@@ -1,6 +1,7 @@
 // The store pick rule on made-up timings: noise cannot flip it, a clear gain does.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "src/optim/store_pick.hpp"
@@ -41,12 +42,12 @@ TEST(StorePick, AClearGainIsPicked) {
 
 TEST(StorePick, NoisyGainBelowTheMeasuredMarginKeepsTheSimplest) {
   // Candidate 1's per-round ratios 0.80, 1.00, 0.90, 1.10, 0.88: median 0.90, deviations
-  // |r / 0.9 - 1| = 0.111, 0.111, 0, 0.222, 0.022 -> median 0.111, noise 0.165, margin 0.33.
-  // A 10% median gain is inside that: candidate 0.
+  // |r / 0.9 - 1| = 0.111, 0.111, 0, 0.222, 0.022 -> median 0.111, sigma 0.165, standard error
+  // of the median of 5 0.0923, margin 0.185. A 10% median gain is inside that: candidate 0.
   const Table secs = {{1, 1, 1, 1, 1}, {0.80, 1.00, 0.90, 1.10, 0.88}};
   const StorePick p = pick_simplest_within_noise(secs);
   EXPECT_EQ(p.chosen, 0);
-  EXPECT_NEAR(p.margin, 2 * 1.4826 * (0.1 / 0.9), 1e-9);
+  EXPECT_NEAR(p.margin, 2 * 1.2533 * 1.4826 * (0.1 / 0.9) / std::sqrt(5.0), 1e-9);
 }
 
 TEST(StorePick, ThePickIsTheSimplestWithinTheMarginOfTheFastest) {
