@@ -3,10 +3,13 @@
 #include <array>
 #include <cstring>
 
+#include "io/crc32c_fold.hpp"
+#include "src/common/check.hpp"
+
 namespace zoe::io {
 namespace {
 
-constexpr std::uint32_t kPolyReflected = 0x82F63B78u;
+constexpr std::uint32_t kPolyReflected = detail::kCrc32cPolyReflected;
 
 // Slicing-by-8 tables: table[0] is the classic byte table, table[k][b] is the CRC
 // register after byte b followed by k zero bytes.
@@ -28,12 +31,43 @@ const Tables& tables() {
   return instance;
 }
 
-bool cpu_has_sse42() {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_cpu_supports("sse4.2");
-#else
+bool cpu_supports(Crc32cPath path) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  switch (path) {
+    case Crc32cPath::table: return true;
+    case Crc32cPath::sse42: return __builtin_cpu_supports("sse4.2");
+    case Crc32cPath::pclmul: return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul");
+    case Crc32cPath::vpclmul:
+      // avx512f also tells that the OS saves the AVX-512 register state.
+      return __builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("pclmul") &&
+             __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
+  }
   return false;
+#else
+  return path == Crc32cPath::table;
 #endif
+}
+
+using PathFn = std::uint32_t (*)(const void*, std::size_t, std::uint32_t) noexcept;
+
+PathFn path_fn(Crc32cPath path) {
+  switch (path) {
+    case Crc32cPath::table: break;
+    case Crc32cPath::sse42: return detail::crc32c_sse42;
+    case Crc32cPath::pclmul: return detail::crc32c_pclmul;
+    case Crc32cPath::vpclmul: return detail::crc32c_vpclmul;
+  }
+  return crc32c_portable;
+}
+
+// The preference order (crc32c.hpp says why PCLMULQDQ comes after SSE4.2).
+constexpr Crc32cPath kPreference[] = {Crc32cPath::vpclmul, Crc32cPath::sse42, Crc32cPath::pclmul};
+
+Crc32cPath best_path() {
+  for (Crc32cPath p : kPreference)
+    if (cpu_supports(p)) return p;
+  return Crc32cPath::table;
 }
 
 }  // namespace
@@ -56,10 +90,32 @@ std::uint32_t crc32c_portable(const void* data, std::size_t bytes, std::uint32_t
 }
 
 std::uint32_t crc32c(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
-  static const bool hw = cpu_has_sse42();
-  return hw ? detail::crc32c_sse42(data, bytes, crc) : crc32c_portable(data, bytes, crc);
+  static const PathFn fn = path_fn(best_path());
+  return fn(data, bytes, crc);
 }
 
-std::string_view crc32c_path() noexcept { return cpu_has_sse42() ? "sse4.2" : "table"; }
+std::string_view crc32c_path_name(Crc32cPath path) noexcept {
+  switch (path) {
+    case Crc32cPath::table: return "table";
+    case Crc32cPath::sse42: return "sse4.2";
+    case Crc32cPath::pclmul: return "pclmulqdq";
+    case Crc32cPath::vpclmul: return "vpclmulqdq";
+  }
+  return "unknown";
+}
+
+bool crc32c_path_supported(Crc32cPath path) noexcept { return cpu_supports(path); }
+
+Crc32cPath crc32c_active_path() noexcept {
+  static const Crc32cPath path = best_path();
+  return path;
+}
+
+std::string_view crc32c_path() noexcept { return crc32c_path_name(crc32c_active_path()); }
+
+std::uint32_t crc32c_via(Crc32cPath path, const void* data, std::size_t bytes, std::uint32_t crc) {
+  ZOE_CHECK_USAGE(cpu_supports(path), "crc32c_via: path ", crc32c_path_name(path), " is not supported by this CPU");
+  return path_fn(path)(data, bytes, crc);
+}
 
 }  // namespace zoe::io

@@ -9,11 +9,12 @@
 #include <cstring>
 
 #include "io/crc32c.hpp"
+#include "io/crc32c_fold.hpp"
 
 namespace zoe::io::detail {
 namespace {
 
-constexpr std::uint32_t kPolyReflected = 0x82F63B78u;
+constexpr std::uint32_t kPolyReflected = kCrc32cPolyReflected;
 constexpr std::size_t kLong = 8192;  // bytes per stream in the big loop
 constexpr std::size_t kShort = 256;  // bytes per stream in the small loop
 

@@ -16,7 +16,9 @@ namespace zoe::bench {
 /// 28 bytes per element; with out (n uint16, may be null) also writes the top 16 bits of p there,
 /// 30 bytes per element. Widest vectors the CPU has (active_isa(), like CpuAdam). Stores as
 /// `stores` says (non-temporal only where p, m, v are 64-byte and out 32-byte aligned, the same
-/// rule as CpuAdam::step), so the bound of each store kind is measured with that kind.
+/// rule as CpuAdam::step), so the bound of each store kind is measured with that kind; with
+/// stores.prefetch, prefetching as CpuAdam's kernels do (so a prefetching kernel has a
+/// prefetching bound).
 void stream_bound_pass(tbb::task_arena& arena, float* p, float* m, float* v, const float* g, std::uint16_t* out,
                        std::size_t n, optim::Stores stores);
 

@@ -21,6 +21,7 @@
 #include "src/common/sanitizers.hpp"
 #include "src/optim/adam_kernels.hpp"
 #include "src/optim/isa_detect.hpp"
+#include "src/optim/store_pick.hpp"
 
 namespace zoe::optim {
 
@@ -100,9 +101,11 @@ bool aligned(const void* p, std::size_t alignment) {
 
 // StorePolicy::measure's state for one size class of one operation.
 struct StoreTrials {
-  int calls = 0;                     // counted calls: 1 warm-up, then the timed trials
-  double best[kMaxCandidates] = {};  // per candidate: least seconds per byte, 0 = not yet timed
-  int chosen = -1;                   // index in kCandidates once decided
+  int calls = 0;  // counted calls: 1 warm-up, then the timed trials
+  // Seconds per byte of each candidate's trial in each round; 0 = not yet timed.
+  double secs[kMaxCandidates][CpuAdam::kStoreTrialRounds] = {};
+  int chosen = -1;      // index in kCandidates once decided
+  double margin = 0.0;  // the noise margin the pick was made with, once decided
 };
 
 // The operations measured apart (their access patterns differ).
@@ -155,12 +158,13 @@ struct CpuAdam::Impl {
     const double s_per_byte =
         std::max(1e-300, ((inline_call ? thread_cpu_seconds() : wall_seconds()) - t0) / static_cast<double>(bytes));
     if (t.calls++ == 0) return;  // the warm-up call: ordinary stores, not a trial
-    if (t.best[c] == 0 || s_per_byte < t.best[c]) t.best[c] = s_per_byte;
+    t.secs[c][(t.calls - 2) / candidate_count(op)] = s_per_byte;
     if (t.calls < 1 + kStoreTrialRounds * candidate_count(op)) return;
-    int pick = 0;
-    for (int k = 1; k < candidate_count(op); ++k)
-      if (t.best[k] < t.best[pick]) pick = k;
-    t.chosen = pick;
+    std::vector<std::vector<double>> table;
+    for (int k = 0; k < candidate_count(op); ++k) table.emplace_back(t.secs[k], t.secs[k] + kStoreTrialRounds);
+    const detail::StorePick pick = detail::pick_simplest_within_noise(table);
+    t.chosen = pick.chosen;
+    t.margin = pick.margin;
   }
   StoreChoice choice(Op op, std::size_t bytes) const {
     StoreChoice r;
@@ -172,7 +176,15 @@ struct CpuAdam::Impl {
     const StoreTrials& t = trials[op][size_class(bytes)];
     r.decided = t.chosen >= 0;
     r.stores = for_op(kCandidates[next_candidate(t, op)], op);
-    for (int k = 0; k < kMaxCandidates; ++k) r.gbps[k] = t.best[k] > 0 ? 1e-9 / t.best[k] : 0.0;
+    r.margin = t.margin;
+    for (int k = 0; k < kMaxCandidates; ++k) {
+      std::vector<double> timed;
+      for (double x : t.secs[k])
+        if (x > 0) timed.push_back(x);
+      if (timed.empty()) continue;
+      std::sort(timed.begin(), timed.end());
+      r.gbps[k] = 1e-9 / timed[timed.size() / 2];
+    }
     return r;
   }
 

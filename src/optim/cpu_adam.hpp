@@ -24,10 +24,10 @@
 // ordinary ones past the L3 size, the old threshold; on the 2-vCPU Xeon build VM they cost 25-31%,
 // while software prefetch gained 14-18% there and lost 3-8% on the Zen 4 VM). So by default
 // (StorePolicy::measure) each CpuAdam times the candidate store kinds, with and without
-// prefetch, on its own first calls of each size class and keeps the fastest: no separate
-// calibration pass, no memory of its own, and the trial calls do the real update (19 calls of a
-// class with a half copy, 13 without). Store kinds and prefetch never change a result bit
-// (tested), so the choice affects speed only.
+// prefetch, on its own first calls of each size class and keeps the simplest one within noise
+// of the fastest: no separate calibration pass, no memory of its own, and the trial calls do
+// the real update (43 calls of a class with a half copy, 29 without). Store kinds and prefetch
+// never change a result bit (tested), so the choice affects speed only.
 //
 // Thread-safety: a CpuAdam runs its own oneTBB arena of the size given. step, sum_squares and
 // all_finite may be called from one thread at a time, and add_grad from one thread at a time,
@@ -86,8 +86,10 @@ enum class StorePolicy {
   /// Default. Per size class (floor(log2(bytes moved)), with / without a half copy): the first
   /// call uses ordinary stores untimed (warm-up: page faults, thread start); the next
   /// kStoreTrialRounds rounds run every candidate once each (order rotated per round) and time
-  /// them; from then on the candidate with the least seconds per byte (best of its trials; ties
-  /// to the earlier candidate) is used. step's candidates: ordinary, nontemporal, each also with
+  /// them; from then on the earliest (simplest) candidate whose median time, relative to
+  /// ordinary's in the same round, is within a noise margin of the fastest one is used
+  /// (detail::pick_simplest_within_noise: margin = max(3%, 2 standard errors of the median)),
+  /// so a pick within noise stays the same from process to process. step's candidates: ordinary, nontemporal, each also with
   /// prefetch, and with a half copy nontemporal-half with and without prefetch (4 or 6);
   /// add_grad's: ordinary, nontemporal (first and accumulating calls are measured apart).
   /// Arrays not aligned for streaming (see step) use ordinary stores and do not count as trials.
@@ -125,9 +127,10 @@ class CpuAdam {
   /// order), and the result is partial 0 + partial 1 + ... in chunk order.
   static constexpr std::size_t kSumLanes = 32;
 
-  /// Timed rounds over the candidates per size class under StorePolicy::measure (best of 3
-  /// interleaved trials: one trial alone was seen off by 2x on this shared 2-core machine).
-  static constexpr int kStoreTrialRounds = 3;
+  /// Timed rounds over the candidates per size class under StorePolicy::measure (medians of 7
+  /// interleaved trials: one trial alone was seen off by 2x on a shared 2-core machine, and
+  /// best-of-3 picked differently from one process to the next).
+  static constexpr int kStoreTrialRounds = 7;
 
   /// threads: size of the oneTBB arena (0 = all hardware threads). The ISA is active_isa(); the
   /// store policy is env ZOE_ADAM_STORES (measure|ordinary|nontemporal|nontemporal-half),
@@ -152,10 +155,12 @@ class CpuAdam {
   struct StoreChoice {
     bool decided = false;  // all trials done: `stores` is what step uses for this class
     Stores stores;         // decided: the pick; else the next call's stores (ordinary for warm-up)
-    /// Best rate of each candidate, in the order of StorePolicy::measure's list:
+    /// Median rate over the timed trials of each candidate, in the order of StorePolicy::measure's list:
     /// ordinary, nontemporal, ordinary+prefetch, nontemporal+prefetch, nontemporal-half,
     /// nontemporal-half+prefetch (add_grad: the first two only).
     double gbps[6] = {0, 0, 0, 0, 0, 0};
+    /// Decided: the relative noise margin the pick was made with (>= 0.03); else 0.
+    double margin = 0.0;
   };
   /// Under another policy: decided = true and the policy's Stores, no rates.
   StoreChoice store_choice(std::size_t n, DType grad_dtype, bool half_out) const;

@@ -204,9 +204,11 @@ TEST(CpuAdam, MeasuredStorePolicyTrialsThenKeepsOneAndStaysBitwiseEqual) {
   const CpuAdam::StoreChoice done = adam.store_choice(n, DType::f32, true);
   ASSERT_TRUE(done.decided);
   for (int k = 0; k < 6; ++k) EXPECT_GT(done.gbps[k], 0.0) << "candidate " << k;
-  // The pick is the candidate with the highest best rate.
-  const int best = static_cast<int>(std::max_element(done.gbps, done.gbps + 6) - done.gbps);
-  EXPECT_EQ(done.stores, candidates[best]) << stores_name(done.stores);
+  // The pick is the first (simplest) candidate within the noise margin of the fastest median
+  // (the exact rule, on per-round ratios, is tested in test_store_pick.cpp).
+  EXPECT_GE(done.margin, 0.03);
+  const bool picked_a_candidate = std::find(candidates.begin(), candidates.end(), done.stores) != candidates.end();
+  EXPECT_TRUE(picked_a_candidate) << stores_name(done.stores);
   // Another size class (and the class without a half copy) has its own trials.
   EXPECT_FALSE(adam.store_choice(n * 4, DType::f32, true).decided);
   EXPECT_FALSE(adam.store_choice(n, DType::f32, false).decided);

@@ -216,8 +216,9 @@ TEST(AddGrad, MeasuredStoresTrialFirstAndAccumulateApart) {
   EXPECT_GT(c.gbps[1], 0.0);
   EXPECT_EQ(c.gbps[2], 0.0);  // add_grad has two candidates
   EXPECT_FALSE(c.stores.prefetch);
-  EXPECT_EQ(c.stores.in_place, c.gbps[1] < c.gbps[0] || c.gbps[1] == c.gbps[0] ? StoreKind::ordinary
-                                                                                : StoreKind::nontemporal);
+  // Which of the two: the simplest within the noise margin of the faster (the rule is tested on
+  // made-up timings in test_store_pick.cpp; here the timings are real).
+  EXPECT_GE(c.margin, 0.03);
   EXPECT_FALSE(adam.add_grad_store_choice(n, DType::f32, false).decided);
   host_ops::cast(g.data(), DType::f32, want.data(), DType::f32, n);
   for (int k = 0; k < calls; ++k) {
