@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "bench/machine.hpp"
 #include "examples/torch_llama/zoe_forward.hpp"
@@ -73,6 +74,7 @@ double zoe_seconds(const Options& o, int stage, bool nvme) {
   }
   double secs = 0;
   zoe::run_ranks(zoe::make_local_ranks(1), [&](zoe::RankContext& ctx) {
+    torch::set_num_threads(o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
     zoe::Engine engine(c, ctx);
     torch::manual_seed(1);
     llama::LlamaForCausalLM m(o.model);
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
   app.add_option("--nvme-path", o.nvme_path)->capture_default_str();
   app.add_flag("--json", o.json, "one JSON object per line");
   CLI11_PARSE(app, argc, argv);
-  if (o.threads > 0) torch::set_num_threads(o.threads);
+  torch::set_num_threads(o.threads > 0 ? o.threads : int(std::thread::hardware_concurrency()));
   double plain = 1e300, zoe0 = 1e300, zoe3 = 1e300;
   for (int r = 0; r < o.rounds; ++r) {
     plain = std::min(plain, plain_seconds(o));

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "examples/gpt/dataset.hpp"
 #include "examples/torch_llama/zoe_forward.hpp"
@@ -32,7 +33,7 @@ struct Options {
   double lr = 3e-3;
   double weight_decay = 0.1;
   int eval_batches = 8;
-  int threads = 0;  // torch intra-op threads per process; 0: torch's default
+  int threads = 0;  // torch intra-op threads per rank; 0: cores / ranks
   bool checkpoint = false;
   std::uint64_t seed = 1;
   std::string export_path, init_from;
@@ -82,7 +83,7 @@ int main(int argc, char** argv) try {
   app.add_option("--kv-heads", o.model.kv_heads, "key/value heads (grouped-query attention)")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--hidden", o.model.hidden, "SwiGLU width")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--eval-batches", o.eval_batches, "validation batches at the end")->check(CLI::Range(0, 1 << 20))->capture_default_str();
-  app.add_option("--threads", o.threads, "torch intra-op threads (0: torch's default)")->check(CLI::Range(0, 1024));
+  app.add_option("--threads", o.threads, "torch intra-op threads per rank (0: cores / ranks)")->check(CLI::Range(0, 1024));
   app.add_flag("--checkpoint", o.checkpoint, "recompute each decoder layer in its backward");
   app.add_option("--seed", o.seed, "seed of the initial values and the batches")->capture_default_str();
   app.add_option("--export", o.export_path, "write the trained model here (safetensors, Hugging Face Llama names, fp32)");
@@ -93,7 +94,8 @@ int main(int argc, char** argv) try {
                      __FILE__, __LINE__);
   if (o.data_dir.empty()) o.data_dir = std::getenv("ZOE_GPT_DATA") ? std::getenv("ZOE_GPT_DATA") : "data/gpt";
   if (o.cache_dir.empty()) o.cache_dir = (std::filesystem::path(o.data_dir) / "tokens").string();
-  if (o.threads > 0) torch::set_num_threads(o.threads);
+  // OpenMP's thread count is per calling thread: each rank sets it (default: the cores shared out).
+  const int threads = o.threads > 0 ? o.threads : std::max(1, int(std::thread::hardware_concurrency()) / o.ranks);
 
   gpt::TokenSplit data = gpt::load_or_build_tokens(o.data_dir, o.cache_dir, 0.05, 2);
   const double entropy = gpt::unigram_entropy(data.train);
@@ -126,6 +128,7 @@ int main(int argc, char** argv) try {
               static_cast<long long>(o.model.kv_heads), o.dtype.c_str(), o.stage, o.offload.c_str(), o.ranks);
   std::mutex print;
   zoe::run_ranks(zoe::make_local_ranks(o.ranks), [&](zoe::RankContext& ctx) {
+    torch::set_num_threads(threads);
     zoe::Engine engine(c, ctx);
     llama::LlamaForCausalLMImpl& m = *models[ctx.rank];
     zoe::TorchModel model(engine, models[ctx.rank].ptr(), llama::zoe_parts(m, o.checkpoint));

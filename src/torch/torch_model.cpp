@@ -41,10 +41,11 @@ std::string join_names(const std::vector<std::string>& names) {
   return s;
 }
 
-/// Where a part is in the current micro-batch. forward -> graph_pending (its outputs await
-/// torch's backward) -> backward -> idle; graph_pending -> idle also when torch drops the graph
-/// without running the part's backward.
-enum class PartPhase : std::uint8_t { idle, forward, graph_pending, backward };
+/// Where a part is in the current micro-batch: idle -> forward -> graph_pending (its outputs
+/// await torch's backward) -> backward -> idle. graph_pending -> abandoned when torch drops the
+/// graph without reaching the part (its gradients would silently be missing): the next run()
+/// of the part reports it and the part is idle again.
+enum class PartPhase : std::uint8_t { idle, forward, graph_pending, backward, abandoned };
 
 }  // namespace
 
@@ -119,7 +120,7 @@ class PartBackward final : public torch::autograd::Node {
     // torch dropped the graph before reaching this part: its forward will have no backward.
     if (auto impl = impl_.lock()) {
       PartState& p = impl->parts[part_];
-      if (p.phase == PartPhase::graph_pending) p.phase = PartPhase::idle;
+      if (p.phase == PartPhase::graph_pending) p.phase = PartPhase::abandoned;
     }
   }
 
@@ -237,10 +238,17 @@ std::vector<at::Tensor> TorchModel::Impl::run(std::uint32_t index, const TorchFo
   bool input_grad = false;
   for (const auto& x : inputs) input_grad = input_grad || (x.defined() && x.requires_grad());
   bool with_graph = at::GradMode::is_enabled() && (any_trainable || input_grad);
+  if (p.phase == PartPhase::abandoned) {
+    p.phase = PartPhase::idle;
+    ZOE_THROW(UsageError, "TorchModel: the outputs of part '", p.name, "' of an earlier forward were dropped "
+              "without torch's backward reaching them: that forward's gradients are missing (run evaluation "
+              "forwards under torch::NoGradGuard)");
+  }
   if (with_graph && p.phase == PartPhase::graph_pending)
-    ZOE_THROW(UsageError, "TorchModel: part '", p.name, "' ran a second forward before the backward of its first "
-              "(a submodule used twice in one forward, e.g. shared weights: zoe runs one backward per module and "
-              "micro-batch; register the shared tensor in two parts, or run its backward first)");
+    ZOE_THROW(UsageError, "TorchModel: part '", p.name, "' ran a second forward before the backward of its first: "
+              "either it is used twice in one forward (shared weights: zoe runs one backward per module and "
+              "micro-batch; register the shared tensor in two parts instead) or torch's backward never reached "
+              "its previous outputs (its gradients would be missing)");
   bool recompute = with_graph && (stage3 || p.checkpoint);
 
   std::vector<at::Tensor> ins;
