@@ -190,5 +190,18 @@ if [[ -x "$gpt" && -d "$data/gutenberg" ]]; then
 else
   log "no zoe-gpt or no data at $data: trainer comparison skipped"; status=1
 fi
+# The libtorch adapter (examples/torch_llama) on the GPU needs a CUDA libtorch. Debian's
+# libtorch-dev is CPU-only and the adapter computes on the host device only (it does not yet set
+# torch's current stream from the engine's compute stream), so this step says why it is skipped.
+torch_cuda=$(python3 -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo none)
+llama=${build:-build}/examples/torch_llama/zoe-torch-llama
+if [[ "$torch_cuda" == 1 && -x "$llama" && -d "$data/gutenberg" ]]; then
+  echo "===== zoe-torch-llama" >>"$OUT/torch-llama.log"
+  timeout 600 "$llama" --data-dir "$data" --steps 50 >>"$OUT/torch-llama.log" 2>&1 ||
+    { log "zoe-torch-llama failed (see torch-llama.log)"; status=1; }
+  tail -2 "$OUT/torch-llama.log" | tee -a "$OUT/summary.txt"
+else
+  log "zoe-torch-llama on the GPU skipped: libtorch with CUDA: $torch_cuda (Debian's libtorch is CPU-only), binary: $([[ -x $llama ]] && echo yes || echo no); the adapter runs on the host device only"
+fi
 log "done in $(( $(date +%s) - start )) s, status $status"
 exit $status

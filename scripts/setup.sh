@@ -9,6 +9,7 @@ packages=(
   libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libdnnl-dev
   ocl-icd-opencl-dev  # libdnnl-dev's CMake config finds OpenCL (only a Recommends of it)
   libssl-dev  # the GPT trainer's SHA-256 of its data files (libcrypto)
+  libtorch-dev  # zoe_torch, the libtorch adapter (include/zoe/torch.hpp), its tests and examples/torch_llama
   fio python3 python3-numpy
   clang libclang-rt-14-dev  # the libFuzzer smoke runs of tests/fuzz
 )
