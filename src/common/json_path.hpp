@@ -3,7 +3,7 @@
 // refusal can name the value ("zero_optimization.stage", "groups[2].params[0].dtype") and a key
 // repeated in one object can be found (nlohmann keeps the last of two equal keys silently).
 // Used by the config reader (src/config/strict_parse.cpp) and the checkpoint manifest reader
-// (src/core/checkpoint_manifest_json.cpp); it knows no JSON library. Not thread-safe (one
+// (src/core/checkpoint/checkpoint_manifest_json.cpp); it knows no JSON library. Not thread-safe (one
 // parse).
 #pragma once
 

@@ -116,6 +116,7 @@ void Gatherer::acquire(int module, bool backward) {
     ZOE_LOG_DEBUG("rank {}: execution order changed at entry {}; prefetch off until the next step", cx_.rank,
                   trace_.position());
     drop_all_gathered();
+    index_.clear();
   }
   gather_coalesced(m.groups);
   for (int gi : m.groups) ++model_.group(gi).active;
@@ -127,37 +128,44 @@ void Gatherer::prefetch() {
   const auto& zc = cx_.config.zero_optimization;
   // The groups of the next modules in the recorded order, up to the prefetch bucket (the
   // last one may pass it, as in DeepSpeed) and never past stage3_max_live_parameters.
+  // The walk resumes where the last one stopped (TraceIndex): the entries before that have
+  // every group gathered or issued, so each entry is visited O(1) times per step.
   std::int64_t issued = 0;
   std::vector<int> bucket_groups;
   bool at_cap = false;
-  for (const TraceEntry& next : trace_.upcoming()) {
+  const std::span<const TraceEntry> upcoming = trace_.upcoming();
+  const std::size_t pos = trace_.position();
+  std::size_t e = index_.cursor(pos) - pos;
+  queued_.resize(model_.groups.size(), 0);
+  for (; e < upcoming.size(); ++e) {
     if (at_cap || issued >= zc.stage3_prefetch_bucket_size) break;
-    for (int gi : model_.modules[static_cast<std::size_t>(next.module)].groups) {
+    for (int gi : model_.modules[static_cast<std::size_t>(upcoming[e].module)].groups) {
       const Group& g = model_.group(gi);
-      if (g.param_state == Group::ParamState::gathered || std::find(bucket_groups.begin(), bucket_groups.end(), gi) != bucket_groups.end()) continue;
+      if (g.param_state == Group::ParamState::gathered || queued_[static_cast<std::size_t>(gi)]) continue;
       std::int64_t n = g.layout->padded_numel();
       if (live_elements_ + issued + n > zc.stage3_max_live_parameters) {
         at_cap = true;  // stop here: a later group must not overtake this one
         break;
       }
       bucket_groups.push_back(gi);
+      queued_[static_cast<std::size_t>(gi)] = 1;
       issued += n;
     }
+    if (at_cap) break;  // entry e is not complete: the next walk starts there
   }
+  if (!upcoming.empty()) index_.advance_cursor(pos + e);
+  for (int gi : bucket_groups) queued_[static_cast<std::size_t>(gi)] = 0;
   gather_coalesced(std::move(bucket_groups));
 }
 
-bool Gatherer::in_prefetch_window(int group) const {
-  // Reused within stage3_max_reuse_distance elements of execution along the recorded order?
-  std::int64_t distance = 0;
-  for (const TraceEntry& next : trace_.upcoming()) {
-    const ModuleInfo& m = model_.modules[static_cast<std::size_t>(next.module)];
-    if (std::find(m.groups.begin(), m.groups.end(), group) != m.groups.end())
-      return distance < cx_.config.zero_optimization.stage3_max_reuse_distance;
-    for (int gi : m.groups) distance += model_.group(gi).layout->live_numel();
-    if (distance > cx_.config.zero_optimization.stage3_max_reuse_distance) return false;
-  }
-  return false;
+bool Gatherer::in_prefetch_window(int group) {
+  // Reused within stage3_max_reuse_distance elements of execution along the recorded order:
+  // the elements of the entries between now and the group's next use (prefix sums).
+  if (trace_.upcoming().empty()) return false;
+  const std::size_t pos = trace_.position();
+  const std::size_t next = index_.next_use(group, pos);
+  if (next == TraceIndex::npos) return false;
+  return index_.elements_between(pos, next) < cx_.config.zero_optimization.stage3_max_reuse_distance;
 }
 
 void Gatherer::release(int module) {
@@ -188,6 +196,7 @@ void Gatherer::drop_all_gathered() {
 void Gatherer::reshard(Group& g) {
   ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group '", g.name, "', which is not gathered");
   g.param_state = Group::ParamState::sharded;
+  if (!trace_.upcoming().empty()) index_.resharded(model_.index_of(g), trace_.position());  // prefetch must visit its next use again
   live_elements_ -= g.layout->padded_numel();
   cx_.frees.after_side(std::move(g.param_full), g.layout->padded_numel());
 }
@@ -201,6 +210,11 @@ std::shared_ptr<offload::ShardRead> Gatherer::begin_shard_read(Group& g) {
     // Every read buffer belongs to a gather still on the side stream: wait for the oldest.
     ZOE_CHECK(cx_.frees.reap_oldest(), "parameter offload: no pinned read buffer free and none in flight");
   }
+}
+
+void Gatherer::end_step() {
+  trace_.end_step();
+  index_.build(trace_.upcoming(), model_);
 }
 
 }  // namespace zoe::core

@@ -18,6 +18,7 @@
 #include "src/core/collectives.hpp"
 #include "src/core/engine_context.hpp"
 #include "src/core/execution_trace.hpp"
+#include "src/core/trace_index.hpp"
 #include "src/core/model.hpp"
 #include "src/core/offload_tiers.hpp"
 #include "src/core/update/updater.hpp"
@@ -37,7 +38,7 @@ class Gatherer {
   /// Frees every gathered group no module is using (the step: the shards change).
   void drop_all_gathered();
   /// At the step: this step's order becomes the next step's prediction.
-  void end_step() { trace_.end_step(); }
+  void end_step();
 
  private:
   /// Sharded -> gathered: allocates param_full and queues its all-gather on the side stream
@@ -54,7 +55,7 @@ class Gatherer {
   std::shared_ptr<offload::ShardRead> begin_shard_read(Group& g);
   /// Gathers the groups the recorded order uses next, within the prefetch bucket and the cap.
   void prefetch();
-  bool in_prefetch_window(int group) const;
+  bool in_prefetch_window(int group);
 
   EngineContext& cx_;
   Model& model_;
@@ -62,6 +63,8 @@ class Gatherer {
   Updater& updater_;
   OffloadTiers& tiers_;
   ExecutionTrace trace_;           // the order prefetch follows
+  TraceIndex index_;               // the previous step's order, indexed (O(1) per call)
+  std::vector<char> queued_;       // prefetch(): groups already in this call's bucket
   std::int64_t live_elements_ = 0;  // gathered parameter elements in use or prefetched
 };
 

@@ -10,7 +10,7 @@ void GradReducer::prepare(const ModuleInfo& m) {
   // A group still waiting in the bucket_ is reduced before its buffer takes the next
   // micro-batch's gradients.
   for (int gi : m.groups)
-    if (bucket_.holds(gi)) {
+    if (gi < static_cast<int>(in_bucket_.size()) && in_bucket_[static_cast<std::size_t>(gi)]) {
       flush_bucket();
       break;
     }
@@ -38,6 +38,7 @@ void GradReducer::finish_backward(const ModuleInfo& m) {
     if (--g.pending_users > 0) continue;
     g.pending_users = static_cast<int>(g.users.size());
     ++g.micro_batches;
+    reached_round(g);
     if (cx_.policy.shards_grads || g.micro_batches == cx_.config.gradient_accumulation_steps) queue_reduction(gi);
   }
   if (round_complete()) flush_bucket();
@@ -49,25 +50,24 @@ void GradReducer::queue_reduction(int gi) {
   if (!bucket_.groups.empty() && bucket_.elements + n > cap) flush_bucket();  // DeepSpeed's test, before adding
   bucket_.groups.push_back(gi);
   bucket_.elements += n;
+  in_bucket_.resize(model_.groups.size(), 0);
+  in_bucket_[static_cast<std::size_t>(gi)] = 1;
+  bucket_round_ = std::max(bucket_round_, model_.group(gi).micro_batches);
   if (bucket_.elements >= cap) flush_bucket();  // full: nothing more can join (same buckets, issued sooner)
 }
 
 bool GradReducer::round_complete() const {
   if (bucket_.groups.empty()) return false;
-  int round = 0;
-  for (int gi : bucket_.groups) round = std::max(round, model_.group(gi).micro_batches);
-  // Frozen groups have no gradients (micro_batches stays 0): they take no part in a round;
-  // neither does a group no module uses (the empty trainable group of a module whose
-  // parameters are all frozen or owned by another module).
-  return std::all_of(model_.groups.begin(), model_.groups.end(), [round](const Group& g) {
-    return g.frozen || g.users.empty() || g.micro_batches >= round;
-  });
+  // Every group taking part has reached the bucket's round (counted as they reach it).
+  return bucket_round_ < static_cast<int>(reached_.size()) && reached_[static_cast<std::size_t>(bucket_round_)] == taking_part_;
 }
 
 void GradReducer::flush_bucket() {
   if (bucket_.groups.empty()) return;
   std::vector<int> gis = std::move(bucket_.groups);
   bucket_ = GradBucket{};
+  bucket_round_ = 0;
+  for (int gi : gis) in_bucket_[static_cast<std::size_t>(gi)] = 0;
   if (const double p = cx_.pre_divisor(); p != 1.0)  // prescale_gradients / gradient_predivide_factor
     for (int gi : gis) {
       Group& g = model_.group(gi);
@@ -215,7 +215,21 @@ void GradReducer::zero_unused_gradients() {
   }
 }
 
+void GradReducer::reached_round(const Group& g) {
+  if (taking_part_ < 0) {
+    // Frozen groups have no gradients (micro_batches stays 0): they take no part in a round;
+    // neither does a group no module uses (the empty trainable group of a module whose
+    // parameters are all frozen or owned by another module).
+    taking_part_ = static_cast<int>(std::count_if(model_.groups.begin(), model_.groups.end(),
+                                                  [](const Group& x) { return !x.frozen && !x.users.empty(); }));
+  }
+  const auto r = static_cast<std::size_t>(g.micro_batches);
+  if (reached_.size() <= r) reached_.resize(r + 1, 0);
+  ++reached_[r];  // rounds are reached one at a time: reaching r means >= r from now on
+}
+
 void GradReducer::reset_for_next_step(bool skipped) {
+  std::fill(reached_.begin(), reached_.end(), 0);
   // The update, if running, owns the gradients it reads until it is done.
   for (Group& g : model_.groups) {
     if (g.frozen) continue;

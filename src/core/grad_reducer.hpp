@@ -63,7 +63,14 @@ class GradReducer {
   Model& model_;
   Collectives& coll_;
   Updater& updater_;
+  /// Counts group `g`'s round (its micro_batches) as reached, for round_complete().
+  void reached_round(const Group& g);
+
   GradBucket bucket_;  // gradients waiting for their reduction
+  int bucket_round_ = 0;           // the largest round of a group in the bucket
+  std::vector<char> in_bucket_;    // per group: waiting in the bucket
+  std::vector<int> reached_;       // reached_[r]: taking part groups whose round is >= r
+  int taking_part_ = -1;           // trainable groups some module uses (-1: not counted yet)
 };
 
 }  // namespace zoe::core

@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "io/crc32c.hpp"
-#include "src/core/checkpoint_manifest.hpp"
-#include "src/core/checkpoint_reader.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_reader.hpp"
 #include "tests/core/checkpoint_runs.hpp"
 
 using namespace zoe;

@@ -24,8 +24,8 @@
 #include <sstream>
 
 #include "kernels/half.hpp"
-#include "src/core/checkpoint_export.hpp"
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_export.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 #include "tests/core/test_net.hpp"
 #include "tests/core/shell.hpp"
 #include "zoe/safetensors.hpp"

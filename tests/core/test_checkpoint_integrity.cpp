@@ -11,7 +11,7 @@
 #include <functional>
 #include <sstream>
 
-#include "src/core/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
 #include "tests/core/checkpoint_runs.hpp"
 
 using namespace zoe;

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/crc32c.hpp"
-#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
 #include "tests/core/checkpoint_runs.hpp"
 
 using namespace zoe;

@@ -7,7 +7,7 @@
 
 #include <filesystem>
 
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 #include "tests/core/checkpoint_runs.hpp"
 #include "tests/core/shell.hpp"
 

@@ -12,8 +12,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "src/core/checkpoint_export.hpp"
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_export.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 #include "tests/core/checkpoint_runs.hpp"
 #include "tests/core/shell.hpp"
 

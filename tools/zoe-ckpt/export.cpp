@@ -4,7 +4,7 @@
 #include <map>
 
 #include "src/common/check.hpp"
-#include "src/core/checkpoint_export.hpp"
+#include "src/core/checkpoint/checkpoint_export.hpp"
 
 namespace zoe_ckpt {
 namespace {

@@ -1,12 +1,12 @@
 // The `export` subcommand: a checkpoint's parameters as one safetensors file, offline (issue
 // 18). zoe-ckpt's main registers the subcommand and its options and calls export_checkpoint();
-// the work is ckpt::export_safetensors (src/core/checkpoint_export.hpp, tested in tests/core).
+// the work is ckpt::export_safetensors (src/core/checkpoint/checkpoint_export.hpp, tested in tests/core).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 
 namespace zoe_ckpt {
 

@@ -1,6 +1,6 @@
 // zoe-ckpt: inspect, verify, reshard and export (safetensors) zoe checkpoints (format 2:
-// manifest.json + rank files, src/core/checkpoint_manifest.hpp) without an engine. The work
-// lives in src/core/checkpoint_{manifest,reader,reshard,export}.* (tested in tests/core); this
+// manifest.json + rank files, src/core/checkpoint/checkpoint_manifest.hpp) without an engine. The work
+// lives in src/core/checkpoint/checkpoint_{manifest,reader,reshard,export}.* (tested in tests/core); this
 // file is the CLI (export's options: export.hpp). Exit status 0 on success, 1 when a
 // checkpoint is bad or a command fails (the message names the file and what is wrong), 2 on
 // bad options (CLI11).
@@ -13,9 +13,9 @@
 #include <iostream>
 #include <string>
 
-#include "src/core/checkpoint_dir.hpp"
-#include "src/core/checkpoint_manifest.hpp"
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 #include "tools/zoe-ckpt/export.hpp"
 #include "zoe/error.hpp"
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/crc32c.hpp"
-#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
 #include "zoe/error.hpp"
 
 namespace {

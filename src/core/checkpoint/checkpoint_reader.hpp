@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
 
 namespace zoe::ckpt {
 

@@ -1,4 +1,4 @@
-// Engine checkpoints (format 2, src/core/checkpoint_manifest.hpp): each rank streams its
+// Engine checkpoints (format 2, src/core/checkpoint/checkpoint_manifest.hpp): each rank streams its
 // optimizer range of every group (fp32 master weights, exp_avg, exp_avg_sq), one sub-group at
 // a time, into <dir>/rank<R>.zoe; rank 0 writes manifest.json (the model, every rank's ranges,
 // the counters, the loss scaler, the caller's client state, the checksums) once every rank's
@@ -29,9 +29,9 @@
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
-#include "src/core/checkpoint_dir.hpp"
-#include "src/core/checkpoint_manifest.hpp"
-#include "src/core/checkpoint_reader.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_reader.hpp"
 #include "src/core/engine_impl.hpp"
 
 namespace zoe {

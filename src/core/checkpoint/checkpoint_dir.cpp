@@ -1,4 +1,4 @@
-#include "src/core/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <filesystem>
 
 #include "src/common/check.hpp"
-#include "src/core/checkpoint_manifest.hpp"
-#include "src/core/checkpoint_reader.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_reader.hpp"
 
 namespace zoe::ckpt {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 
 #include <filesystem>
 #include <random>
@@ -6,8 +6,8 @@
 #include "io/crc32c.hpp"
 #include "io/file_writer.hpp"
 #include "src/common/check.hpp"
-#include "src/core/checkpoint_dir.hpp"
-#include "src/core/checkpoint_reader.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_reader.hpp"
 
 namespace zoe::ckpt {
 namespace fs = std::filesystem;

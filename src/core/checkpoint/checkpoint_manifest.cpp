@@ -1,4 +1,4 @@
-#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
 
 #include <cinttypes>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
 #include "src/common/regular_file.hpp"
-#include "src/core/checkpoint_manifest_json.hpp"
+#include "src/core/checkpoint/checkpoint_manifest_json.hpp"
 #include "src/core/flat_layout.hpp"
 
 namespace zoe::ckpt {

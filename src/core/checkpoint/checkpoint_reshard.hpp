@@ -12,8 +12,8 @@
 #include <functional>
 #include <string>
 
-#include "src/core/checkpoint_manifest.hpp"
-#include "src/core/checkpoint_output.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_output.hpp"
 
 namespace zoe::ckpt {
 

@@ -1,4 +1,4 @@
-#include "src/core/checkpoint_reader.hpp"
+#include "src/core/checkpoint/checkpoint_reader.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -20,7 +20,7 @@ namespace zoe::ckpt {
 namespace fs = std::filesystem;
 
 namespace {
-// Format 1's header (src/core/checkpoint.cpp before format 2), 56 bytes.
+// Format 1's header (src/core/checkpoint/checkpoint.cpp before format 2), 56 bytes.
 constexpr std::uint64_t kLegacyMagic = 0x31504b43454f5aull;  // "ZOECKP1"
 struct LegacyHeader {
   std::uint64_t magic = 0;

@@ -22,8 +22,8 @@
 #include <map>
 #include <string>
 
-#include "src/core/checkpoint_manifest.hpp"
-#include "src/core/checkpoint_reshard.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_reshard.hpp"
 #include "zoe/dtype.hpp"
 
 namespace zoe::ckpt {

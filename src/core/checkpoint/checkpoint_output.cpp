@@ -1,11 +1,11 @@
-#include "src/core/checkpoint_output.hpp"
+#include "src/core/checkpoint/checkpoint_output.hpp"
 
 #include <filesystem>
 #include <regex>
 
 #include "src/common/check.hpp"
-#include "src/core/checkpoint_dir.hpp"
-#include "src/core/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_manifest.hpp"
 
 namespace zoe::ckpt {
 namespace fs = std::filesystem;

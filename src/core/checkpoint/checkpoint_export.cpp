@@ -1,4 +1,4 @@
-#include "src/core/checkpoint_export.hpp"
+#include "src/core/checkpoint/checkpoint_export.hpp"
 
 #include <algorithm>
 #include <span>
@@ -6,9 +6,9 @@
 
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
-#include "src/core/checkpoint_output.hpp"
-#include "src/core/checkpoint_reader.hpp"
-#include "src/core/safetensors_rounding.hpp"
+#include "src/core/checkpoint/checkpoint_output.hpp"
+#include "src/core/checkpoint/checkpoint_reader.hpp"
+#include "src/core/checkpoint/safetensors_rounding.hpp"
 
 namespace zoe::ckpt {
 

@@ -19,7 +19,7 @@
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
 #include "src/core/engine_impl.hpp"
-#include "src/core/safetensors_rounding.hpp"
+#include "src/core/checkpoint/safetensors_rounding.hpp"
 
 namespace zoe {
 

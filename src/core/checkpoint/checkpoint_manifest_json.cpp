@@ -1,4 +1,4 @@
-#include "src/core/checkpoint_manifest_json.hpp"
+#include "src/core/checkpoint/checkpoint_manifest_json.hpp"
 
 
 #include "src/common/check.hpp"

@@ -1,4 +1,4 @@
-#include "src/core/safetensors_rounding.hpp"
+#include "src/core/checkpoint/safetensors_rounding.hpp"
 
 #include "src/common/check.hpp"
 #include "src/device/host_elementwise.hpp"
