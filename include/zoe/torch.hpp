@@ -76,6 +76,8 @@ class TorchModel {
   /// the host device; the Engine's errors for anything it refuses (e.g. after its first forward).
   /// `root` is kept alive by the TorchModel; do not move it to another device or dtype after.
   TorchModel(Engine& engine, std::shared_ptr<torch::nn::Module> root, const std::vector<TorchPart>& parts);
+  /// The torch parameters stay empty: read the trained values first (parameter_values(), or
+  /// Engine::export_safetensors). Autograd nodes still alive then refuse their backward.
   ~TorchModel();
   TorchModel(const TorchModel&) = delete;
   TorchModel& operator=(const TorchModel&) = delete;

@@ -1,7 +1,8 @@
 // zoe::TorchModel: a small libtorch model trained through zoe (stages 0-3, 1 and 2 ranks as
 // threads, fp32) ends where plain libtorch with torch::optim::AdamW ends (1e-5 relative after 10
 // steps), bitwise equal across stages; frozen parts stay bitwise unchanged; no gathered parameter
-// outlives step(); activation checkpointing changes no bit; misuse is refused naming the part.
+// outlives step(); activation checkpointing changes no bit; a tensor shared by two parts (tied
+// weights) trains as in libtorch; misuse is refused naming the part.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -271,4 +272,77 @@ TEST_F(TorchModelTest, EvaluationUnderNoGradNeedsNoBackward) {
     EXPECT_TRUE(bitwise_equal(a, b));
     EXPECT_TRUE(bitwise_equal(a, ref->in(data[0].x)));
   });
+}
+
+namespace {
+
+// y = x W^T with a weight tensor given from outside (shared between two parts: tied weights).
+struct SharedLinearImpl : torch::nn::Module {
+  explicit SharedLinearImpl(const torch::Tensor& w) { weight = register_parameter("weight", w); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::tanh(torch::matmul(x, weight.t())); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(SharedLinear);
+
+struct TiedNetImpl : torch::nn::Module {
+  TiedNetImpl() {
+    in = register_module("in", torch::nn::Linear(kIn, kWidth));
+    torch::Tensor w = torch::randn({kWidth, kWidth}) / 4.0;
+    m1 = register_module("m1", SharedLinear(w));
+    m2 = register_module("m2", SharedLinear(w));
+    head = register_module("head", torch::nn::Linear(kWidth, kOut));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(m2(m1(in(x)))); }
+  torch::nn::Linear in{nullptr}, head{nullptr};
+  SharedLinear m1{nullptr}, m2{nullptr};
+};
+TORCH_MODULE(TiedNet);
+
+TiedNet make_tied() {
+  torch::manual_seed(5);
+  return TiedNet();
+}
+
+}  // namespace
+
+TEST_F(TorchModelTest, TiedWeightsInTwoPartsAddTheirGradients) {
+  auto data = make_data();
+  // Reference: plain libtorch; the shared tensor once in the optimizer (parameters() lists it twice).
+  Values plain;
+  {
+    TiedNet net = make_tied();
+    std::vector<torch::Tensor> params;
+    for (const auto& p : net->named_parameters())
+      if (p.key() != "m2.weight") params.push_back(p.value());
+    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(kLr).weight_decay(kDecay).eps(1e-8));
+    for (const auto& b : data) {
+      opt.zero_grad();
+      torch::mse_loss(net->forward(b.x), b.y).backward();
+      opt.step();
+    }
+    for (const auto& p : net->named_parameters())
+      if (p.key() != "m2.weight") plain[p.key()] = p.value().detach().clone();
+  }
+  for (int stage : {0, 3}) {
+    std::vector<TiedNet> nets{make_tied(), make_tied()};
+    std::vector<Values> finals(2);
+    run_ranks(make_local_ranks(2, 60.0), [&](RankContext& ctx) {
+      torch::set_num_threads(1);
+      Engine engine(config(stage), ctx);
+      TiedNet& net = nets[ctx.rank];
+      TorchModel model(engine, net.ptr(), {{"in"}, {"m1"}, {"m2"}, {"head"}});
+      for (const auto& b : data) {
+        torch::Tensor x = b.x.narrow(0, ctx.rank * kBatch / 2, kBatch / 2), y = b.y.narrow(0, ctx.rank * kBatch / 2, kBatch / 2);
+        torch::Tensor h = model.run(model.part("in"), [&](const torch::Tensor& v) { return net->in(v); }, x);
+        h = model.run(model.part("m1"), [&](const torch::Tensor& v) { return net->m1(v); }, h);
+        h = model.run(model.part("m2"), [&](const torch::Tensor& v) { return net->m2(v); }, h);
+        h = model.run(model.part("head"), [&](const torch::Tensor& v) { return net->head(v); }, h);
+        torch::mse_loss(h, y).backward();
+        engine.step();
+      }
+      for (auto& [name, value] : model.parameter_values()) finals[ctx.rank][name] = value;
+    });
+    ASSERT_EQ(finals[0].size(), plain.size()) << "the shared tensor is one zoe parameter";
+    EXPECT_LE(max_rel_diff(finals[0], plain), 1e-5) << "stage " << stage;
+  }
 }
