@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
 
 namespace zoe::core {
@@ -73,7 +74,7 @@ void EngineImpl::begin_group_update(std::size_t gi, const UpdatePlan& plan,
                                     const std::shared_ptr<DeviceBuffer>& snapshot,
                                     std::vector<PipelineGroup>& host_parts) {
   Group& g = groups[gi];
-  ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
+  ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group ", detail::quoted(g.name), ": update started twice");
   g.update_step = plan.step;
   if (policy.gathers_updates || delayed) {
     // The new parameters wait in `updated` until after_update applies them.
@@ -149,8 +150,8 @@ void EngineImpl::check_forward_after_update_in_backward(int m) const {
   const ModuleInfo& mod = modules[static_cast<std::size_t>(m)];
   for (int gi : mod.groups) {
     const Group& g = groups[static_cast<std::size_t>(gi)];
-    ZOE_CHECK_USAGE(g.update_step != backward_plan.step, "begin_forward('", mod.name, "') before step() with "
-                    "zoe.update_in_backward: its group '", g.name, "' already took step ", backward_plan.step,
+    ZOE_CHECK_USAGE(g.update_step != backward_plan.step, "begin_forward(", detail::quoted(mod.name), ") before step() with "
+                    "zoe.update_in_backward: its group ", detail::quoted(g.name), " already took step ", backward_plan.step,
                     "'s update in backward; call step() first (evaluation belongs between steps)");
   }
 }

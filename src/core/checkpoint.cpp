@@ -29,10 +29,12 @@
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/checkpoint_dir.hpp"
 #include "src/core/checkpoint_manifest.hpp"
 #include "src/core/checkpoint_reader.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/core/names.hpp"
 
 namespace zoe {
 namespace fs = std::filesystem;
@@ -189,8 +191,8 @@ std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Mani
     // What this rank stores: its optimizer range; a frozen group, its shard.
     const std::int64_t begin = g.frozen ? g.layout->shard_begin(I.rank) : g.opt_begin;
     const std::int64_t numel = g.frozen ? g.layout->shard_numel() : g.opt_numel;
-    ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group '", g.name,
-              "': range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
+    ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group ", detail::quoted(g.name),
+              ": range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
               ", +", rr.numel, ") at ", rr.file_offset);
     if (g.frozen) {
       crcs.push_back(write_frozen_part(I, g, out));
@@ -246,11 +248,12 @@ void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, s
 void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
   impl_->guarded("save_checkpoint", [&] {
     Impl& I = *impl_;
+    core::check_utf8("save_checkpoint: client_state", client_state);
     I.finalize();
     I.check_no_update_in_backward("save_checkpoint");
     synchronize();
     const std::string tmp = ckpt::temp_dir_of(dir);
-    const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
+    const std::string not_saved = "checkpoint " + detail::quoted_path(dir) + " was not saved: ";
 
     // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
     ckpt::Manifest m;
@@ -278,7 +281,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
           std::random_device rd;
           return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.step_count));
         },
-        not_saved + "rank 0 could not prepare '" + tmp + "': ");
+        not_saved + "rank 0 could not prepare " + detail::quoted_path(tmp) + ": ");
     m.id = std::stoull(id, nullptr, 16);
     std::exception_ptr error;
     std::string mine;
@@ -304,7 +307,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
       }
       barrier(I);
       throw_if_failed<Error>(I, all, error, not_saved + "writing failed",
-                             "; the partial '" + tmp + "' was removed and '" + dir + "' is unchanged");
+                             "; the partial " + detail::quoted_path(tmp) + " was removed and " + detail::quoted_path(dir) + " is unchanged");
     }
 
     // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
@@ -345,7 +348,7 @@ void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, boo
   for (const core::ParamInfo& p : I.params) {
     const auto it = saved_frozen.find(p.name);
     if (it == saved_frozen.end() || it->second == p.options.frozen) continue;
-    ZOE_THROW(UsageError, what, ": parameter '", p.name, "' is ", it->second ? "frozen" : "trainable",
+    ZOE_THROW(UsageError, what, ": parameter ", detail::quoted(p.name), " is ", it->second ? "frozen" : "trainable",
               " there and ", p.options.frozen ? "frozen" : "trainable",
               " here (ParamOptions::frozen): a checkpoint loads only into an engine with the frozen parameters it was "
               "saved with (a trainable parameter's record is its master weights and moments, a frozen one's its "
@@ -360,7 +363,7 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
   if (ckpt::is_legacy(from)) {
     std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
     for (const core::ParamInfo& p : I.params) saved[p.name] = false;
-    check_frozen_set(I, saved, "checkpoint '" + from + "' (format 1)");
+    check_frozen_set(I, saved, "checkpoint " + detail::quoted_path(from) + " (format 1)");
     return ckpt::read_legacy(from, model_of(I));
   }
   const std::string path = (fs::path(from) / ckpt::kManifestName).string();
@@ -368,16 +371,16 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
   std::map<std::string, bool> saved;
   for (const ckpt::GroupEntry& g : m.groups)
     for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;
-  check_frozen_set(I, saved, "checkpoint '" + path + "'");
-  const std::string other = "checkpoint '" + path + "' is of another model: ";
+  check_frozen_set(I, saved, "checkpoint " + detail::quoted_path(path));
+  const std::string other = "checkpoint " + detail::quoted_path(path) + " is of another model: ";
   if (m.groups.size() != I.groups.size())
     ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.groups.size());
   const std::vector<ckpt::GroupEntry> mine = model_of(I);
   for (std::size_t gi = 0; gi < mine.size(); ++gi) {
     const ckpt::GroupEntry &a = m.groups[gi], &b = mine[gi];
-    if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is '", a.name, "' there, '", b.name, "' here");
+    if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is ", detail::quoted(a.name), " there, ", detail::quoted(b.name), " here");
     if (a.params.size() != b.params.size())
-      ZOE_THROW(UsageError, other, "group '", a.name, "' has ", a.params.size(), " parameters there, ", b.params.size(),
+      ZOE_THROW(UsageError, other, "group ", detail::quoted(a.name), " has ", a.params.size(), " parameters there, ", b.params.size(),
                 " here");
     for (std::size_t pi = 0; pi < a.params.size(); ++pi) {
       const ckpt::ParamEntry &p = a.params[pi], &q = b.params[pi];
@@ -387,8 +390,8 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
         return t + "]";
       };
       if (p.name != q.name || p.shape != q.shape)
-        ZOE_THROW(UsageError, other, "group '", a.name, "' parameter ", pi, " is '", p.name, "' ", shape(p.shape),
-                  " there, '", q.name, "' ", shape(q.shape), " here");
+        ZOE_THROW(UsageError, other, "group ", detail::quoted(a.name), " parameter ", pi, " is ", detail::quoted(p.name), " ", shape(p.shape),
+                  " there, ", detail::quoted(q.name), " ", shape(q.shape), " here");
     }
   }
   return m;
@@ -416,7 +419,7 @@ std::string Engine::load_checkpoint(const std::string& dir) {
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
     //    every rank reads the same checkpoint.
     const std::string from = rank0_decides(
-        I, [&] { return ckpt::choose_for_load(dir); }, "checkpoint '" + dir + "' could not be loaded: rank 0: ",
+        I, [&] { return ckpt::choose_for_load(dir); }, "checkpoint " + detail::quoted_path(dir) + " could not be loaded: rank 0: ",
         "; nothing was changed");
     std::exception_ptr error;
     std::string mine;
@@ -434,12 +437,12 @@ std::string Engine::load_checkpoint(const std::string& dir) {
       mine = failure(error);
     }
     all = share_outcomes(I, mine);
-    throw_if_failed<CorruptionError>(I, all, error, "checkpoint '" + from + "' could not be loaded",
+    throw_if_failed<CorruptionError>(I, all, error, "checkpoint " + detail::quoted_path(from) + " could not be loaded",
                                      "; nothing was changed");
     for (std::size_t r = 1; r < all.size(); ++r)
       if (all[r] != all[0]) {
         I.agreed_failure = true;  // every rank compares the same ids
-        ZOE_THROW(CorruptionError, "checkpoint '", from, "': rank ", r, " read a manifest of id ", payload(all[r]),
+        ZOE_THROW(CorruptionError, "checkpoint ", detail::quoted_path(from), ": rank ", r, " read a manifest of id ", payload(all[r]),
                   ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
       }
 

@@ -9,6 +9,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
 
 namespace zoe::core {
@@ -190,7 +191,7 @@ void EngineImpl::drop_all_gathered() {
 }
 
 void EngineImpl::reshard(Group& g) {
-  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group '", g.name, "', which is not gathered");
+  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group ", detail::quoted(g.name), ", which is not gathered");
   g.param_state = Group::ParamState::sharded;
   live_elements -= g.layout->padded_numel();
   frees.after_side(std::move(g.param_full), g.layout->padded_numel());

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
 #include "src/device/host_elementwise.hpp"
 
@@ -38,7 +39,7 @@ CollectiveTag param_value_tag(const EngineImpl& I, std::uint32_t param, const ch
   t.kind = CollectiveTag::Kind::param_value;
   t.group = static_cast<std::int32_t>(param);
   t.step = I.rules.steps();
-  t.label = detail::concat(what, " parameter '", I.params[param].name, "'");
+  t.label = detail::concat(what, " parameter ", detail::quoted(I.params[param].name));
   return t;
 }
 }  // namespace
@@ -160,8 +161,8 @@ const ParamInfo& EngineImpl::param_between_steps(std::uint32_t index, const char
                   " parameters registered)");
   const ParamInfo& param = params[index];
   for (const ModuleInfo& m : modules)
-    ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, call, "('", param.name, "') while module '", m.name,
-                    "' is in ", m.phase == ModuleInfo::Phase::forward ? "forward" : "backward",
+    ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, call, "(", detail::quoted(param.name), ") while module ", detail::quoted(m.name),
+                    " is in ", m.phase == ModuleInfo::Phase::forward ? "forward" : "backward",
                     ": a parameter's value is read or written between steps (end_* first)");
   check_no_update_in_backward(call);
   finalize();
@@ -173,7 +174,7 @@ void EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, c
   ZOE_CHECK_USAGE(!name.empty(), "all_reduce: the trainer's reduction needs a name (e.g. \"loss\")");
   ZOE_CHECK_USAGE(op == ScalarReduce::sum || op == ScalarReduce::mean || op == ScalarReduce::max ||
                       op == ScalarReduce::min,
-                  "all_reduce('", name, "'): unknown ScalarReduce ", static_cast<int>(op));
+                  "all_reduce(", detail::quoted(name), "): unknown ScalarReduce ", static_cast<int>(op));
   const std::size_t n = values.size();
   if (n == 0 && world == 1) return;
   // One all-gather of the raw fp64 words (as pairs of fp32 bit patterns: all_gather copies,
@@ -193,7 +194,7 @@ void EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce op, c
   const std::string identity = name + '\0' + reduce_name(op);
   tag.group = static_cast<std::int32_t>(fnv1a(identity.data(), identity.size()) & 0x7fffffffu);
   tag.step = rules.steps();
-  tag.label = detail::concat("the trainer's all_reduce '", name, "' (", reduce_name(op), " of ", n, " values)");
+  tag.label = detail::concat("the trainer's all_reduce ", detail::quoted(name), " (", reduce_name(op), " of ", n, " values)");
   all_gather(send.data(), recv.data(), words, DType::f32, std::move(tag));
   double* all = area + words / 2;
   device.copy(all, recv.data(), static_cast<std::size_t>(words * world) * sizeof(float), s);
@@ -238,7 +239,7 @@ void Engine::read_parameter(ParamId id, std::span<float> out) {
     // when the two groups' shapes match. The collective runs before the size check, so a rank
     // with a wrong `out` fails alone instead of leaving its peers waiting.
     std::vector<float> full = I.gather_group(g, core::param_value_tag(I, id.index, "reading"));
-    ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
+    ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter(", detail::quoted(p.name), "): out has ",
                     out.size(), " elements, the parameter has ", p.numel);
     std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
   });
@@ -272,17 +273,17 @@ void Engine::write_parameter(ParamId id, std::span<const float> value) {
       I.device.synchronize(*I.side);
       std::copy_n(area + 1, W, all.begin());
     }
-    ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter('", p.name, "'): value has ", value.size(),
+    ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter(", detail::quoted(p.name), "): value has ", value.size(),
                     " elements, the parameter has ", p.numel);
     if (mine.nonfinite >= 0)
-      ZOE_THROW(UsageError, "write_parameter('", p.name, "'): element ", mine.nonfinite, " is ",
+      ZOE_THROW(UsageError, "write_parameter(", detail::quoted(p.name), "): element ", mine.nonfinite, " is ",
                 value[static_cast<std::size_t>(mine.nonfinite)], " (values must be finite)");
     for (std::size_t r = 0; r < W; ++r) {
-      ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter('", p.name, "'): rank ", r,
+      ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter(", detail::quoted(p.name), "): rank ", r,
                       "'s value is wrong (", all[r].size, " elements",
                       all[r].nonfinite >= 0 ? detail::concat(", element ", all[r].nonfinite, " not finite") : "",
                       "; see its error); nothing was written");
-      ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter('", p.name, "'): rank ", r,
+      ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter(", detail::quoted(p.name), "): rank ", r,
                       " passes a different value than rank ", I.rank,
                       " (every rank writes the same full value); nothing was written");
     }

@@ -18,7 +18,9 @@
 
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/core/names.hpp"
 #include "src/core/safetensors_rounding.hpp"
 
 namespace zoe {
@@ -64,22 +66,27 @@ class FlatAppender {
 
 }  // namespace
 
-void Engine::export_safetensors(const std::string& path, DType dtype, const std::map<std::string, std::string>& metadata) {
-  Impl& I = *impl_;
+// Engine::export_safetensors without the boundary (see there).
+static void export_safetensors_of(core::EngineImpl& I, const std::string& path, DType dtype,
+                                  const std::map<std::string, std::string>& metadata) {
   ZOE_CHECK_USAGE(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                   "export_safetensors: unknown dtype ", static_cast<int>(dtype));
   ZOE_CHECK_USAGE(!path.empty(), "export_safetensors: empty path");
+  for (const auto& [key, value] : metadata) {
+    core::check_utf8("export_safetensors: the metadata key", key);
+    core::check_utf8("export_safetensors: the metadata value", value);
+  }
   // DeepSpeed's save_16bit_model saves nothing at stage 3 unless the key allows consolidation.
   ZOE_CHECK_USAGE(I.config.zero_optimization.stage != 3 || I.config.zero_optimization.gather_16bit_weights_on_model_save,
-                  "export_safetensors('", path, "'): zero_optimization.stage3_gather_16bit_weights_on_model_save is "
+                  "export_safetensors(", detail::quoted_path(path), "): zero_optimization.stage3_gather_16bit_weights_on_model_save is "
                   "false, which forbids consolidating a stage-3 model into whole parameters (DeepSpeed's "
                   "save_16bit_model then saves nothing); set it true, or save a sharded checkpoint "
                   "(save_checkpoint) and export that with zoe-ckpt export");
   // Between begin_* and end_* the gathered parameters are in use (and the trainer's thread is
   // inside a module): the same rule as step().
   for (std::size_t m = 0; m < I.modules.size(); ++m)
-    ZOE_CHECK_USAGE(I.rules.phase(static_cast<int>(m)) == core::ModulePhase::idle, "export_safetensors('", path,
-                    "') while module '", I.modules[m].name, "' is still in ",
+    ZOE_CHECK_USAGE(I.rules.phase(static_cast<int>(m)) == core::ModulePhase::idle, "export_safetensors(", detail::quoted_path(path),
+                    ") while module ", detail::quoted(I.modules[m].name), " is still in ",
                     I.rules.phase(static_cast<int>(m)) == core::ModulePhase::forward ? "forward" : "backward",
                     ": end it first");
   I.check_no_update_in_backward("export_safetensors");
@@ -121,7 +128,7 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
     CollectiveTag tag;
     tag.kind = CollectiveTag::Kind::params;
     tag.group = static_cast<std::int32_t>(&g - I.groups.data());
-    tag.label = detail::concat("exporting the frozen parameters of '", g.name, "'");
+    tag.label = detail::concat("exporting the frozen parameters of ", detail::quoted(g.name));
     const std::vector<float> full = I.gather_group(g, tag);
     emit(g, 0, std::span<const float>(full.data(), full.size()));
   };
@@ -196,8 +203,12 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
   writer.reset();  // not committed: its temporary file is removed
   if (error) std::rethrow_exception(error);
   if (!bad.empty())
-    ZOE_THROW(Error, "safetensors export to '", path, "' failed on rank(s) ", bad, " (see their error); '", path,
-              "' is unchanged");
+    ZOE_THROW(Error, "safetensors export to ", detail::quoted_path(path), " failed on rank(s) ", bad, " (see their error); ", detail::quoted_path(path),
+              " is unchanged");
+}
+
+void Engine::export_safetensors(const std::string& path, DType dtype, const std::map<std::string, std::string>& metadata) {
+  detail::at_public_boundary("export_safetensors", [&] { export_safetensors_of(*impl_, path, dtype, metadata); });
 }
 
 }  // namespace zoe

@@ -15,6 +15,7 @@
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "kernels/adam_math.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
 
 namespace zoe::core {
@@ -30,7 +31,7 @@ StepResult EngineImpl::step() {
   }
   const int gas = config.gradient_accumulation_steps;
   for (const ModuleInfo& m : modules) {
-    ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module '", m.name, "' is still in ",
+    ZOE_CHECK_USAGE(m.phase == ModuleInfo::Phase::idle, "step() while module ", detail::quoted(m.name), " is still in ",
                     m.phase == ModuleInfo::Phase::forward ? "forward" : "backward");
   }
   // Frozen groups have no gradients: they are never reduced and take no part in the step.
@@ -50,7 +51,7 @@ StepResult EngineImpl::step() {
                   gas);
   for (const Group& g : groups) {
     if (g.frozen) continue;
-    ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group '", g.name, "' had ",
+    ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group ", detail::quoted(g.name), " had ",
                     g.micro_batches, " backward passes this step, expected ", gas);
   }
   flush_bucket();  // the last round's gradients still waiting
