@@ -13,6 +13,7 @@
 #include <set>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 
 namespace zoe::io {
 namespace {
@@ -34,19 +35,12 @@ std::uint64_t le64(const char* p) {
   return v;
 }
 
-std::string clip(std::string s) {
-  constexpr std::size_t kMax = 120;  // a hostile header cannot make a message of megabytes
-  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
-  return s;
-}
+// A name in a message: JSON-escaped (a hostile name cannot forge lines), cut short (a hostile
+// header cannot make a message of megabytes).
+std::string json_quoted(std::string_view s) { return zoe::detail::json_excerpt(json(std::string(s)), 120); }
 
-// A name in a message: JSON-escaped (a hostile name cannot forge lines), clipped.
-std::string json_quoted(std::string_view s) {
-  return clip(json(std::string(s)).dump(-1, ' ', true, json::error_handler_t::replace));
-}
-
-// A JSON value in a message, clipped.
-std::string brief(const json& v) { return clip(v.dump(-1, ' ', true, json::error_handler_t::replace)); }
+// A JSON value in a message, cut short.
+std::string brief(const json& v) { return zoe::detail::json_excerpt(v, 120); }
 
 // One tensor's header entry, validated on its own (the coverage check comes after).
 SafetensorsEntry parse_entry(const std::string& name, const json& v, const std::string& file) {

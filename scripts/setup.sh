@@ -12,9 +12,9 @@ packages=(
   libtorch-dev  # zoe_torch, the libtorch adapter (include/zoe/torch.hpp), its tests and examples/torch_llama
   fio python3 python3-numpy
   clang libclang-rt-14-dev  # the libFuzzer smoke runs of tests/fuzz
+  openmpi-bin  # mpirun: comm_launch_mpirun runs README's mpirun launch line (skips without it)
+  python3-torch  # torchrun: comm_launch_torchrun(_standalone) run README's torchrun lines; also tests/data's AdamW golden values
 )
-# Only for regenerating the AdamW golden values (tests/data); CI does not need it.
-if [[ "${ZOE_SETUP_TORCH:-0}" == 1 ]]; then packages+=(python3-torch); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -152,30 +152,47 @@ void remove_other_trainer_states(const std::string& dir, int keep_step) {
   }
 }
 
-TrainerState load_trainer_state(const std::string& dir, std::int64_t engine_step, double engine_lr,
-                                const nlohmann::json& run) {
+namespace {
+// DIR's trainer files, newest first.
+std::vector<fs::path> trainer_files(const std::string& dir) {
   GPT_CHECK(fs::is_directory(dir), "no checkpoint directory '", dir, "'");
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir))
     if (step_of(e.path()) >= 0) files.push_back(e.path());
   std::sort(files.begin(), files.end(),
             [](const fs::path& a, const fs::path& b) { return step_of(a) > step_of(b); });
+  return files;
+}
+
+TrainerState read_trainer_state(const fs::path& file) {
+  GPT_CHECK(fs::is_regular_file(file), "trainer state '", file.string(), "' is not a regular file");
+  std::ifstream in(file);
+  GPT_CHECK(in, "cannot open '", file.string(), "'");
+  nlohmann::json j;
+  try {
+    j = parse_without_duplicate_keys(in, file);
+  } catch (const nlohmann::json::exception& e) {
+    GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
+  }
+  try {
+    return from_json(j, file);
+  } catch (const nlohmann::json::exception& e) {
+    GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
+  }
+}
+}  // namespace
+
+nlohmann::json saved_run_identity(const std::string& dir) {
+  const std::vector<fs::path> files = trainer_files(dir);
+  GPT_CHECK(!files.empty(), "checkpoint '", dir, "' has no trainer state (trainer-<step>.json)");
+  return read_trainer_state(files.front()).run;
+}
+
+TrainerState load_trainer_state(const std::string& dir, std::int64_t engine_step, double engine_lr,
+                                const nlohmann::json& run) {
+  const std::vector<fs::path> files = trainer_files(dir);
   for (const fs::path& file : files) {
-    GPT_CHECK(fs::is_regular_file(file), "trainer state '", file.string(), "' is not a regular file");
-    std::ifstream in(file);
-    GPT_CHECK(in, "cannot open '", file.string(), "'");
-    nlohmann::json j;
-    try {
-      j = parse_without_duplicate_keys(in, file);
-    } catch (const nlohmann::json::exception& e) {
-      GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
-    }
-    TrainerState s;
-    try {
-      s = from_json(j, file);
-    } catch (const nlohmann::json::exception& e) {
-      GPT_THROW("corrupt trainer state '", file.string(), "': ", e.what());
-    }
+    TrainerState s = read_trainer_state(file);
     if (s.engine_step != engine_step || std::memcmp(&s.engine_lr, &engine_lr, sizeof(double)) != 0)
       continue;  // written before an engine save that did not complete
     for (const auto& [key, value] : run.items()) {

@@ -12,7 +12,8 @@
 // engine step count and learning rate equal the loaded engine's, so a trainer file written just
 // before a failed engine save is ignored.
 //
-// The data order needs no state: step S's batches are a pure function of (seed, rank, S).
+// The data order needs no state: step S's batches are a pure function of (seed, data layout, S)
+// (data_layout.hpp), whatever the world size the run resumes at.
 // Thread-safety: free functions; the callers serialize writes (rank 0 writes, after barriers).
 #pragma once
 
@@ -34,8 +35,10 @@ struct TrainerState {
   double first_loss = 0;         // train loss of step 1 (nats)
   double last_val_loss = 0;      // NaN when not evaluated yet
   std::vector<double> losses;    // train loss of every step so far (nats), `step` entries
-  /// What must not change across a resume (model shape, ranks, batch, seed, data size);
-  /// compared key by key on load.
+  /// What must not change across a resume (model shape, data layout, batch, seed, data size);
+  /// compared key by key on load. "world_size" and "micro_batches" are the data layout
+  /// (data_layout.hpp: the first run's ranks and micro-batches per rank), which a run resumed at
+  /// another world size keeps.
   nlohmann::json run;
 };
 
@@ -48,6 +51,11 @@ void save_trainer_state(const std::string& dir, const TrainerState& state);
 
 /// Removes DIR/trainer-*.json other than the one of `keep_step` (after a successful engine save).
 void remove_other_trainer_states(const std::string& dir, int keep_step);
+
+/// The run identity (TrainerState::run) of DIR's newest trainer state, read before any engine
+/// exists (a resume at another world size needs the data layout first). Throws zoe::Error naming
+/// DIR when it has no trainer file, naming the file when it cannot be parsed.
+nlohmann::json saved_run_identity(const std::string& dir);
 
 /// The newest trainer state in DIR whose engine_step and engine_lr equal the loaded engine's
 /// (`engine_step`, `engine_lr`, bitwise), checked against `run` (every key must be equal).

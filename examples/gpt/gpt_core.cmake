@@ -38,6 +38,7 @@ endif()
 if(TARGET zoe_core)
   find_package(CLI11 REQUIRED)
   add_library(zoe_gpt_trainer STATIC ${_gpt}/options.cpp ${_gpt}/trainer.cpp ${_gpt}/metrics.cpp ${_gpt}/checkpoint.cpp
+    ${_gpt}/data_layout.cpp
     ${_gpt}/progress.cpp ${_gpt}/hf_weights.cpp)
   target_compile_options(zoe_gpt_trainer PRIVATE -Wall -Wextra -Wno-unused-parameter)
   target_link_libraries(zoe_gpt_trainer PUBLIC zoe_gpt_core CLI11::CLI11)

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "examples/gpt/checkpoint.hpp"
+#include "examples/gpt/data_layout.hpp"
 #include "examples/gpt/error.hpp"
 #include "examples/gpt/hf_weights.hpp"
 #include "examples/gpt/kernel_ops.hpp"
@@ -190,17 +191,18 @@ struct RunShared {
   bool verbose;
   bool gather_parameters;
   std::shared_ptr<const InitFile> init_file;  // --init-from, shared by the rank threads
+  DataLayout layout;  // whose data streams define a step's batches (this run's, or the resumed run's)
   TrainSummary summary;  // filled by each process's first rank (with threads: rank 0)
   std::vector<StepProfile> profiles;  // --profile: one per local rank, printed after training
 };
 
-// What must not change when a run resumes: the model, the ranks, the batches, the seed and the
-// data (a step's batches are a function of these and the step number).
-nlohmann::json run_identity(const TrainOptions& opt, const TokenSplit& data, int world, int B, int GA) {
+// What must not change when a run resumes: the model, the data layout (data_layout.hpp), the
+// batches, the seed and the data (a step's batches are a function of these and the step number).
+nlohmann::json run_identity(const TrainOptions& opt, const TokenSplit& data, const DataLayout& layout, int B) {
   return {{"vocab_size", opt.model.vocab_size}, {"layers", opt.model.n_layer},
           {"heads", opt.model.n_head},          {"width", opt.model.n_embd},
-          {"context", opt.model.context},       {"world_size", world},
-          {"micro_batch", B},                   {"micro_batches", GA},
+          {"context", opt.model.context},       {"world_size", layout.ranks},
+          {"micro_batch", B},                   {"micro_batches", layout.micro_batches},
           {"seed", opt.seed},                   {"train_tokens", data.train.size()},
           {"val_tokens", data.val.size()}};
 }
@@ -224,7 +226,7 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
   const int T = opt.model.context;
 
   TrainerState state;
-  state.run = run_identity(opt, sh.data, world, B, GA);
+  state.run = run_identity(opt, sh.data, sh.layout, B);
   state.last_val_loss = std::nan("");
   if (opt.resume) {
     engine.load_checkpoint(engine_checkpoint_dir(opt.checkpoint_dir));
@@ -308,7 +310,10 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     const double lr =
         scheduled ? engine.lr() : learning_rate(step, opt.steps, opt.warmup, opt.lr, opt.lr * opt.min_lr_ratio);
     if (!scheduled) engine.set_lr(lr);
-    std::mt19937_64 rng(stream(opt.seed, rank, step));
+    // Micro-batch mb is micro-batch slot.micro_batch of data rank slot.rank: drawn from that
+    // rank's stream after the ones before it (the same batches whatever the world size).
+    std::optional<std::mt19937_64> rng;
+    int rng_rank = -1, drawn = 0;
     double loss = 0;
     StepProfile& prof = pp.profile;
     prof.active = (opt.profile && step >= start + kProfileWarmup) || opt.step_report;
@@ -317,7 +322,15 @@ void train_rank(zoe::Engine& engine, Model& model, EngineProvider& pp, RunShared
     const auto step_begin = StepProfile::now();
     for (int mb = 0; mb < GA; ++mb) {
       const auto t0 = StepProfile::now();
-      const Batch b = sample_batch(sh.data.train, B, T, rng);
+      const DataSlot slot = data_slot(sh.layout, rank, GA, mb);
+      if (slot.rank != rng_rank) {
+        rng.emplace(stream(opt.seed, slot.rank, step));
+        rng_rank = slot.rank;
+        drawn = 0;
+      }
+      for (; drawn < slot.micro_batch; ++drawn) (void)sample_batch(sh.data.train, B, T, *rng);
+      const Batch b = sample_batch(sh.data.train, B, T, *rng);
+      ++drawn;
       prof.add(StepProfile::batch, t0, StepProfile::now());
       loss += model.forward_backward(pp, b.inputs.data(), b.targets.data(), B, T);
     }
@@ -518,8 +531,37 @@ void run_rank(zoe::RankContext& ctx, RunShared& sh, int local_rank) {
 
 }  // namespace
 
-TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokenizer& tokenizer,
+// The data layout of this run: its own ranks and micro-batches, or on --resume the checkpointed
+// run's. A resume at another world size runs layout.total() / world micro-batches per rank
+// instead (the global batch and the data order stay; one line says so); `opt`'s
+// gradient_accumulation_steps (and train_batch_size if set) change to match.
+DataLayout resumed_layout(TrainOptions& opt, int world, bool verbose) {
+  zoe::Config& c = opt.engine;
+  DataLayout layout{world, c.gradient_accumulation_steps};
+  if (!opt.resume) return layout;
+  const nlohmann::json run = saved_run_identity(opt.checkpoint_dir);
+  const auto saved = [&](const char* key) {
+    const auto it = run.find(key);
+    GPT_CHECK(it != run.end() && it->is_number_integer() && it->get<std::int64_t>() >= 1 &&
+                  it->get<std::int64_t>() <= 1 << 20,
+              "checkpoint '", opt.checkpoint_dir, "': its trainer state's run has no valid '", key, "'");
+    return static_cast<int>(it->get<std::int64_t>());
+  };
+  layout = {saved("world_size"), saved("micro_batches")};
+  if (layout.ranks == world) return layout;  // the micro-batches are checked with the rest of the run
+  c.gradient_accumulation_steps = micro_batches_at(layout, world);
+  if (c.train_batch_size != 0)
+    c.train_batch_size = c.train_micro_batch_size_per_gpu * c.gradient_accumulation_steps * world;
+  if (verbose) {
+    std::printf("%s\n", relayout_message(layout, world, c.train_micro_batch_size_per_gpu, opt.model.context).c_str());
+    std::fflush(stdout);
+  }
+  return layout;
+}
+
+TrainSummary train(const TrainOptions& given, const TokenSplit& data, const Tokenizer& tokenizer,
                    bool verbose, bool gather_parameters) {
+  TrainOptions opt = given;  // a resume at another world size changes the micro-batches per rank
   const bool launcher = opt.from_environment;
   const int local_ranks = launcher ? 1 : opt.world_size;  // rank threads in this process
   if (opt.resume)
@@ -530,12 +572,17 @@ TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokeni
   // Checked once against the model before any engine exists: a wrong file fails here, naming the tensor.
   std::shared_ptr<const InitFile> init_file;
   if (!opt.init_from.empty()) init_file = std::make_shared<const InitFile>(opt.init_from, make_model_spec(opt.model));
-  RunShared sh{opt, data, tokenizer, verbose, gather_parameters, init_file, {}, std::vector<StepProfile>(local_ranks)};
+  // One rank per process under a launcher; the losses shown are means over all ranks (Engine::all_reduce).
+  std::optional<zoe::RankContext> launched;
+  if (launcher) launched = zoe::rank_from_environment(opt.engine.zoe.comm_timeout_s);
+  const int world = launcher ? launched->world_size : opt.world_size;
+  const bool lead_verbose = verbose && (!launcher || launched->rank == 0);
+  const DataLayout layout = resumed_layout(opt, world, lead_verbose);
+  RunShared sh{opt,    data, tokenizer, verbose, gather_parameters, init_file, layout, {},
+               std::vector<StepProfile>(local_ranks)};
   if (launcher) {
-    // One rank per process; the losses shown are means over all ranks (Engine::all_reduce).
-    zoe::RankContext ctx = zoe::rank_from_environment(opt.engine.zoe.comm_timeout_s);
-    sh.verbose = verbose && ctx.rank == 0;
-    run_rank(ctx, sh, 0);
+    sh.verbose = lead_verbose;
+    run_rank(*launched, sh, 0);
   } else {
     auto ranks = zoe::make_local_ranks(opt.world_size, opt.engine.zoe.comm_timeout_s);
     zoe::run_ranks(ranks, [&](zoe::RankContext& ctx) { run_rank(ctx, sh, ctx.rank); });

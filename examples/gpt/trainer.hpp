@@ -37,8 +37,12 @@ struct TrainSummary {
 /// checkpointing every opt.checkpoint_interval steps and at the end when opt.checkpoint_dir is
 /// set. Prints progress to stderr and the summary to stdout when `verbose`. With
 /// `gather_parameters`, also returns every parameter's final value (Engine::gather_parameter).
+/// Resuming at another world size keeps the global batch and the data order (data_layout.hpp):
+/// each rank runs the checkpointed run's ranks x micro-batches / world micro-batches per step
+/// (opt.engine.gradient_accumulation_steps is replaced), and one line says so.
 /// Throws zoe::Error naming the path when the checkpoint to resume is missing, corrupt or from
-/// another run (model, ranks, batch, seed or data differ), and the engine's errors from any rank.
+/// another run (model, batch, seed or data differ), naming the world sizes that work when this
+/// one cannot split the checkpointed run's micro-batches evenly, and the engine's errors from any rank.
 TrainSummary train(const TrainOptions& opt, const TokenSplit& data, const Tokenizer& tokenizer,
                    bool verbose, bool gather_parameters = false);
 

@@ -115,9 +115,15 @@ struct TensorView {
 };
 
 /// A module's parameters (full, gathered) in the order given to add_module; during
-/// backward also its gradient buffers, same shapes and order, dtype = compute dtype,
-/// zero-filled at begin_backward: the trainer ADDS its gradients into them. A frozen
-/// parameter's gradient view has data == nullptr (its shape and dtype are set): add nothing.
+/// backward also its gradient buffers, same shapes and order, dtype = compute dtype: the
+/// trainer ADDS its gradients into them (never overwrites: the buffer may hold other
+/// backward passes' sums). At begin_backward a gradient view holds what was added to that
+/// parameter and not yet reduced: zero for its first use in the micro-batch at stages 2-3
+/// (each micro-batch's buffer is reduced and freed after its last user's end_backward); for a
+/// parameter shared by several modules (tied weights), the sum its earlier uses in the
+/// micro-batch added; at stages 0-1 also the sum of the step's earlier micro-batches (one
+/// persistent buffer, reduced once per step and zeroed by step()). A frozen parameter's
+/// gradient view has data == nullptr (its shape and dtype are set): add nothing.
 /// Valid until the matching end_forward / end_backward; keep no pointer past it (to reuse
 /// forward weights in backward, take them from begin_backward's views). Otherwise:
 ///  - stage 3: the gathered parameter buffer is freed (or kept for a later module, then
@@ -211,8 +217,10 @@ class Engine {
   /// ParamInitializer: this rank's elements only, in chunks of at most sub_group_size
   /// elements). The values are rounded to the compute dtype for the parameters and kept in
   /// fp32 as master weights. `init` is kept until then and released after.
-  /// Throws UsageError after the first forward, for a negative dimension or an empty `init`.
-  /// If `init` throws, the call that initialises the engine (the first begin_forward,
+  /// Throws UsageError after the first forward, for a negative dimension or an empty `init`,
+  /// and for a name that is empty, not valid UTF-8 or holds a NUL byte (names become checkpoint
+  /// and safetensors keys; the error names the parameter's index and shows the name escaped and
+  /// cut to 64 characters, as every error quoting a name does). If `init` throws, the call that initialises the engine (the first begin_forward,
   /// begin_backward, step, gather_parameter or checkpoint call) throws Error naming the
   /// parameter and the elements requested, with the initializer's message
   /// (OutOfMemoryError if it threw std::bad_alloc or OutOfMemoryError); the Engine is then
@@ -233,16 +241,19 @@ class Engine {
   /// identical on every rank). The engine copies `initial` now (numel x 4 bytes of host
   /// memory until the first forward) and initialises from the copy exactly as from an
   /// initializer returning those values. Throws UsageError after the first forward, for a
-  /// negative dimension, or if initial.size() != numel.
+  /// negative dimension, a name as the other overload refuses, or if initial.size() != numel;
+  /// OutOfMemoryError if the copy cannot be allocated.
   ParamId add_parameter(const std::string& name, std::vector<std::int64_t> shape,
                         std::span<const float> initial, const ParamOptions& options = {});
   /// Gives `group.options` to every parameter registered so far whose name `group.match`
   /// accepts (torch's optimizer param groups; parameters in no group keep the options they were
   /// registered with). Returns how many matched. Before the first forward. Throws UsageError
-  /// after the first forward, for an empty name or matcher, a group name used before, when no
+  /// after the first forward, for a name as add_parameter refuses (naming the group's index),
+  /// an empty matcher, a group name used before, when no
   /// parameter matches (a typo in the matcher would otherwise train with the wrong decay), or
   /// when a matched parameter is already in another group (naming the parameter and both
-  /// groups); ConfigError as add_parameter for the options. Nothing changes when it throws.
+  /// groups); ConfigError as add_parameter for the options; Error (or OutOfMemoryError) with the
+  /// message of an exception the matcher throws. Nothing changes when it throws.
   int add_param_group(const ParamGroup& group);
   /// The options a parameter trains with (weight_decay resolved against the config). Throws
   /// UsageError for an unknown id.
@@ -260,7 +271,8 @@ class Engine {
   /// Groups parameters into a module, the unit of all-gather and of gradient reduction.
   /// A parameter may appear in several modules (tied weights); its gradients add up.
   /// `mode`: whether the module's forward has its own begin/end calls (see ForwardMode).
-  /// Throws UsageError after the first forward, for an unknown or repeated parameter.
+  /// Throws UsageError after the first forward, for an unknown or repeated parameter, and for
+  /// a name as add_parameter refuses (naming the module's index).
   ModuleId add_module(const std::string& name, const std::vector<ParamId>& params,
                       ForwardMode mode = ForwardMode::separate);
 
@@ -286,7 +298,8 @@ class Engine {
   /// Ends the forward (stage 3: the gathered buffer may be freed). Throws UsageError unless
   /// the module is in forward.
   void end_forward(ModuleId module);
-  /// Gathers again (stage 3) and returns params + zeroed gradient buffers. Throws UsageError
+  /// Gathers again (stage 3) and returns params + gradient buffers (what they hold at this
+  /// call: see ModuleTensors). Throws UsageError
   /// if the module is not idle, had no forward in this micro-batch (ForwardMode::separate),
   /// already ran its backward in this micro-batch, or ran gradient_accumulation_steps
   /// backward passes since the last step().
@@ -373,7 +386,7 @@ class Engine {
   /// the others an Error naming the failed ranks. Throws UsageError (before any collective)
   /// while a module is between begin_* and end_*, and at stage 3 when
   /// zero_optimization.gather_16bit_weights_on_model_save is false (DeepSpeed's save_16bit_model
-  /// then saves nothing). Frozen parameters (ParamOptions::frozen)
+  /// then saves nothing), and for a metadata key or value that is not valid UTF-8. Frozen parameters (ParamOptions::frozen)
   /// are exported too: their compute-dtype values widened to fp32 (they have no master weights).
   void export_safetensors(const std::string& path, DType dtype = DType::f32,
                           const std::map<std::string, std::string>& metadata = {});
@@ -393,7 +406,8 @@ class Engine {
   /// loss scaler, `client_state`, CRC32C checksums; docs/checkpoints.md). Written into
   /// `dir`.tmp, every file and directory fsynced, then renamed into place: at any moment of a
   /// crash `dir` or `dir`.old holds a complete checkpoint (load_checkpoint takes either).
-  /// `client_state`: opaque text (e.g. the trainer's JSON) returned by load_checkpoint.
+  /// `client_state`: opaque text (e.g. the trainer's JSON) returned by load_checkpoint; valid
+  /// UTF-8 (it is a JSON string in the manifest), else UsageError before anything is written.
   /// If any rank cannot write its file, every rank throws once they agree (no collective
   /// timeout) and the temp dir is removed: the failing rank its own error (a full disk:
   /// IoError ENOSPC, naming the file and the bytes it needs), the others an Error naming the

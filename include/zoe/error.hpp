@@ -1,6 +1,11 @@
 // zoe's error types. Every runtime failure in zoe is reported by throwing one of
 // these (never assert() or exit()); each carries the source file:line that raised
-// it and, where relevant, the OS errno or the CUDA / NCCL status code.
+// it and, where relevant, the OS errno or the CUDA / NCCL status code. An exception from a
+// library zoe uses (JSON, std::filesystem, std::thread) is converted before it leaves a public
+// call: std::system_error to SystemError with its errno, std::bad_alloc to OutOfMemoryError,
+// any other to Error; the trainer's own exceptions come back as they were only from run_ranks
+// (the trainer's function), and as Error from the callbacks the Engine calls (initializers,
+// param group matchers). Messages quote user strings (names, paths) escaped and shortened.
 //
 // Thread-safety: the types are plain values; throwing and copying are thread-safe.
 #pragma once

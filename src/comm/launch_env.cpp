@@ -1,3 +1,4 @@
+#include "src/common/quote.hpp"
 #include "src/comm/launch_env.hpp"
 
 #include <charconv>
@@ -25,7 +26,7 @@ std::string found_list(const EnvLookup& lookup) {
   std::string out;
   auto add = [&](const char* name) {
     auto v = lookup(name);
-    out += std::string(out.empty() ? "" : ", ") + name + "=" + (v ? "'" + *v + "'" : "(unset)");
+    out += std::string(out.empty() ? "" : ", ") + name + "=" + (v ? detail::quoted(*v) : "(unset)");
   };
   for (const auto& s : kSets) {
     add(s.rank);
@@ -50,7 +51,7 @@ int parse_int(const EnvLookup& lookup, const char* name, const std::string& text
   int value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty())
-    fail(lookup, std::string(name) + "='" + text + "' is not an integer");
+    fail(lookup, std::string(name) + "=" + detail::quoted(text) + " is not an integer");
   return value;
 }
 }  // namespace
@@ -93,7 +94,7 @@ LaunchEnv parse_launch_env(const EnvLookup& lookup) {
   if (auto use = lookup("TORCHELASTIC_USE_AGENT_STORE")) {
     if (*use == "True" || *use == "true" || *use == "1") agent_store = true;
     else if (!(*use == "False" || *use == "false" || *use == "0" || use->empty()))
-      fail(lookup, "TORCHELASTIC_USE_AGENT_STORE='" + *use + "' is neither True nor False");
+      fail(lookup, "TORCHELASTIC_USE_AGENT_STORE=" + detail::quoted(*use) + " is neither True nor False");
   }
   if (env.world_size == 1) return env;  // RendezvousKind::none
   if ((addr && !addr->empty()) != bool(port))

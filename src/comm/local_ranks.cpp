@@ -8,6 +8,7 @@
 #include "src/comm/host_communicator.hpp"  // timeout_from_seconds
 #include "src/comm/local_ranks.hpp"
 #include "src/comm/local_communicator.hpp"
+#include "src/common/boundary_errors.hpp"
 #include "src/common/check.hpp"
 #include "src/device/host_device.hpp"
 #include "zoe/ranks.hpp"
@@ -23,7 +24,9 @@ std::chrono::milliseconds timeout_from_seconds(double timeout_s) {
 }
 
 std::vector<RankContext> make_local_ranks(int world_size, double timeout_s) {
-  return make_local_ranks_on(world_size, host_device_options_from_environment(), timeout_s);
+  return detail::at_public_boundary("make_local_ranks", [&] {
+    return make_local_ranks_on(world_size, host_device_options_from_environment(), timeout_s);
+  });
 }
 
 std::vector<RankContext> make_local_ranks_on(int world_size, const HostDeviceOptions& options, double timeout_s) {

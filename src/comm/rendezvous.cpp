@@ -7,6 +7,7 @@
 #include "src/comm/launch_env.hpp"
 #include "src/comm/tcp_store.hpp"
 #include "src/comm/torch_store_client.hpp"
+#include "src/common/boundary_errors.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "zoe/ranks.hpp"
@@ -65,7 +66,8 @@ std::shared_ptr<KeyValueStore> rendezvous_store(const LaunchEnv& env, std::chron
 }
 }  // namespace
 
-RankContext rank_from_environment(double timeout_s) {
+// rank_from_environment without the boundary (a Gloo or socket library's exception passes).
+static RankContext rank_from_environment_of(double timeout_s) {
   auto timeout = timeout_from_seconds(timeout_s);
   LaunchEnv env = launch_env_from_process();
   auto device = device_for(env);
@@ -88,6 +90,10 @@ RankContext rank_from_environment(double timeout_s) {
   ZOE_LOG_INFO("rank {} of {} ({} variables, local rank {}, rendezvous: {}) on {}", env.rank, env.world_size,
                env.launcher, env.local_rank, rendezvous_name(env.rendezvous), device->name());
   return ctx;
+}
+
+RankContext rank_from_environment(double timeout_s) {
+  return detail::at_public_boundary("rank_from_environment", [&] { return rank_from_environment_of(timeout_s); });
 }
 
 }  // namespace zoe

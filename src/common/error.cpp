@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "src/common/quote.hpp"
+
 namespace zoe {
 namespace {
 std::string with_location(const std::string& message, const char* file, int line) {
@@ -42,7 +44,7 @@ SystemError::SystemError(const std::string& message, int error_code, const char*
 
 IoError::IoError(const std::string& path, long long offset, long long length, int error_code,
                  const std::string& what, const char* file, int line)
-    : SystemError(what + " of '" + path + "' at offset " + std::to_string(offset) + ", length " +
+    : SystemError(what + " of " + detail::quoted_path(path) + " at offset " + std::to_string(offset) + ", length " +
                       std::to_string(length) + " bytes failed",
                   error_code, file, line),
       path_(path), offset_(offset), length_(length) {}

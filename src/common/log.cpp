@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "src/common/quote.hpp"
+
 namespace zoe::log {
 std::optional<spdlog::level::level_enum> parse_level(std::string_view text) {
   const spdlog::level::level_enum parsed = spdlog::level::from_str(std::string(text));
@@ -24,8 +26,7 @@ spdlog::logger& get() {
       if (const auto parsed = parse_level(level)) {
         l->set_level(*parsed);
       } else {
-        std::string shown(level);
-        if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+        const std::string shown = detail::excerpt(level, 40);
         l->warn("ZOE_LOG_LEVEL '{}' is not one of trace, debug, info, warn, error, critical, off: logging at info",
                 shown);
       }

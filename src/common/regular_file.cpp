@@ -1,3 +1,4 @@
+#include "src/common/quote.hpp"
 #include "src/common/regular_file.hpp"
 
 #include <fcntl.h>
@@ -21,7 +22,7 @@ const char* kind_of(mode_t mode) {
 }
 
 [[noreturn]] void not_regular(const std::string& path, mode_t mode) {
-  ZOE_THROW(CorruptionError, "'", path, "' is not a regular file (it is ", kind_of(mode), ")");
+  ZOE_THROW(CorruptionError, detail::quoted_path(path), " is not a regular file (it is ", kind_of(mode), ")");
 }
 }  // namespace
 
@@ -35,7 +36,7 @@ int open_regular_file(const std::string& path) {
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    ZOE_THROW_ERRNO(err, "cannot stat '", path, "': ", std::strerror(err));
+    ZOE_THROW_ERRNO(err, "cannot stat ", detail::quoted_path(path), ": ", std::strerror(err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -45,7 +46,7 @@ int open_regular_file(const std::string& path) {
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
     const int err = errno;
     ::close(fd);
-    ZOE_THROW_ERRNO(err, "fcntl of '", path, "' failed: ", std::strerror(err));
+    ZOE_THROW_ERRNO(err, "fcntl of ", detail::quoted_path(path), " failed: ", std::strerror(err));
   }
   return fd;
 }
@@ -59,15 +60,15 @@ std::string read_regular_file(const std::string& path, std::uint64_t max_bytes) 
   const int fd = open_regular_file(path);
   if (fd < 0) {
     const int err = errno;
-    ZOE_THROW_ERRNO(err, "cannot open '", path, "': ", std::strerror(err));
+    ZOE_THROW_ERRNO(err, "cannot open ", detail::quoted_path(path), ": ", std::strerror(err));
   }
   std::string text;
   try {
     struct stat st {};
-    if (::fstat(fd, &st) != 0) ZOE_THROW_ERRNO(errno, "cannot stat '", path, "': ", std::strerror(errno));
+    if (::fstat(fd, &st) != 0) ZOE_THROW_ERRNO(errno, "cannot stat ", detail::quoted_path(path), ": ", std::strerror(errno));
     const auto size = static_cast<std::uint64_t>(st.st_size);
     if (size > max_bytes)
-      ZOE_THROW(CorruptionError, "'", path, "' holds ", size, " bytes, more than the ", max_bytes,
+      ZOE_THROW(CorruptionError, detail::quoted_path(path), " holds ", size, " bytes, more than the ", max_bytes,
                 " this file may have: it is not the file expected there");
     text.resize(static_cast<std::size_t>(size));
     std::size_t done = 0;

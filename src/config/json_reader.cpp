@@ -4,13 +4,14 @@
 #include <limits>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/config/did_you_mean.hpp"
 #include "src/config/strict_parse.hpp"
 
 namespace zoe::config_detail {
 namespace {
 // Values are quoted short: a hostile file may hold a 50 MB string.
-std::string shown(const Json& v) { return excerpt(v); }
+std::string shown(const Json& v) { return detail::json_excerpt(v); }
 
 const char* type_name(const Json& v) {
   switch (v.type()) {
@@ -227,7 +228,7 @@ void JsonReader::reject_unknown_keys() {
           if (!hint.empty()) break;
         }
       }
-      add_problem(join_path(rec.path, excerpt_text(key, 48)), "unknown key (value " + shown(value) + ")" + hint);
+      add_problem(join_path(rec.path, detail::excerpt(key, 48)), "unknown key (value " + shown(value) + ")" + hint);
     }
   }
 }

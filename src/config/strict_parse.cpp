@@ -5,13 +5,12 @@
 
 #include "src/common/check.hpp"
 #include "src/common/json_path.hpp"
+#include "src/common/quote.hpp"
 #include "src/config/json_reader.hpp"
 
 namespace zoe::config_detail {
 namespace {
 using Json = nlohmann::json;
-// A cut may split a UTF-8 sequence: dump it as U+FFFD rather than throw.
-constexpr auto kReplace = Json::error_handler_t::replace;
 
 // A validating SAX pass in front of the DOM parse: it tracks the path of the value being read
 // so that each refusal can name it. nlohmann's SAX parser is iterative, so a deep document
@@ -37,9 +36,9 @@ class StrictSax {
   }
   bool parse_error(std::size_t position, const std::string& last_token, const nlohmann::detail::exception& e) {
     if (e.id == 406)  // out_of_range.406: a number beyond a double's range
-      ZOE_THROW_CONFIG(path(), "number ", excerpt_text(last_token), " is outside the range of a double");
-    ZOE_THROW_CONFIG("", "not valid JSON at byte ", position, " (near ", excerpt_text(last_token), "): ",
-                     excerpt_text(without_prefix(e.what()), 160));
+      ZOE_THROW_CONFIG(path(), "number ", detail::excerpt(last_token), " is outside the range of a double");
+    ZOE_THROW_CONFIG("", "not valid JSON at byte ", position, " (near ", detail::excerpt(last_token), "): ",
+                     detail::excerpt(without_prefix(e.what()), 160));
   }
 
  private:
@@ -60,7 +59,7 @@ class StrictSax {
   // The path of the value being read: keys joined by '.', array elements as [i]; cut to
   // 120 characters (a hostile document's path may be 64 levels of long keys).
   std::string path() const {
-    return excerpt_text(path_.str([](const std::string& p, const std::string& k) { return join_path(p, excerpt_text(k, 48)); }), 120);
+    return detail::excerpt(path_.str([](const std::string& p, const std::string& k) { return join_path(p, detail::excerpt(k, 48)); }), 120);
   }
   // nlohmann's what() starts with "[json.exception.parse_error.101] parse error at line 1, ...".
   static std::string without_prefix(const char* what) {
@@ -79,37 +78,6 @@ Json parse_strict(std::string_view text) {
   Json::sax_parse(text.begin(), text.end(), &sax);
   // The text is valid and within the limits: the DOM parse cannot fail now.
   return Json::parse(text.begin(), text.end());
-}
-
-std::string excerpt_text(std::string_view text, std::size_t max_chars) {
-  std::string out;
-  const std::size_t shown = std::min(text.size(), max_chars);
-  for (std::size_t i = 0; i < shown; ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (shown < text.size()) out += "... (" + std::to_string(text.size()) + " characters)";
-  return out;
-}
-
-std::string excerpt(const Json& value, std::size_t max_chars) {
-  if (value.is_string()) {
-    const auto& s = value.get_ref<const std::string&>();
-    if (s.size() > max_chars) {  // dump only the shown part: the value may be megabytes
-      std::string quoted = Json(s.substr(0, max_chars)).dump(-1, ' ', false, kReplace);
-      quoted.pop_back();  // the closing quote goes after the "..."; cut once, counted once
-      return excerpt_text(quoted, quoted.size()) + "...\" (" + std::to_string(s.size()) + " characters)";
-    }
-    return excerpt_text(Json(s).dump(-1, ' ', false, kReplace), max_chars + 2);
-  }
-  // Depth is bounded by parse_strict, so dump() cannot recurse deeply.
-  return excerpt_text(value.dump(-1, ' ', false, kReplace), max_chars);
 }
 
 }  // namespace zoe::config_detail

@@ -25,13 +25,4 @@ inline constexpr int kMaxDepth = 64;
 /// overflows a double.
 nlohmann::json parse_strict(std::string_view text);
 
-/// A value as it appears in an error message: its JSON text, cut to about `max_chars`
-/// characters with the full length said ("\"aaaa…\" (52428800 characters)"). Never quotes
-/// more than max_chars + a few bytes of the value, whatever its size.
-std::string excerpt(const nlohmann::json& value, std::size_t max_chars = 64);
-
-/// `text` cut to `max_chars` characters with the full length said when cut; control
-/// characters (NUL included) are written as \uXXXX.
-std::string excerpt_text(std::string_view text, std::size_t max_chars = 64);
-
 }  // namespace zoe::config_detail

@@ -1,3 +1,4 @@
+#include "src/common/quote.hpp"
 #include "src/core/call_rules.hpp"
 
 #include <cstring>
@@ -16,11 +17,11 @@ void CallRules::add_module(std::string name, ForwardMode mode) {
 
 void CallRules::begin_forward(int i) {
   Module& m = module(i);
-  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "begin_forward('", m.name, "') while '", m.name,
-                  "' is already in forward: end_forward('", m.name, "') first (rule: begin and end alternate)");
-  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "begin_forward('", m.name, "') while '", m.name,
-                  "' is in backward: end_backward('", m.name,
-                  "') first (rule: a module is in one phase at a time; to recompute a checkpointed forward, run "
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "begin_forward(", detail::quoted(m.name), ") while ", detail::quoted(m.name),
+                  " is already in forward: end_forward(", detail::quoted(m.name), ") first (rule: begin and end alternate)");
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "begin_forward(", detail::quoted(m.name), ") while ", detail::quoted(m.name),
+                  " is in backward: end_backward(", detail::quoted(m.name),
+                  ") first (rule: a module is in one phase at a time; to recompute a checkpointed forward, run "
                   "begin_forward/end_forward before begin_backward, or compute it inside the backward scope from "
                   "its parameters)");
   m.phase = ModulePhase::forward;
@@ -34,11 +35,11 @@ CallRules::Module& CallRules::close(int i, ModulePhase phase) {
   const char* call = fwd ? "end_forward" : "end_backward";
   const char* begin = fwd ? "begin_forward" : "begin_backward";
   const ModulePhase other = fwd ? ModulePhase::backward : ModulePhase::forward;
-  ZOE_CHECK_USAGE(m.phase != other, call, "('", m.name, "') while '", m.name, "' is in ", fwd ? "backward" : "forward",
+  ZOE_CHECK_USAGE(m.phase != other, call, "(", detail::quoted(m.name), ") while ", detail::quoted(m.name), " is in ", fwd ? "backward" : "forward",
                   ": ", fwd ? "end_backward closes a backward" : "end_forward closes a forward",
                   " (rule: each end_* closes its own begin_*)");
-  ZOE_CHECK_USAGE(m.phase == phase, call, "('", m.name, "') without ", begin, "('", m.name,
-                  "') (rule: each end_* closes its own begin_*)");
+  ZOE_CHECK_USAGE(m.phase == phase, call, "(", detail::quoted(m.name), ") without ", begin, "(", detail::quoted(m.name),
+                  ") (rule: each end_* closes its own begin_*)");
   m.phase = ModulePhase::idle;
   return m;
 }
@@ -51,27 +52,27 @@ void CallRules::end_forward(int i) {
 
 void CallRules::begin_backward(int i) {
   Module& m = module(i);
-  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "begin_backward('", m.name, "') while '", m.name,
-                  "' is still in forward: end_forward('", m.name,
-                  "') first (rule: a module's backward follows its completed forward)");
-  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "begin_backward('", m.name, "') while '", m.name,
-                  "' is already in backward: end_backward('", m.name, "') first (rule: begin and end alternate)");
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::forward, "begin_backward(", detail::quoted(m.name), ") while ", detail::quoted(m.name),
+                  " is still in forward: end_forward(", detail::quoted(m.name),
+                  ") first (rule: a module's backward follows its completed forward)");
+  ZOE_CHECK_USAGE(m.phase != ModulePhase::backward, "begin_backward(", detail::quoted(m.name), ") while ", detail::quoted(m.name),
+                  " is already in backward: end_backward(", detail::quoted(m.name), ") first (rule: begin and end alternate)");
   if (m.mode == ForwardMode::separate) {
-    ZOE_CHECK_USAGE(m.forwarded || m.backwards == 0, "begin_backward('", m.name, "'): '", m.name,
-                    "' already ran its backward in this micro-batch (no forward of '", m.name,
-                    "' since its last end_backward; rule: each module runs one backward per micro-batch, after its "
+    ZOE_CHECK_USAGE(m.forwarded || m.backwards == 0, "begin_backward(", detail::quoted(m.name), "): ", detail::quoted(m.name),
+                    " already ran its backward in this micro-batch (no forward of ", detail::quoted(m.name),
+                    " since its last end_backward; rule: each module runs one backward per micro-batch, after its "
                     "forward; to apply a module twice in one micro-batch, register a second module with the same "
                     "parameters, as tied weights)");
-    ZOE_CHECK_USAGE(m.forwarded, "begin_backward('", m.name, "') with no forward of '", m.name,
-                    "' in this micro-batch (rule: a module's backward follows its forward: begin_forward/end_forward('",
-                    m.name, "') first, or register '", m.name,
-                    "' with ForwardMode::in_backward if its forward runs inside its backward scope)");
+    ZOE_CHECK_USAGE(m.forwarded, "begin_backward(", detail::quoted(m.name), ") with no forward of ", detail::quoted(m.name),
+                    " in this micro-batch (rule: a module's backward follows its forward: begin_forward/end_forward(",
+                    detail::quoted(m.name), ") first, or register ", detail::quoted(m.name),
+                    " with ForwardMode::in_backward if its forward runs inside its backward scope)");
   } else {
-    ZOE_CHECK_USAGE(forwards_ == 0 || m.forwards_seen < forwards_, "begin_backward('", m.name, "'): '", m.name,
-                    "' already ran its backward in this micro-batch (no module's forward since its last "
+    ZOE_CHECK_USAGE(forwards_ == 0 || m.forwards_seen < forwards_, "begin_backward(", detail::quoted(m.name), "): ", detail::quoted(m.name),
+                    " already ran its backward in this micro-batch (no module's forward since its last "
                     "end_backward; rule: each module runs one backward per micro-batch)");
   }
-  ZOE_CHECK_USAGE(m.backwards < gas_, "begin_backward('", m.name, "'): '", m.name, "' already ran its backward in all ",
+  ZOE_CHECK_USAGE(m.backwards < gas_, "begin_backward(", detail::quoted(m.name), "): ", detail::quoted(m.name), " already ran its backward in all ",
                   gas_, " micro-batch(es) of this step (gradient_accumulation_steps = ", gas_,
                   "): call step() first (rule: each module runs one backward per micro-batch)");
   m.phase = ModulePhase::backward;
@@ -109,7 +110,7 @@ void CallRules::note_collective(const CollectiveTag& tag) {
 
 std::string CallRules::backward_log() const {
   std::string s;
-  for (int i : backward_log_) s += (s.empty() ? "'" : ", '") + modules_[static_cast<std::size_t>(i)].name + "'";
+  for (int i : backward_log_) s += (s.empty() ? "" : ", ") + detail::quoted(modules_[static_cast<std::size_t>(i)].name);
   return s.empty() ? "none" : s;
 }
 

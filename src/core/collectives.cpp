@@ -5,6 +5,7 @@
 #include <string>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 
 namespace zoe::core {
 
@@ -42,9 +43,9 @@ CollectiveTag Collectives::group_tag(const Group& g, CollectiveTag::Kind kind) c
   if (kind == CollectiveTag::Kind::grads) t.micro_batch = g.micro_batches - 1;
   std::string users;
   if (g.users.size() > 1)
-    for (int u : g.users) users += (users.empty() ? " (modules '" : "', '") + model_.modules[static_cast<std::size_t>(u)].name;
-  if (!users.empty()) users += "')";
-  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of '" : "parameters of '", g.name, "'",
+    for (int u : g.users) users += (users.empty() ? " (modules " : ", ") + detail::quoted(model_.modules[static_cast<std::size_t>(u)].name);
+  if (!users.empty()) users += ")";
+  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", detail::quoted(g.name),
                            users);
   return t;
 }
@@ -55,9 +56,9 @@ CollectiveTag Collectives::grads_tag(const Group& g) const { return group_tag(g,
 CollectiveTag Collectives::coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const {
   CollectiveTag t = group_tag(model_.group(group_indices.front()), kind);
   std::string names;
-  for (int gi : group_indices) names += (names.empty() ? "'" : "', '") + model_.group(gi).name;
+  for (int gi : group_indices) names += (names.empty() ? "" : ", ") + detail::quoted(model_.group(gi).name);
   t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", group_indices.size(),
-                           " groups (", names, "')");
+                           " groups (", names, ")");
   return t;
 }
 

@@ -8,8 +8,11 @@
 #include <numeric>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/common/log.hpp"
+#include "src/common/boundary_errors.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/core/names.hpp"
 
 namespace zoe {
 
@@ -26,7 +29,7 @@ Engine::Engine(const Config& config, RankContext rank) {
     ZOE_THROW_CONFIG("zoe.delayed_update", "cannot be combined with zero_optimization.offload_param.device = ",
                      config.zero_optimization.offload_param.device == OffloadDevice::cpu ? "cpu" : "nvme",
                      " (the update writes the offloaded shards the next forward reads); set one of them off");
-  impl_ = std::make_unique<Impl>(config, std::move(rank));
+  impl_ = detail::at_public_boundary("Engine", [&] { return std::make_unique<Impl>(config, std::move(rank)); });
   if (config.dump_state && impl_->cx.rank == 0) ZOE_LOG_INFO("configuration (dump_state):\n{}", config.to_json());
 }
 
@@ -36,10 +39,10 @@ Engine::~Engine() = default;
 // negative dimension.
 static std::int64_t checked_numel(const core::EngineImpl& I, const std::string& name,
                                   const std::vector<std::int64_t>& shape) {
-  I.lifecycle.check_registering(detail::concat("add_parameter('", name, "')"));
+  I.lifecycle.check_registering(detail::concat("add_parameter(", detail::quoted(name), ")"));
   std::int64_t numel = 1;
   for (std::int64_t d : shape) {
-    ZOE_CHECK_USAGE(d >= 0, "parameter '", name, "': negative dimension ", d);
+    ZOE_CHECK_USAGE(d >= 0, "parameter ", detail::quoted(name), ": negative dimension ", d);
     numel *= d;
   }
   return numel;
@@ -60,15 +63,15 @@ ParamId Engine::add_parameter_from(const std::string& name, std::vector<std::int
                                    const ParamOptions& options) {
   Impl& I = *impl_;
   const std::int64_t numel = checked_numel(I, name, shape);
-  ZOE_CHECK_USAGE(static_cast<bool>(init), "parameter '", name, "': empty initializer");
-  ZOE_CHECK_USAGE(!I.model.param_by_name.contains(name), "parameter '", name,
-                  "' is registered twice: parameter names are unique (find_parameter looks them up)");
+  core::check_name(core::NameKind::parameter, I.model.params.size(), name);
+  ZOE_CHECK_USAGE(static_cast<bool>(init), "parameter ", detail::quoted(name), ": empty initializer");
+  ZOE_CHECK_USAGE(!I.model.param_by_name.contains(name), "parameter ", detail::quoted(name), " is registered twice: parameter names are unique (find_parameter looks them up)");
   core::ParamInfo p;
   p.name = name;
   p.shape = std::move(shape);
   p.numel = numel;
   p.init = std::move(init);
-  p.options = resolved_options(I, "param '" + name + "'", options);
+  p.options = resolved_options(I, "param " + detail::quoted(name), options);
   I.model.param_by_name.emplace(name, static_cast<std::uint32_t>(I.model.params.size()));
   I.model.params.push_back(std::move(p));
   return ParamId{static_cast<std::uint32_t>(I.model.params.size() - 1)};
@@ -76,21 +79,20 @@ ParamId Engine::add_parameter_from(const std::string& name, std::vector<std::int
 
 int Engine::add_param_group(const ParamGroup& group) {
   Impl& I = *impl_;
-  ZOE_CHECK_USAGE(!group.name.empty(), "add_param_group: the group needs a name");
-  I.lifecycle.check_registering(detail::concat("add_param_group('", group.name, "')"));
-  ZOE_CHECK_USAGE(static_cast<bool>(group.match), "add_param_group('", group.name, "'): empty matcher");
+  I.lifecycle.check_registering(detail::concat("add_param_group(", detail::quoted(group.name), ")"));
+  core::check_name(core::NameKind::param_group, I.model.param_groups.size(), group.name);
+  ZOE_CHECK_USAGE(static_cast<bool>(group.match), "add_param_group(", detail::quoted(group.name), "): empty matcher");
   ZOE_CHECK_USAGE(std::find(I.model.param_groups.begin(), I.model.param_groups.end(), group.name) == I.model.param_groups.end(),
-                  "add_param_group('", group.name, "'): a group of that name exists already");
-  const ParamOptions options = resolved_options(I, "param group '" + group.name + "'", group.options);
+                  "add_param_group(", detail::quoted(group.name), "): a group of that name exists already");
+  const ParamOptions options = resolved_options(I, "param group " + detail::quoted(group.name), group.options);
   std::vector<std::uint32_t> matched;
   for (std::uint32_t i = 0; i < I.model.params.size(); ++i) {
     const core::ParamInfo& p = I.model.params[i];
-    if (!group.match(p.name)) continue;
-    ZOE_CHECK_USAGE(p.param_group.empty(), "add_param_group('", group.name, "'): parameter '", p.name,
-                    "' is already in group '", p.param_group, "' (a parameter belongs to one group)");
+    if (!detail::at_public_boundary("add_param_group: the matcher", [&] { return group.match(p.name); })) continue;
+    ZOE_CHECK_USAGE(p.param_group.empty(), "add_param_group(", detail::quoted(group.name), "): parameter ", detail::quoted(p.name), " is already in group ", detail::quoted(p.param_group), " (a parameter belongs to one group)");
     matched.push_back(i);
   }
-  ZOE_CHECK_USAGE(!matched.empty(), "add_param_group('", group.name, "') matched none of the ", I.model.params.size(),
+  ZOE_CHECK_USAGE(!matched.empty(), "add_param_group(", detail::quoted(group.name), ") matched none of the ", I.model.params.size(),
                   " parameters registered so far (register them first; check the matcher)");
   for (std::uint32_t i : matched) {
     I.model.params[i].options = options;
@@ -135,8 +137,8 @@ ParamId Engine::parameter(const std::string& name) const {
   for (const core::ParamInfo& p : ps) near.emplace_back(edit_distance(name, p.name), p.name);
   std::sort(near.begin(), near.end());
   std::string closest;
-  for (std::size_t i = 0; i < near.size() && i < 3; ++i) closest += (i ? ", '" : "'") + near[i].second + "'";
-  ZOE_THROW(UsageError, "no parameter named '", name, "' (", ps.size(), " registered",
+  for (std::size_t i = 0; i < near.size() && i < 3; ++i) closest += (i ? ", " : "") + detail::quoted(near[i].second);
+  ZOE_THROW(UsageError, "no parameter named ", detail::quoted(name), " (", ps.size(), " registered",
             closest.empty() ? std::string() : "; closest: " + closest, ")");
 }
 
@@ -155,9 +157,10 @@ std::size_t Engine::parameter_count() const { return impl_->model.params.size();
 ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t> shape,
                               std::span<const float> initial, const ParamOptions& options) {
   const std::int64_t numel = checked_numel(*impl_, name, shape);
-  ZOE_CHECK_USAGE(static_cast<std::int64_t>(initial.size()) == numel, "parameter '", name, "': initial has ",
+  ZOE_CHECK_USAGE(static_cast<std::int64_t>(initial.size()) == numel, "parameter ", detail::quoted(name), ": initial has ",
                   initial.size(), " elements, shape has ", numel);
-  auto values = std::make_shared<const std::vector<float>>(initial.begin(), initial.end());
+  auto values = detail::at_public_boundary(
+      "add_parameter", [&] { return std::make_shared<const std::vector<float>>(initial.begin(), initial.end()); });
   return add_parameter_from(
       name, std::move(shape),
       [values](std::int64_t offset, std::span<float> out) {
@@ -168,13 +171,13 @@ ParamId Engine::add_parameter(const std::string& name, std::vector<std::int64_t>
 
 ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>& params, ForwardMode mode) {
   Impl& I = *impl_;
-  I.lifecycle.check_registering(detail::concat("add_module('", name, "')"));
+  I.lifecycle.check_registering(detail::concat("add_module(", detail::quoted(name), ")"));
+  core::check_name(core::NameKind::module, I.model.modules.size(), name);
   ModuleInfo m;
   m.name = name;
   for (ParamId p : params) {
-    ZOE_CHECK_USAGE(p.index < I.model.params.size(), "module '", name, "': unknown parameter id ", p.index);
-    ZOE_CHECK_USAGE(std::find(m.params.begin(), m.params.end(), p.index) == m.params.end(), "module '", name,
-                    "' lists parameter '", I.model.params[p.index].name, "' twice");
+    ZOE_CHECK_USAGE(p.index < I.model.params.size(), "module ", detail::quoted(name), ": unknown parameter id ", p.index);
+    ZOE_CHECK_USAGE(std::find(m.params.begin(), m.params.end(), p.index) == m.params.end(), "module ", detail::quoted(name), " lists parameter ", detail::quoted(I.model.params[p.index].name), " twice");
     m.params.push_back(p.index);
   }
   I.model.modules.push_back(std::move(m));

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/common/boundary_errors.hpp"
 #include "src/common/check.hpp"
 #include "src/core/call_rules.hpp"
 #include "src/core/collectives.hpp"
@@ -130,10 +131,10 @@ decltype(auto) EngineImpl::guarded(const char* call, F&& f) {
     throw;
   } catch (const std::exception& e) {
     if (!std::exchange(agreed_failure, false)) cx.comm.abort(detail::concat(call, ": ", e.what()));
-    throw;
+    detail::rethrow_as_zoe_error(call);
   } catch (...) {
     cx.comm.abort(detail::concat(call, ": an exception that is not a std::exception"));
-    throw;
+    detail::rethrow_as_zoe_error(call);
   }
 }
 

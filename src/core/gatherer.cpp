@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/common/log.hpp"
 #include "src/core/gatherer.hpp"
 
@@ -194,7 +195,7 @@ void Gatherer::drop_all_gathered() {
 }
 
 void Gatherer::reshard(Group& g) {
-  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group '", g.name, "', which is not gathered");
+  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group ", detail::quoted(g.name), ", which is not gathered");
   g.param_state = Group::ParamState::sharded;
   if (!trace_.upcoming().empty()) index_.resharded(model_.index_of(g), trace_.position());  // prefetch must visit its next use again
   live_elements_ -= g.layout->padded_numel();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/chunk_pipeline.hpp"
 #include "src/core/engine_impl.hpp"
 #include "src/device/host_elementwise.hpp"
@@ -36,16 +37,16 @@ void core::EngineImpl::fill_initial(const Group& g, std::int64_t begin, std::spa
     try {
       p.init(a - p0, out.subspan(static_cast<std::size_t>(a - begin), static_cast<std::size_t>(b - a)));
     } catch (const std::bad_alloc& e) {
-      ZOE_THROW(OutOfMemoryError, "parameter '", p.name, "': its initializer ran out of memory on elements [", a - p0,
+      ZOE_THROW(OutOfMemoryError, "parameter ", detail::quoted(p.name), ": its initializer ran out of memory on elements [", a - p0,
                 ", ", b - p0, "): ", e.what());
     } catch (const OutOfMemoryError& e) {
-      ZOE_THROW(OutOfMemoryError, "parameter '", p.name, "': its initializer ran out of memory on elements [", a - p0,
+      ZOE_THROW(OutOfMemoryError, "parameter ", detail::quoted(p.name), ": its initializer ran out of memory on elements [", a - p0,
                 ", ", b - p0, "): ", e.what());
     } catch (const std::exception& e) {
-      ZOE_THROW(Error, "parameter '", p.name, "': its initializer failed on elements [", a - p0, ", ", b - p0,
+      ZOE_THROW(Error, "parameter ", detail::quoted(p.name), ": its initializer failed on elements [", a - p0, ", ", b - p0,
                 "): ", e.what());
     } catch (...) {
-      ZOE_THROW(Error, "parameter '", p.name, "': its initializer threw a non-standard exception on elements [",
+      ZOE_THROW(Error, "parameter ", detail::quoted(p.name), ": its initializer threw a non-standard exception on elements [",
                 a - p0, ", ", b - p0, ")");
     }
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 
 namespace zoe::core {
 
@@ -12,7 +13,7 @@ void Model::check_complete() const {
   for (const ModuleInfo& m : modules)
     for (std::uint32_t pi : m.params) used[pi] = true;
   for (std::size_t pi = 0; pi < params.size(); ++pi)
-    ZOE_CHECK_USAGE(used[pi], "parameter '", params[pi].name, "' is not used by any module");
+    ZOE_CHECK_USAGE(used[pi], "parameter ", detail::quoted(params[pi].name), " is not used by any module");
 }
 
 void Model::build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold) {

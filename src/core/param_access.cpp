@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
 #include "src/device/host_elementwise.hpp"
 
@@ -38,7 +39,7 @@ CollectiveTag param_value_tag(const core::EngineImpl& I, std::uint32_t param, co
   t.kind = CollectiveTag::Kind::param_value;
   t.group = static_cast<std::int32_t>(param);
   t.step = I.rules.steps();
-  t.label = detail::concat(what, " parameter '", I.model.params[param].name, "'");
+  t.label = detail::concat(what, " parameter ", detail::quoted(I.model.params[param].name));
   return t;
 }
 }  // namespace
@@ -142,8 +143,7 @@ const ParamInfo& core::EngineImpl::param_between_steps(std::uint32_t index, cons
   const ParamInfo& param = model.params[index];
   for (std::size_t mi = 0; mi < model.modules.size(); ++mi) {
     const ModulePhase phase = rules.phase(static_cast<int>(mi));
-    ZOE_CHECK_USAGE(phase == ModulePhase::idle, call, "('", param.name, "') while module '", model.modules[mi].name,
-                    "' is in ", phase == ModulePhase::forward ? "forward" : "backward",
+    ZOE_CHECK_USAGE(phase == ModulePhase::idle, call, "(", detail::quoted(param.name), ") while module ", detail::quoted(model.modules[mi].name), " is in ", phase == ModulePhase::forward ? "forward" : "backward",
                     ": a parameter's value is read or written between steps (end_* first)");
   }
   lifecycle.check_usable(call);
@@ -157,7 +157,7 @@ void core::EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce
   ZOE_CHECK_USAGE(!name.empty(), "all_reduce: the trainer's reduction needs a name (e.g. \"loss\")");
   ZOE_CHECK_USAGE(op == ScalarReduce::sum || op == ScalarReduce::mean || op == ScalarReduce::max ||
                       op == ScalarReduce::min,
-                  "all_reduce('", name, "'): unknown ScalarReduce ", static_cast<int>(op));
+                  "all_reduce(", detail::quoted(name), "): unknown ScalarReduce ", static_cast<int>(op));
   const std::size_t n = values.size();
   if (n == 0 && cx.world == 1) return;
   // One all-gather of the raw fp64 words (as pairs of fp32 bit patterns: coll.all_gather copies,
@@ -177,7 +177,7 @@ void core::EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce
   const std::string identity = name + '\0' + reduce_name(op);
   tag.group = static_cast<std::int32_t>(fnv1a(identity.data(), identity.size()) & 0x7fffffffu);
   tag.step = rules.steps();
-  tag.label = detail::concat("the trainer's all_reduce '", name, "' (", reduce_name(op), " of ", n, " values)");
+  tag.label = detail::concat("the trainer's all_reduce ", detail::quoted(name), " (", reduce_name(op), " of ", n, " values)");
   coll.all_gather(send.data(), recv.data(), words, DType::f32, std::move(tag));
   double* all = area + words / 2;
   cx.device.copy(all, recv.data(), static_cast<std::size_t>(words * cx.world) * sizeof(float), s);
@@ -221,7 +221,7 @@ void Engine::read_parameter(ParamId id, std::span<float> out) {
     // when the two groups' shapes match. The collective runs before the size check, so a rank
     // with a wrong `out` fails alone instead of leaving its peers waiting.
     std::vector<float> full = I.gather_group(g, param_value_tag(I, id.index, "reading"));
-    ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter('", p.name, "'): out has ",
+    ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter(", detail::quoted(p.name), "): out has ",
                     out.size(), " elements, the parameter has ", p.numel);
     std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
   });
@@ -255,17 +255,17 @@ void Engine::write_parameter(ParamId id, std::span<const float> value) {
       I.cx.device.synchronize(*I.cx.side);
       std::copy_n(area + 1, W, all.begin());
     }
-    ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter('", p.name, "'): value has ", value.size(),
+    ZOE_CHECK_USAGE(mine.size == p.numel, "write_parameter(", detail::quoted(p.name), "): value has ", value.size(),
                     " elements, the parameter has ", p.numel);
     if (mine.nonfinite >= 0)
-      ZOE_THROW(UsageError, "write_parameter('", p.name, "'): element ", mine.nonfinite, " is ",
+      ZOE_THROW(UsageError, "write_parameter(", detail::quoted(p.name), "): element ", mine.nonfinite, " is ",
                 value[static_cast<std::size_t>(mine.nonfinite)], " (values must be finite)");
     for (std::size_t r = 0; r < W; ++r) {
-      ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter('", p.name, "'): rank ", r,
+      ZOE_CHECK_USAGE(all[r].size == p.numel && all[r].nonfinite < 0, "write_parameter(", detail::quoted(p.name), "): rank ", r,
                       "'s value is wrong (", all[r].size, " elements",
                       all[r].nonfinite >= 0 ? detail::concat(", element ", all[r].nonfinite, " not finite") : "",
                       "; see its error); nothing was written");
-      ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter('", p.name, "'): rank ", r,
+      ZOE_CHECK_USAGE(all[r].hash == mine.hash, "write_parameter(", detail::quoted(p.name), "): rank ", r,
                       " passes a different value than rank ", I.cx.rank,
                       " (every rank writes the same full value); nothing was written");
     }

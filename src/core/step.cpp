@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/common/log.hpp"
 #include "src/core/engine_impl.hpp"
 #include "src/core/update/grad_norm.hpp"
@@ -20,7 +21,7 @@ namespace {
 void check_step_complete(const core::Model& model, const core::CallRules& rules, int gas) {
   for (std::size_t mi = 0; mi < model.modules.size(); ++mi) {
     const core::ModulePhase phase = rules.phase(static_cast<int>(mi));
-    ZOE_CHECK_USAGE(phase == core::ModulePhase::idle, "step() while module '", model.modules[mi].name, "' is still in ",
+    ZOE_CHECK_USAGE(phase == core::ModulePhase::idle, "step() while module ", detail::quoted(model.modules[mi].name), " is still in ",
                     phase == core::ModulePhase::forward ? "forward" : "backward");
   }
   // Frozen groups have no gradients: they are never reduced and take no part in the step.
@@ -39,7 +40,7 @@ void check_step_complete(const core::Model& model, const core::CallRules& rules,
                   gas);
   for (const core::Group& g : model.groups) {
     if (g.frozen) continue;
-    ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group '", g.name, "' had ",
+    ZOE_CHECK_USAGE(g.micro_batches == 0 || g.micro_batches == gas, "module group ", detail::quoted(g.name), " had ",
                     g.micro_batches, " backward passes this step, expected ", gas);
   }
 }

@@ -1,3 +1,4 @@
+#include "src/common/quote.hpp"
 #include "src/offload/nvme_store.hpp"
 
 #include <unistd.h>
@@ -60,12 +61,12 @@ struct SwapHandle::State {
     Trailer t;
     std::memcpy(&t, static_cast<std::byte*>(bounce.data()) + bounce.size() - sizeof t, sizeof t);
     if (t.magic != kMagic || t.bytes != bytes || t.name_crc != name_crc(name))
-      ZOE_THROW(CorruptionError, "NVMe store '", path, "': tensor '", name, "' (extent at offset ", offset,
+      ZOE_THROW(CorruptionError, "NVMe store ", detail::quoted_path(path), ": tensor '", name, "' (extent at offset ", offset,
                 ", ", bytes, " bytes) has a damaged trailer (magic ", t.magic == kMagic ? "ok" : "wrong",
                 ", recorded size ", t.bytes, ")");
     std::uint32_t crc = io::crc32c(dst, bytes);
     if (crc != t.data_crc)
-      ZOE_THROW(CorruptionError, "NVMe store '", path, "': tensor '", name, "' (extent at offset ", offset,
+      ZOE_THROW(CorruptionError, "NVMe store ", detail::quoted_path(path), ": tensor '", name, "' (extent at offset ", offset,
                 ", ", bytes, " bytes) failed its CRC32C check: stored 0x", std::hex, t.data_crc,
                 ", read back 0x", crc);
   }
@@ -118,7 +119,7 @@ void SwapHandle::wait() const {
 NvmeStore::NvmeStore(const NvmeStoreOptions& options) {
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
-  if (ec) ZOE_THROW_ERRNO(ec.value(), "cannot create the NVMe directory '", options.dir, "'");
+  if (ec) ZOE_THROW_ERRNO(ec.value(), "cannot create the NVMe directory ", detail::quoted_path(options.dir));
   io::FileOptions fo;
   fo.require_direct = options.require_direct_io;
   fo.remove_on_close = true;

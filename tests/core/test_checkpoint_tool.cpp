@@ -249,3 +249,48 @@ TEST(CheckpointTool, CommandLine) {
   EXPECT_TRUE(file_bytes(dir + "/old.safetensors") == file_bytes(dir + "/lib.safetensors"));
   fs::remove_all(dir);
 }
+
+// A trainer's checkpoint directory (zoe-gpt --checkpoint-dir DIR: the engine's files in
+// DIR/engine, the trainer's trainer-<step>.json beside them): every command reads DIR/engine and
+// says so; a directory whose checkpoint is elsewhere below it is refused naming where it is.
+TEST(CheckpointTool, ReadsATrainersCheckpointDirectory) {
+  const std::string bin = ZOE_CKPT_BIN;
+  const std::string dir = test::temp_dir("ckpt-trainer-dir");
+  fs::create_directories(dir + "/run");
+  test::checkpoint_run(test::checkpoint_config(2, OffloadDevice::none, dir), 2, 0, 2, "", dir + "/run/engine");
+  { std::ofstream(dir + "/run/trainer-2.json") << "{}"; }
+
+  auto [rc, out] = shell(bin + " verify " + dir + "/run");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("'" + dir + "/run' is a trainer's checkpoint directory; reading its engine checkpoint '" + dir +
+                     "/run/engine'"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("every checksum matches"), std::string::npos) << out;
+  std::tie(rc, out) = shell(bin + " inspect " + dir + "/run");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("world size 2, ZeRO stage 2"), std::string::npos) << out;
+  std::tie(rc, out) = shell(bin + " export " + dir + "/run " + dir + "/run.safetensors");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_TRUE(fs::exists(dir + "/run.safetensors"));
+  std::tie(rc, out) = shell(bin + " reshard " + dir + "/run " + dir + "/one -n 1");
+  EXPECT_EQ(rc, 0) << out;
+  std::tie(rc, out) = shell(bin + " inspect " + dir + "/one");
+  EXPECT_NE(out.find("world size 1"), std::string::npos) << out;
+
+  // An interrupted save of the engine checkpoint inside: engine.old is read, and both are said.
+  fs::rename(dir + "/run/engine", dir + "/run/engine.old");
+  std::tie(rc, out) = shell(bin + " verify " + dir + "/run");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("reading '" + dir + "/run/engine.old'"), std::string::npos) << out;
+
+  // The checkpoint under another name: refused, saying where to point.
+  fs::rename(dir + "/run/engine.old", dir + "/run/weights");
+  std::tie(rc, out) = shell(bin + " verify " + dir + "/run");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("no checkpoint at '" + dir + "/run' (no manifest.json there); '" + dir +
+                     "/run/weights' holds one: point zoe-ckpt there"),
+            std::string::npos)
+      << out;
+  fs::remove_all(dir);
+}

@@ -1,9 +1,12 @@
 // Checkpoint and resume through zoe's Engine (ZeRO-3, optimizer states on NVMe, 2 ranks): a run
 // split by --stop-after and continued with --resume is the same run as one without the break
 // (bitwise: every step's loss, every parameter, the validation loss, the metrics rows); a trainer
-// state written before a failed engine save is ignored; bad checkpoints fail naming the path.
+// state written before a failed engine save is ignored; bad checkpoints fail naming the path; a
+// run resumed at another world size keeps the global batch and the data order.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,8 @@
 #include <sstream>
 #include <vector>
 
+#include "examples/gpt/checkpoint.hpp"
+#include "examples/gpt/data_layout.hpp"
 #include "examples/gpt/options.hpp"
 #include "zoe/error.hpp"
 #include "tests/gpt/tiny_run.hpp"
@@ -172,6 +177,54 @@ TEST(GptResume, BadCheckpointsFailNamingThePath) {
   const std::string no_state = error_of([&] { train(o, data, no_tokenizer, false); });
   EXPECT_NE(no_state.find(dir / "ckpt"), std::string::npos) << no_state;
   EXPECT_NE(no_state.find("trainer"), std::string::npos) << no_state;
+}
+
+// Losing a rank: a world-2 run resumed at world 1 runs 4 micro-batches per step instead of 2, on
+// the same sequences in the same order, so its losses continue the world-2 continuation's (they
+// differ only in the order of the gradient and loss sums). A world size that cannot split the
+// step's 4 micro-batches is refused, naming the ones that can.
+TEST(GptResume, AtAnotherWorldSizeKeepsTheGlobalBatchAndTheDataOrder) {
+  const TokenSplit data = test::synthetic_tokens();
+  const Tokenizer no_tokenizer;
+  const test::TempDir dir("resume_world");
+  TrainOptions o = resumable(dir, dir / "ckpt2");
+  o.stop_after = kSteps / 2;
+  train(o, data, no_tokenizer, false);
+  fs::copy(dir / "ckpt2", dir / "ckpt1", fs::copy_options::recursive);
+  fs::copy(dir / "ckpt2", dir / "ckpt3", fs::copy_options::recursive);
+  o.stop_after = 0;
+  o.resume = true;
+  const TrainSummary at2 = train(o, data, no_tokenizer, false, true);
+
+  TrainOptions one = o;
+  one.checkpoint_dir = dir / "ckpt1";
+  one.world_size = 1;
+  const TrainSummary at1 = train(one, data, no_tokenizer, false, true);
+  EXPECT_EQ(at1.start_step, kSteps / 2);
+  ASSERT_EQ(at1.losses.size(), at2.losses.size());
+  double largest = 0;
+  for (std::size_t i = 0; i < at1.losses.size(); ++i) {
+    EXPECT_NEAR(at1.losses[i], at2.losses[i], 1e-3) << "step " << i + 1;
+    largest = std::max(largest, std::abs(at1.losses[i] - at2.losses[i]));
+  }
+  std::printf("world 1 vs world 2 continuation: largest loss difference %.3g nats over %zu steps\n", largest,
+              at1.losses.size() - kSteps / 2);
+  EXPECT_EQ(relayout_message({2, 2}, 1, 2, 16),
+            "resuming a run of world size 2 x 2 micro-batches at world size 1 x 4 micro-batches (gradient "
+            "accumulation 4): the same 8 sequences (128 tokens) per step, in the same order");
+  for (const auto& [name, value] : at2.parameters)
+    for (std::size_t i = 0; i < value.size(); ++i)
+      ASSERT_NEAR(at1.parameters.at(name)[i], value[i], 1e-3) << name << "[" << i << "]";
+  // The world-1 run saved its checkpoint with the original layout: it resumes at world 2 again.
+  EXPECT_EQ(saved_run_identity(dir / "ckpt1").at("world_size"), 2);
+  EXPECT_EQ(saved_run_identity(dir / "ckpt1").at("micro_batches"), 2);
+
+  TrainOptions three = o;
+  three.checkpoint_dir = dir / "ckpt3";
+  three.world_size = 3;
+  const std::string refused = error_of([&] { train(three, data, no_tokenizer, false); });
+  EXPECT_NE(refused.find("--resume at world size 3"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("world sizes that work: 1, 2, 4"), std::string::npos) << refused;
 }
 
 TEST(GptResume, ResumingAFinishedRunTrainsNothing) {

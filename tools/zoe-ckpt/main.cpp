@@ -17,6 +17,7 @@
 #include "src/core/checkpoint/checkpoint_manifest.hpp"
 #include "src/core/checkpoint/checkpoint_reshard.hpp"
 #include "tools/zoe-ckpt/export.hpp"
+#include "tools/zoe-ckpt/locate.hpp"
 #include "zoe/error.hpp"
 
 namespace {
@@ -38,16 +39,6 @@ Progress bar(const std::string& what) {
     std::fprintf(stderr, "\r%s [%-40s] %3d%%", what.c_str(), std::string(static_cast<std::size_t>(pct * 40 / 100), '#').c_str(), pct);
     if (done >= total) std::fprintf(stderr, "\n");
   };
-}
-
-// The directory a load of `dir` reads (choose_for_load): `dir` if complete, else `dir`.old if
-// complete (saying so on stderr). Throws SystemError (ENOENT) naming both when neither is.
-std::string directory_to_read(const std::string& dir) {
-  const std::string from = choose_for_load(dir);
-  if (from != dir)
-    std::cerr << "zoe-ckpt: '" << dir << "' is incomplete (a save was interrupted); reading '" << from
-              << "' as a load would\n";
-  return from;
 }
 
 void inspect(const std::string& dir, bool params) {
@@ -129,9 +120,10 @@ int main(int argc, char** argv) {
   }
   try {
     // A crash in a save's publish leaves DIR incomplete and DIR.old complete: read what a load
-    // would read (the manifest and the rank files of one directory).
+    // would read (the manifest and the rank files of one directory); a trainer's checkpoint
+    // directory: its engine/ (locate.hpp).
     std::string& checkpoint = *c_export ? eo.checkpoint : dir;
-    checkpoint = directory_to_read(checkpoint);
+    checkpoint = zoe_ckpt::directory_to_read(checkpoint, std::cerr);
     if (*c_inspect) {
       inspect(dir, params);
     } else if (*c_verify) {

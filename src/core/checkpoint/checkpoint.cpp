@@ -29,23 +29,25 @@
 #include "io/crc32c.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/checkpoint/checkpoint_dir.hpp"
 #include "src/core/checkpoint/checkpoint_manifest.hpp"
 #include "src/core/checkpoint/checkpoint_reader.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/core/names.hpp"
 
 namespace zoe {
 namespace fs = std::filesystem;
 
 namespace {
 
-void barrier(core::EngineImpl& I) {
+void barrier(Engine::Impl& I) {
   I.cx.comm.barrier(*I.cx.side);
   I.cx.device.synchronize(*I.cx.side);
 }
 
 // Every rank's `mine`, in rank order (two small collectives on the side stream).
-std::vector<std::string> share_outcomes(core::EngineImpl& I, const std::string& mine) {
+std::vector<std::string> share_outcomes(Engine::Impl& I, const std::string& mine) {
   const auto world = static_cast<std::size_t>(I.cx.world);
   std::vector<double> lens(world, 0.0);
   lens[static_cast<std::size_t>(I.cx.rank)] = static_cast<double>(mine.size());
@@ -92,7 +94,7 @@ std::string payload(const std::string& s) { return s.substr(s.find(' ') + 1); }
 // usable), rank 0 its own exception, the others Error "<failed><rank 0's message><after>".
 // Returns rank 0's data on every rank.
 template <class F>
-std::string rank0_decides(core::EngineImpl& I, F&& decide, const std::string& failed, const std::string& after = "") {
+std::string rank0_decides(Engine::Impl& I, F&& decide, const std::string& failed, const std::string& after = "") {
   std::exception_ptr error;
   std::string mine;
   if (I.cx.rank == 0) {
@@ -124,7 +126,7 @@ std::pair<std::string, std::string> failed_ranks(const std::vector<std::string>&
 }
 
 // The engine's model as manifest groups (names, shapes, offsets; no ranges).
-std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
+std::vector<ckpt::GroupEntry> model_of(const Engine::Impl& I) {
   std::vector<ckpt::GroupEntry> out;
   for (const core::Group& g : I.model.groups) {
     ckpt::GroupEntry e;
@@ -145,7 +147,7 @@ std::string rank_file_name(int rank) { return "rank" + std::to_string(rank) + ".
 // the full copy at stages 0-2) and returns its CRC32C. Device values move through host memory
 // in pieces of sub_group_size elements; with parameter offload the tier hands out the whole
 // shard (what its own read buffers hold).
-std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWriter& out) {
+std::uint32_t write_frozen_part(Engine::Impl& I, core::Group& g, io::FileWriter& out) {
   const core::FlatLayout& L = *g.layout;
   const std::size_t esz = dtype_size(I.cx.dtype);
   if (I.tiers.params) {
@@ -170,7 +172,7 @@ std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWri
 
 // Streams this rank's optimizer range of every group into `path`, one sub-group at a time
 // (one chunk of the file), and returns each group's CRC32C.
-std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Manifest& m, const std::string& path) {
+std::vector<std::uint32_t> write_rank_file(Engine::Impl& I, const ckpt::Manifest& m, const std::string& path) {
   const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.cx.rank)];
   io::FileWriter out(path, entry.bytes);  // reserves the bytes: a full disk fails here
   ckpt::RankFileHeader h;
@@ -189,8 +191,8 @@ std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Mani
     // What this rank stores: its optimizer range; a frozen group, its shard.
     const std::int64_t begin = g.frozen ? g.layout->shard_begin(I.cx.rank) : g.opt_begin;
     const std::int64_t numel = g.frozen ? g.layout->shard_numel() : g.opt_numel;
-    ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group '", g.name,
-              "': range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
+    ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group ", detail::quoted(g.name),
+              ": range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
               ", +", rr.numel, ") at ", rr.file_offset);
     if (g.frozen) {
       crcs.push_back(write_frozen_part(I, g, out));
@@ -231,9 +233,9 @@ void write_manifest(const ckpt::Manifest& m, const std::string& dir) {
 // Throws on every rank when some outcome is an error: the rank's own exception where it has
 // one, else `Type` naming the failed ranks and their messages.
 // Every rank throws together here, so the failure is agreed: the engine's guard does not abort
-// the communicator for it (EngineImpl::guarded) and the engine stays usable.
+// the communicator for it ((EngineImpl::guarded)) and the engine stays usable.
 template <typename Type>
-void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, std::exception_ptr own,
+void throw_if_failed(Engine::Impl& I, const std::vector<std::string>& all, std::exception_ptr own,
                      const std::string& what, const std::string& after) {
   const auto [ranks, messages] = failed_ranks(all);
   if (ranks.empty()) return;
@@ -246,12 +248,13 @@ void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, s
 void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
   impl_->guarded("save_checkpoint", [&] {
     Impl& I = *impl_;
+    core::check_utf8("save_checkpoint: client_state", client_state);
     I.lifecycle.check_usable("save_checkpoint");
     I.finalize();
     I.updater.check_no_update_in_backward("save_checkpoint");
     synchronize();
     const std::string tmp = ckpt::temp_dir_of(dir);
-    const std::string not_saved = "checkpoint '" + dir + "' was not saved: ";
+    const std::string not_saved = "checkpoint " + detail::quoted_path(dir) + " was not saved: ";
 
     // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
     ckpt::Manifest m;
@@ -279,7 +282,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
           std::random_device rd;
           return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.updater.steps()));
         },
-        not_saved + "rank 0 could not prepare '" + tmp + "': ");
+        not_saved + "rank 0 could not prepare " + detail::quoted_path(tmp) + ": ");
     m.id = std::stoull(id, nullptr, 16);
     std::exception_ptr error;
     std::string mine;
@@ -305,7 +308,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
       }
       barrier(I);
       throw_if_failed<Error>(I, all, error, not_saved + "writing failed",
-                             "; the partial '" + tmp + "' was removed and '" + dir + "' is unchanged");
+                             "; the partial " + detail::quoted_path(tmp) + " was removed and " + detail::quoted_path(dir) + " is unchanged");
     }
 
     // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
@@ -329,7 +332,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
 
 namespace {
 // This rank's part of group g's flat buffer that write_values fills: [begin, end).
-std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const core::Group& g) {
+std::pair<std::int64_t, std::int64_t> kept_part(const Engine::Impl& I, const core::Group& g) {
   if (I.cx.policy.shards_params) return {g.layout->shard_begin(I.cx.rank), g.layout->shard_begin(I.cx.rank) + g.layout->shard_numel()};
   return {0, g.layout->padded_numel()};
 }
@@ -341,12 +344,12 @@ std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const
 // Optimizer.load_state_dict (and so DeepSpeed's optimizer-state load) refuses param groups of
 // other sizes, a load needs the frozen set it was saved with. Fine-tuning a trained model with
 // some parameters frozen starts from its weights instead (zoe-ckpt export, SafetensorsFile).
-void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, bool>& saved_frozen,
+void check_frozen_set(const Engine::Impl& I, const std::map<std::string, bool>& saved_frozen,
                       const std::string& what) {
   for (const core::ParamInfo& p : I.model.params) {
     const auto it = saved_frozen.find(p.name);
     if (it == saved_frozen.end() || it->second == p.options.frozen) continue;
-    ZOE_THROW(UsageError, what, ": parameter '", p.name, "' is ", it->second ? "frozen" : "trainable",
+    ZOE_THROW(UsageError, what, ": parameter ", detail::quoted(p.name), " is ", it->second ? "frozen" : "trainable",
               " there and ", p.options.frozen ? "frozen" : "trainable",
               " here (ParamOptions::frozen): a checkpoint loads only into an engine with the frozen parameters it was "
               "saved with (a trainable parameter's record is its master weights and moments, a frozen one's its "
@@ -357,11 +360,11 @@ void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, boo
 
 // The manifest of the checkpoint in `from` (format 2, or format 1 as a manifest), checked
 // against the engine's model.
-ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from) {
+ckpt::Manifest read_manifest(const Engine::Impl& I, const std::string& from) {
   if (ckpt::is_legacy(from)) {
     std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
     for (const core::ParamInfo& p : I.model.params) saved[p.name] = false;
-    check_frozen_set(I, saved, "checkpoint '" + from + "' (format 1)");
+    check_frozen_set(I, saved, "checkpoint " + detail::quoted_path(from) + " (format 1)");
     return ckpt::read_legacy(from, model_of(I));
   }
   const std::string path = (fs::path(from) / ckpt::kManifestName).string();
@@ -369,16 +372,16 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
   std::map<std::string, bool> saved;
   for (const ckpt::GroupEntry& g : m.groups)
     for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;
-  check_frozen_set(I, saved, "checkpoint '" + path + "'");
-  const std::string other = "checkpoint '" + path + "' is of another model: ";
+  check_frozen_set(I, saved, "checkpoint " + detail::quoted_path(path));
+  const std::string other = "checkpoint " + detail::quoted_path(path) + " is of another model: ";
   if (m.groups.size() != I.model.groups.size())
     ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.model.groups.size());
   const std::vector<ckpt::GroupEntry> mine = model_of(I);
   for (std::size_t gi = 0; gi < mine.size(); ++gi) {
     const ckpt::GroupEntry &a = m.groups[gi], &b = mine[gi];
-    if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is '", a.name, "' there, '", b.name, "' here");
+    if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is ", detail::quoted(a.name), " there, ", detail::quoted(b.name), " here");
     if (a.params.size() != b.params.size())
-      ZOE_THROW(UsageError, other, "group '", a.name, "' has ", a.params.size(), " parameters there, ", b.params.size(),
+      ZOE_THROW(UsageError, other, "group ", detail::quoted(a.name), " has ", a.params.size(), " parameters there, ", b.params.size(),
                 " here");
     for (std::size_t pi = 0; pi < a.params.size(); ++pi) {
       const ckpt::ParamEntry &p = a.params[pi], &q = b.params[pi];
@@ -388,15 +391,15 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
         return t + "]";
       };
       if (p.name != q.name || p.shape != q.shape)
-        ZOE_THROW(UsageError, other, "group '", a.name, "' parameter ", pi, " is '", p.name, "' ", shape(p.shape),
-                  " there, '", q.name, "' ", shape(q.shape), " here");
+        ZOE_THROW(UsageError, other, "group ", detail::quoted(a.name), " parameter ", pi, " is ", detail::quoted(p.name), " ", shape(p.shape),
+                  " there, ", detail::quoted(q.name), " ", shape(q.shape), " here");
     }
   }
   return m;
 }
 
 // Opens and verifies every part of every rank file this rank will read.
-void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
+void verify_needed(Engine::Impl& I, ckpt::CheckpointReader& reader) {
   for (std::size_t gi = 0; gi < I.model.groups.size(); ++gi) {
     const auto [begin, end] = kept_part(I, I.model.groups[gi]);
     for (int r : reader.sources(gi, begin, end, I.cx.rank)) {
@@ -418,7 +421,7 @@ std::string Engine::load_checkpoint(const std::string& dir) {
     // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
     //    every rank reads the same checkpoint.
     const std::string from = rank0_decides(
-        I, [&] { return ckpt::choose_for_load(dir); }, "checkpoint '" + dir + "' could not be loaded: rank 0: ",
+        I, [&] { return ckpt::choose_for_load(dir); }, "checkpoint " + detail::quoted_path(dir) + " could not be loaded: rank 0: ",
         "; nothing was changed");
     std::exception_ptr error;
     std::string mine;
@@ -436,12 +439,12 @@ std::string Engine::load_checkpoint(const std::string& dir) {
       mine = failure(error);
     }
     all = share_outcomes(I, mine);
-    throw_if_failed<CorruptionError>(I, all, error, "checkpoint '" + from + "' could not be loaded",
+    throw_if_failed<CorruptionError>(I, all, error, "checkpoint " + detail::quoted_path(from) + " could not be loaded",
                                      "; nothing was changed");
     for (std::size_t r = 1; r < all.size(); ++r)
       if (all[r] != all[0]) {
         I.agreed_failure = true;  // every rank compares the same ids
-        ZOE_THROW(CorruptionError, "checkpoint '", from, "': rank ", r, " read a manifest of id ", payload(all[r]),
+        ZOE_THROW(CorruptionError, "checkpoint ", detail::quoted_path(from), ": rank ", r, " read a manifest of id ", payload(all[r]),
                   ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
       }
 
@@ -466,7 +469,8 @@ std::string Engine::load_checkpoint(const std::string& dir) {
           },
           true);
     } catch (const std::exception& e) {
-      I.lifecycle.mark_broken(detail::concat("loading checkpoint '", from, "' failed after it was verified: ", e.what()));
+      I.lifecycle.mark_broken(detail::concat("loading checkpoint ", detail::quoted_path(from),
+                                             " failed after it was verified: ", e.what()));
       throw;
     }
     I.updater.set_steps(m.step);

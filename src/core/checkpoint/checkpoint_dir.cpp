@@ -1,4 +1,5 @@
 #include "src/core/checkpoint/checkpoint_dir.hpp"
+#include "src/common/quote.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -24,13 +25,13 @@ std::string parent_of(const std::string& dir) {
 
 void rename_or_throw(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
-    ZOE_THROW_ERRNO(errno, "cannot rename '", from, "' to '", to, "': ", std::strerror(errno));
+    ZOE_THROW_ERRNO(errno, "cannot rename ", detail::quoted_path(from), " to ", detail::quoted_path(to), ": ", std::strerror(errno));
 }
 
 void remove_or_throw(const std::string& path) {
   std::error_code ec;
   fs::remove_all(path, ec);
-  if (ec) ZOE_THROW_ERRNO(ec.value(), "cannot remove '", path, "': ", ec.message());
+  if (ec) ZOE_THROW_ERRNO(ec.value(), "cannot remove ", detail::quoted_path(path), ": ", ec.message());
 }
 }  // namespace
 
@@ -47,11 +48,11 @@ void fsync_path(const std::string& path) {
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
-  if (fd < 0) ZOE_THROW_ERRNO(errno, "cannot open '", path, "' to fsync it: ", std::strerror(errno));
+  if (fd < 0) ZOE_THROW_ERRNO(errno, "cannot open ", detail::quoted_path(path), " to fsync it: ", std::strerror(errno));
   if (::fsync(fd) != 0) {
     const int err = errno;
     ::close(fd);
-    ZOE_THROW_ERRNO(err, "fsync of '", path, "' failed: ", std::strerror(err));
+    ZOE_THROW_ERRNO(err, "fsync of ", detail::quoted_path(path), " failed: ", std::strerror(err));
   }
   ::close(fd);
 }
@@ -74,7 +75,7 @@ void make_temp(const std::string& dir) {
   remove_or_throw(tmp);
   std::error_code ec;
   fs::create_directories(tmp, ec);
-  if (ec) ZOE_THROW_ERRNO(ec.value(), "cannot create '", tmp, "': ", ec.message());
+  if (ec) ZOE_THROW_ERRNO(ec.value(), "cannot create ", detail::quoted_path(tmp), ": ", ec.message());
   fsync_path(parent_of(dir));
 }
 
@@ -97,8 +98,9 @@ std::string choose_for_load(const std::string& dir) {
   if (is_complete(dir)) return dir;
   const std::string old = old_dir_of(dir);
   if (is_complete(old)) return old;
-  ZOE_THROW_ERRNO(ENOENT, "no checkpoint at '", dir, "' (no manifest.json there", fs::exists(old) ? " nor in '" : "",
-                  fs::exists(old) ? old + "'" : std::string(), ")");
+  std::error_code ec;
+  ZOE_THROW_ERRNO(ENOENT, "no checkpoint at ", detail::quoted_path(dir), " (no manifest.json there",
+                  fs::exists(old, ec) ? " nor in " + detail::quoted_path(old) : std::string(), ")");
 }
 
 }  // namespace zoe::ckpt

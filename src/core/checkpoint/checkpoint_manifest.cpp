@@ -1,4 +1,5 @@
 #include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/common/quote.hpp"
 
 #include <cinttypes>
 #include <cmath>
@@ -33,7 +34,7 @@ class Fields {
  public:
   explicit Fields(const std::string& path) : path_(path) {}
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    ZOE_THROW(CorruptionError, "'", path_, "': field '", field, "': ", what);
+    ZOE_THROW(CorruptionError, detail::quoted_path(path_), ": field '", field, "': ", what);
   }
   const json& at(const json& obj, const std::string& field, const std::string& key) const {
     if (!obj.is_object()) fail(field, "expected an object");
@@ -243,7 +244,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     const std::string dumped = in.dump();
     const std::uint32_t actual = io::crc32c(dumped.data(), dumped.size());
     if (actual != crc)
-      ZOE_THROW(CorruptionError, "'", path, "': the manifest does not match its checksum (crc32c ", crc_hex(actual),
+      ZOE_THROW(CorruptionError, detail::quoted_path(path), ": the manifest does not match its checksum (crc32c ", crc_hex(actual),
                 ", recorded ", crc_hex(static_cast<std::uint32_t>(crc)), "): the file was edited or is corrupt");
 
     Manifest m;
@@ -375,7 +376,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
                                              std::to_string(expect.files[r].bytes));
     return m;
   } catch (const json::exception& e) {
-    ZOE_THROW(CorruptionError, "'", path, "': ", e.what());
+    ZOE_THROW(CorruptionError, detail::quoted_path(path), ": ", e.what());
   }
 }
 

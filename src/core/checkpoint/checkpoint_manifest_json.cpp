@@ -3,13 +3,11 @@
 
 #include "src/common/check.hpp"
 #include "src/common/json_path.hpp"
+#include "src/common/quote.hpp"
 
 namespace zoe::ckpt {
 namespace {
 using nlohmann::json;
-constexpr std::size_t kShownChars = 64;
-// A cut may split a UTF-8 sequence: dump it as U+FFFD rather than throw.
-constexpr auto kReplace = json::error_handler_t::replace;
 
 // The path of the value being parsed (JsonPath), fed by nlohmann's parser callback.
 class KeyTracker {
@@ -24,7 +22,7 @@ class KeyTracker {
       case json::parse_event_t::array_end: path_.close(); break;
       case json::parse_event_t::key:
         if (!path_.key(parsed.get<std::string>()))
-          ZOE_THROW(CorruptionError, "'", file_, "': field '", where(),
+          ZOE_THROW(CorruptionError, detail::quoted_path(file_), ": field '", where(),
                     "': duplicate key (it appears more than once in one object; a parser would keep one of the "
                     "values silently): the file was edited or is corrupt");
         break;
@@ -39,7 +37,7 @@ class KeyTracker {
       if (!p.empty()) p += '.';
       return p + k;
     });
-    return p.size() > 160 ? p.substr(0, 160) + "..." : p;
+    return detail::excerpt(p, 160);
   }
 
   const std::string& file_;
@@ -51,19 +49,10 @@ json parse_manifest_json(std::string_view text, const std::string& path) {
   try {
     return json::parse(text.begin(), text.end(), KeyTracker(path));
   } catch (const json::exception& e) {
-    ZOE_THROW(CorruptionError, "'", path, "' is not valid JSON (truncated or corrupt): ", e.what());
+    ZOE_THROW(CorruptionError, detail::quoted_path(path), " is not valid JSON (truncated or corrupt): ", e.what());
   }
 }
 
-std::string shown(const json& value) {
-  if (value.is_string()) {
-    const auto& s = value.get_ref<const std::string&>();
-    if (s.size() > kShownChars)  // dump only the shown part: the value may be megabytes
-      return json(s.substr(0, kShownChars)).dump(-1, ' ', false, kReplace).substr(0, kShownChars + 1) + "...\" (" +
-             std::to_string(s.size()) + " characters)";
-  }
-  const std::string d = value.dump(-1, ' ', false, kReplace);
-  return d.size() > kShownChars ? d.substr(0, kShownChars) + "... (" + std::to_string(d.size()) + " characters)" : d;
-}
+std::string shown(const json& value) { return detail::json_excerpt(value); }
 
 }  // namespace zoe::ckpt

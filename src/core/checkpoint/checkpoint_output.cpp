@@ -1,4 +1,5 @@
 #include "src/core/checkpoint/checkpoint_output.hpp"
+#include "src/common/quote.hpp"
 
 #include <filesystem>
 #include <regex>
@@ -41,18 +42,18 @@ Found inspect_target(const std::string& path, const std::string& role) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) return Found::absent;
-  ZOE_CHECK_USAGE(fs::is_directory(st), "reshard: ", role, " '", path,
-                  "' exists and is not a directory; zoe-ckpt never replaces a file: choose another output");
+  ZOE_CHECK_USAGE(fs::is_directory(st), "reshard: ", role, " ", detail::quoted_path(path),
+                  " exists and is not a directory; zoe-ckpt never replaces a file: choose another output");
   bool any = false;
   for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     std::error_code type_ec;
-    ZOE_CHECK_USAGE(zoe_name(name) && it->is_regular_file(type_ec), "reshard: ", role, " '", path,
-                    "' is a directory that is not a zoe checkpoint (it holds '", name,
-                    "'); zoe-ckpt never removes what it did not write: choose another output or empty it");
+    ZOE_CHECK_USAGE(zoe_name(name) && it->is_regular_file(type_ec), "reshard: ", role, " ", detail::quoted_path(path),
+                    " is a directory that is not a zoe checkpoint (it holds ", detail::quoted(name),
+                    "); zoe-ckpt never removes what it did not write: choose another output or empty it");
     any = true;
   }
-  ZOE_CHECK_USAGE(!ec, "reshard: cannot list ", role, " '", path, "': ", ec.message());
+  ZOE_CHECK_USAGE(!ec, "reshard: cannot list ", role, " ", detail::quoted_path(path), ": ", ec.message());
   return any ? Found::zoe_dir : Found::empty_dir;
 }
 
@@ -71,8 +72,8 @@ void check_reshard_output(const std::string& in, const std::string& out, Overwri
   inspect_target(temp_dir_of(out), "the output's temporary directory");  // removed by the write: zoe's leftovers only
   for (const auto& [path, role] : {std::pair{out, "the output"}, std::pair{old_dir_of(out), "the output's previous copy"}}) {
     const Found f = inspect_target(path, role);
-    ZOE_CHECK_USAGE(f != Found::zoe_dir || overwrite == Overwrite::replace_checkpoint, "reshard: ", role, " '", path,
-                    "' is a zoe checkpoint already; pass --force (Overwrite::replace_checkpoint) to replace it");
+    ZOE_CHECK_USAGE(f != Found::zoe_dir || overwrite == Overwrite::replace_checkpoint, "reshard: ", role, " ", detail::quoted_path(path),
+                    " is a zoe checkpoint already; pass --force (Overwrite::replace_checkpoint) to replace it");
   }
 }
 

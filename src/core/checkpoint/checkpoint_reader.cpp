@@ -1,4 +1,5 @@
 #include "src/core/checkpoint/checkpoint_reader.hpp"
+#include "src/common/quote.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -36,7 +37,7 @@ std::string rank_name(int r) { return "rank" + std::to_string(r) + ".zoe"; }
 LegacyHeader read_legacy_header(const std::string& path, std::ifstream& in) {
   LegacyHeader h;
   in.read(reinterpret_cast<char*>(&h), sizeof(h));
-  if (!in || h.magic != kLegacyMagic) ZOE_THROW(CorruptionError, "'", path, "' is not a zoe checkpoint file of format 1");
+  if (!in || h.magic != kLegacyMagic) ZOE_THROW(CorruptionError, detail::quoted_path(path), " is not a zoe checkpoint file of format 1");
   return h;
 }
 }  // namespace
@@ -65,7 +66,7 @@ void CheckpointReader::pread_exact(int rank, void* dst, std::size_t bytes, std::
       throw IoError(file_path(rank), static_cast<long long>(at), static_cast<long long>(bytes), errno, "read",
                     __FILE__, __LINE__);
     if (n == 0)
-      ZOE_THROW(CorruptionError, "'", file_path(rank), "' ends at byte ", at, ", before the ", bytes,
+      ZOE_THROW(CorruptionError, detail::quoted_path(file_path(rank)), " ends at byte ", at, ", before the ", bytes,
                 " bytes the manifest places there: the file is truncated");
     p += n;
     at += static_cast<std::uint64_t>(n);
@@ -81,20 +82,20 @@ void CheckpointReader::check_file(int rank) {
   const int f = open_regular_file(path);  // a FIFO or /dev/zero is refused, not read
   if (f < 0) {
     const int err = errno;
-    ZOE_THROW_ERRNO(err, "checkpoint file '", path, "' (rank ", rank, " of ", m_.world_size,
+    ZOE_THROW_ERRNO(err, "checkpoint file ", detail::quoted_path(path), " (rank ", rank, " of ", m_.world_size,
                     ") cannot be opened: ", err == ENOENT ? "it is missing" : std::strerror(err));
   }
   struct stat st {};
   if (::fstat(f, &st) != 0) {
     const int err = errno;
     ::close(f);
-    ZOE_THROW_ERRNO(err, "cannot stat '", path, "'");
+    ZOE_THROW_ERRNO(err, "cannot stat ", detail::quoted_path(path));
   }
   const auto size = static_cast<std::uint64_t>(st.st_size);
   const std::uint64_t expect = m_.files[static_cast<std::size_t>(rank)].bytes;
   auto fail = [&](auto&&... what) {
     ::close(f);
-    ZOE_THROW(CorruptionError, "'", path, "': ", what...);
+    ZOE_THROW(CorruptionError, detail::quoted_path(path), ": ", what...);
   };
   if (m_.version >= kOldestManifestVersion) {
     RankFileHeader h;
@@ -130,8 +131,8 @@ void CheckpointReader::verify(int rank, std::size_t g) {
     done += n;
   }
   if (crc != r.crc32c)
-    ZOE_THROW(CorruptionError, "'", file_path(rank), "': the ",
-              group.frozen ? "values of frozen group '" : "states of group '", group.name, "' (bytes [",
+    ZOE_THROW(CorruptionError, detail::quoted_path(file_path(rank)), ": the ",
+              group.frozen ? "values of frozen group " : "states of group ", detail::quoted(group.name), " (bytes [",
               r.file_offset, ", ", r.file_offset + bytes, ")) do not match their checksum (crc32c ",
               crc_hex(crc), ", the manifest's ", crc_hex(r.crc32c), "): the file is corrupt");
 }
@@ -185,7 +186,7 @@ void CheckpointReader::read(std::size_t g, int state, std::int64_t begin, std::s
 void CheckpointReader::read_stored(std::size_t g, int state, std::int64_t begin, std::size_t count, void* out,
                                    int prefer) {
   const GroupEntry& group = m_.groups[g];
-  ZOE_CHECK(state >= 0 && state < state_count(group), "state ", state, " of group '", group.name, "'");
+  ZOE_CHECK(state >= 0 && state < state_count(group), "state ", state, " of group ", detail::quoted(group.name));
   const std::uint64_t esz = state_bytes(m_, group);
   auto* bytes = static_cast<char*>(out);
   std::memset(bytes, 0, count * esz);
@@ -222,12 +223,12 @@ Manifest read_legacy(const std::string& dir, std::vector<GroupEntry> model) {
   const std::string path0 = (fs::path(dir) / rank_name(0)).string();
   require_regular_file(path0);
   std::ifstream in0(path0, std::ios::binary);
-  if (!in0) ZOE_THROW_ERRNO(ENOENT, "cannot open checkpoint file '", path0, "'");
+  if (!in0) ZOE_THROW_ERRNO(ENOENT, "cannot open checkpoint file ", detail::quoted_path(path0));
   const LegacyHeader h0 = read_legacy_header(path0, in0);
   if (h0.world < 1 || h0.world > (1 << 16) || h0.stage < 0 || h0.stage > 3)
-    ZOE_THROW(CorruptionError, "'", path0, "': world size ", h0.world, ", stage ", h0.stage, ": the file is corrupt");
+    ZOE_THROW(CorruptionError, detail::quoted_path(path0), ": world size ", h0.world, ", stage ", h0.stage, ": the file is corrupt");
   if (h0.groups != static_cast<std::int32_t>(model.size()))
-    ZOE_THROW(UsageError, "checkpoint '", dir, "' (format 1) has ", h0.groups, " module groups; this engine has ",
+    ZOE_THROW(UsageError, "checkpoint ", detail::quoted_path(dir), " (format 1) has ", h0.groups, " module groups; this engine has ",
               model.size(), ": it was saved from another model");
   Manifest m;
   m.version = 1;
@@ -248,14 +249,14 @@ Manifest read_legacy(const std::string& dir, std::vector<GroupEntry> model) {
     require_regular_file(path);
     std::ifstream in(path, std::ios::binary);
     if (!in)
-      ZOE_THROW_ERRNO(ENOENT, "checkpoint file '", path, "' (rank ", r, " of ", m.world_size,
+      ZOE_THROW_ERRNO(ENOENT, "checkpoint file ", detail::quoted_path(path), " (rank ", r, " of ", m.world_size,
                       ") cannot be opened: it is missing");
     const LegacyHeader h = read_legacy_header(path, in);
     if (h.rank != r || h.world != m.world_size)
-      ZOE_THROW(CorruptionError, "'", path, "' holds the states of rank ", h.rank, " of ", h.world, ", expected rank ",
+      ZOE_THROW(CorruptionError, detail::quoted_path(path), " holds the states of rank ", h.rank, " of ", h.world, ", expected rank ",
                 r, " of ", m.world_size, ": rank files were swapped or copied from elsewhere");
     if (h.step != h0.step || h.stage != h0.stage)
-      ZOE_THROW(CorruptionError, "'", path, "' is of step ", h.step, " (stage ", h.stage, "), rank 0's of step ",
+      ZOE_THROW(CorruptionError, detail::quoted_path(path), " is of step ", h.step, " (stage ", h.stage, "), rank 0's of step ",
                 h0.step, " (stage ", h0.stage, "): the files come from different saves");
     std::uint64_t at = sizeof(LegacyHeader);
     for (GroupEntry& g : m.groups) {
@@ -265,9 +266,9 @@ Manifest read_legacy(const std::string& dir, std::vector<GroupEntry> model) {
       in.seekg(static_cast<std::streamoff>(at));
       in.read(reinterpret_cast<char*>(&n), sizeof n);
       in.read(reinterpret_cast<char*>(&crc), sizeof crc);
-      if (!in) ZOE_THROW(CorruptionError, "'", path, "': group '", g.name, "' is truncated");
+      if (!in) ZOE_THROW(CorruptionError, detail::quoted_path(path), ": group ", detail::quoted(g.name), " is truncated");
       if (n != rr.numel)
-        ZOE_THROW(UsageError, "checkpoint '", path, "': group '", g.name, "' holds ", n, " elements, this model's ",
+        ZOE_THROW(UsageError, "checkpoint ", detail::quoted_path(path), ": group ", detail::quoted(g.name), " holds ", n, " elements, this model's ",
                   rr.numel, " at world size ", m.world_size, ", stage ", m.stage, ": it was saved from another model");
       rr.file_offset = at + kLegacyGroupPrefix;
       rr.crc32c = crc;

@@ -1,4 +1,5 @@
 #include "src/core/checkpoint/checkpoint_reshard.hpp"
+#include "src/common/quote.hpp"
 
 #include <filesystem>
 #include <random>
@@ -16,7 +17,7 @@ Manifest read_manifest_file(const std::string& dir) {
   const std::string from = choose_for_load(dir);
   const std::string path = (fs::path(from) / kManifestName).string();
   if (is_legacy(from))
-    ZOE_THROW_ERRNO(ENOENT, "cannot open '", path, "' (a checkpoint of format 1: load it with the engine and save it "
+    ZOE_THROW_ERRNO(ENOENT, "cannot open ", detail::quoted_path(path), " (a checkpoint of format 1: load it with the engine and save it "
                     "again to convert it)");
   return parse_manifest(read_manifest_text(path), path);
 }

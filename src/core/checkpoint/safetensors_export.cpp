@@ -18,7 +18,9 @@
 
 #include "io/safetensors.hpp"
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/core/names.hpp"
 #include "src/core/checkpoint/safetensors_rounding.hpp"
 
 namespace zoe {
@@ -28,7 +30,7 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 namespace {
 
 // The ranks whose `failed` is set, as "0, 2" (empty if none), known to every rank.
-std::string agree_on_failures(core::EngineImpl& I, bool failed) {
+std::string agree_on_failures(Engine::Impl& I, bool failed) {
   std::vector<double> flags(static_cast<std::size_t>(I.cx.world), 0.0);
   flags[static_cast<std::size_t>(I.cx.rank)] = failed ? 1.0 : 0.0;
   core::DeviceBuffer buf = I.cx.alloc(core::MemKind::buffer, DType::f32, 2 * I.cx.world);  // world doubles
@@ -64,22 +66,27 @@ class FlatAppender {
 
 }  // namespace
 
-void Engine::export_safetensors(const std::string& path, DType dtype, const std::map<std::string, std::string>& metadata) {
-  Impl& I = *impl_;
+// Engine::export_safetensors without the boundary (see there).
+static void export_safetensors_of(Engine::Impl& I, const std::string& path, DType dtype,
+                                  const std::map<std::string, std::string>& metadata) {
   ZOE_CHECK_USAGE(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                   "export_safetensors: unknown dtype ", static_cast<int>(dtype));
   ZOE_CHECK_USAGE(!path.empty(), "export_safetensors: empty path");
+  for (const auto& [key, value] : metadata) {
+    core::check_utf8("export_safetensors: the metadata key", key);
+    core::check_utf8("export_safetensors: the metadata value", value);
+  }
   // DeepSpeed's save_16bit_model saves nothing at stage 3 unless the key allows consolidation.
   ZOE_CHECK_USAGE(I.cx.config.zero_optimization.stage != 3 || I.cx.config.zero_optimization.gather_16bit_weights_on_model_save,
-                  "export_safetensors('", path, "'): zero_optimization.stage3_gather_16bit_weights_on_model_save is "
+                  "export_safetensors(", detail::quoted_path(path), "): zero_optimization.stage3_gather_16bit_weights_on_model_save is "
                   "false, which forbids consolidating a stage-3 model into whole parameters (DeepSpeed's "
                   "save_16bit_model then saves nothing); set it true, or save a sharded checkpoint "
                   "(save_checkpoint) and export that with zoe-ckpt export");
   // Between begin_* and end_* the gathered parameters are in use (and the trainer's thread is
   // inside a module): the same rule as step().
   for (std::size_t m = 0; m < I.model.modules.size(); ++m)
-    ZOE_CHECK_USAGE(I.rules.phase(static_cast<int>(m)) == core::ModulePhase::idle, "export_safetensors('", path,
-                    "') while module '", I.model.modules[m].name, "' is still in ",
+    ZOE_CHECK_USAGE(I.rules.phase(static_cast<int>(m)) == core::ModulePhase::idle, "export_safetensors(", detail::quoted_path(path),
+                    ") while module ", detail::quoted(I.model.modules[m].name), " is still in ",
                     I.rules.phase(static_cast<int>(m)) == core::ModulePhase::forward ? "forward" : "backward",
                     ": end it first");
   I.updater.check_no_update_in_backward("export_safetensors");
@@ -121,7 +128,7 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
     CollectiveTag tag;
     tag.kind = CollectiveTag::Kind::params;
     tag.group = static_cast<std::int32_t>(&g - I.model.groups.data());
-    tag.label = detail::concat("exporting the frozen parameters of '", g.name, "'");
+    tag.label = detail::concat("exporting the frozen parameters of ", detail::quoted(g.name));
     const std::vector<float> full = I.gather_group(g, tag);
     emit(g, 0, std::span<const float>(full.data(), full.size()));
   };
@@ -196,8 +203,12 @@ void Engine::export_safetensors(const std::string& path, DType dtype, const std:
   writer.reset();  // not committed: its temporary file is removed
   if (error) std::rethrow_exception(error);
   if (!bad.empty())
-    ZOE_THROW(Error, "safetensors export to '", path, "' failed on rank(s) ", bad, " (see their error); '", path,
-              "' is unchanged");
+    ZOE_THROW(Error, "safetensors export to ", detail::quoted_path(path), " failed on rank(s) ", bad, " (see their error); ", detail::quoted_path(path),
+              " is unchanged");
+}
+
+void Engine::export_safetensors(const std::string& path, DType dtype, const std::map<std::string, std::string>& metadata) {
+  detail::at_public_boundary("export_safetensors", [&] { export_safetensors_of(*impl_, path, dtype, metadata); });
 }
 
 }  // namespace zoe

@@ -8,7 +8,9 @@
 #include <bit>
 
 #include "io/safetensors.hpp"
+#include "src/common/boundary_errors.hpp"
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "src/device/host_elementwise.hpp"
 
 namespace zoe {
@@ -45,7 +47,9 @@ SafetensorsFile::SafetensorsFile(std::unique_ptr<Impl> impl) : impl_(std::move(i
 SafetensorsFile::~SafetensorsFile() = default;
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::string& path) {
-  return std::shared_ptr<const SafetensorsFile>(new SafetensorsFile(std::make_unique<Impl>(path)));
+  return detail::at_public_boundary("SafetensorsFile::open", [&] {
+    return std::shared_ptr<const SafetensorsFile>(new SafetensorsFile(std::make_unique<Impl>(path)));
+  });
 }
 
 const std::string& SafetensorsFile::path() const noexcept { return impl_->reader.path(); }
@@ -62,13 +66,13 @@ const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const no
 
 void SafetensorsFile::read_f32(const std::string& name, std::int64_t offset, std::span<float> out) const {
   const io::SafetensorsEntry* e = impl_->reader.header().find(name);
-  ZOE_CHECK_USAGE(e, "safetensors file '", path(), "' has no tensor '", name, "'");
+  ZOE_CHECK_USAGE(e, "safetensors file ", detail::quoted_path(path()), " has no tensor ", detail::quoted(name));
   DType dt{};
-  ZOE_CHECK_USAGE(importable(e->dtype, dt), "safetensors file '", path(), "': tensor '", name, "' is ", e->dtype,
+  ZOE_CHECK_USAGE(importable(e->dtype, dt), "safetensors file ", detail::quoted_path(path()), ": tensor ", detail::quoted(name), " is ", e->dtype,
                   "; zoe imports F32, BF16 and F16");
   const auto n = static_cast<std::int64_t>(out.size());
-  ZOE_CHECK_USAGE(offset >= 0 && offset <= e->numel && n <= e->numel - offset, "safetensors file '", path(),
-                  "': elements [", offset, ", ", offset + n, ") lie outside tensor '", name, "' (", e->numel,
+  ZOE_CHECK_USAGE(offset >= 0 && offset <= e->numel && n <= e->numel - offset, "safetensors file ", detail::quoted_path(path()),
+                  ": elements [", offset, ", ", offset + n, ") lie outside tensor ", detail::quoted(name), " (", e->numel,
                   " elements)");
   const std::size_t esz = dtype_size(dt);
   if (dt == DType::f32) {
@@ -90,12 +94,12 @@ void SafetensorsFile::read_f32(const std::string& name, std::int64_t offset, std
 
 ParamInitializer SafetensorsFile::initializer(const std::string& name, const std::vector<std::int64_t>& shape) const {
   const SafetensorsTensor* t = find(name);
-  ZOE_CHECK_USAGE(t, "safetensors file '", path(), "' has no tensor '", name, "' (it has ", tensors().size(),
-                  " tensors", tensors().empty() ? "" : ", the first '" + tensors().front().name + "'", ")");
+  ZOE_CHECK_USAGE(t, "safetensors file ", detail::quoted_path(path()), " has no tensor ", detail::quoted(name), " (it has ", tensors().size(),
+                  " tensors", tensors().empty() ? "" : ", the first " + detail::quoted(tensors().front().name), ")");
   DType dt{};
-  ZOE_CHECK_USAGE(importable(t->dtype, dt), "safetensors file '", path(), "': tensor '", name, "' is ", t->dtype,
+  ZOE_CHECK_USAGE(importable(t->dtype, dt), "safetensors file ", detail::quoted_path(path()), ": tensor ", detail::quoted(name), " is ", t->dtype,
                   "; zoe imports F32, BF16 and F16");
-  ZOE_CHECK_USAGE(t->shape == shape, "safetensors file '", path(), "': tensor '", name, "' has shape ",
+  ZOE_CHECK_USAGE(t->shape == shape, "safetensors file ", detail::quoted_path(path()), ": tensor ", detail::quoted(name), " has shape ",
                   shape_text(t->shape), ", the parameter ", shape_text(shape));
   return [file = shared_from_this(), name](std::int64_t offset, std::span<float> out) {
     file->read_f32(name, offset, out);

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "src/common/check.hpp"
+#include "src/common/quote.hpp"
 #include "kernels/adam_math.hpp"
 
 namespace zoe::core {
@@ -112,7 +113,7 @@ void Updater::start_update(const UpdatePlan& plan) {
 void Updater::begin_group_update(int gi, const UpdatePlan& plan, const std::shared_ptr<DeviceBuffer>& snapshot,
                                  std::vector<PipelineGroup>& host_parts) {
   Group& g = model_.group(gi);
-  ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group '", g.name, "': update started twice");
+  ZOE_CHECK(g.update_state == Group::UpdateState::settled, "group ", detail::quoted(g.name), ": update started twice");
   g.update_step = plan.step;
   if (cx_.policy.gathers_updates || cx_.config.zoe.delayed_update) {
     // The new parameters wait in `updated` until after_update applies them.
@@ -192,8 +193,8 @@ void Updater::check_forward_allowed(const ModuleInfo& mod) const {
   if (phase_ != Phase::in_backward) return;
   for (int gi : mod.groups) {
     const Group& g = model_.groups[static_cast<std::size_t>(gi)];
-    ZOE_CHECK_USAGE(g.update_step != backward_plan_.step, "begin_forward('", mod.name, "') before step() with "
-                    "zoe.update_in_backward: its group '", g.name, "' already took step ", backward_plan_.step,
+    ZOE_CHECK_USAGE(g.update_step != backward_plan_.step, "begin_forward(", detail::quoted(mod.name), ") before step() with "
+                    "zoe.update_in_backward: its group ", detail::quoted(g.name), " already took step ", backward_plan_.step,
                     "'s update in backward; call step() first (evaluation belongs between steps)");
   }
 }
