@@ -80,7 +80,7 @@ void GradReducer::flush_bucket() {
     reduce_groups(gis);
   }
   // zoe.update_in_backward: the groups whose gradient of the step's last micro-batch this
-  // reduced start their update now (async_update.cpp).
+  // reduced start their update now (Updater::start_in_backward).
   if (cx_.config.zoe.update_in_backward)
     for (int gi : gis)
       if (model_.group(gi).micro_batches == cx_.config.gradient_accumulation_steps)

@@ -6,7 +6,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/quote.hpp"
-#include "src/core/checkpoint_dir.hpp"
+#include "src/core/checkpoint/checkpoint_dir.hpp"
 
 namespace zoe_ckpt {
 namespace fs = std::filesystem;

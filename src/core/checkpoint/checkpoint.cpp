@@ -41,13 +41,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void barrier(Engine::Impl& I) {
+void barrier(core::EngineImpl& I) {
   I.cx.comm.barrier(*I.cx.side);
   I.cx.device.synchronize(*I.cx.side);
 }
 
 // Every rank's `mine`, in rank order (two small collectives on the side stream).
-std::vector<std::string> share_outcomes(Engine::Impl& I, const std::string& mine) {
+std::vector<std::string> share_outcomes(core::EngineImpl& I, const std::string& mine) {
   const auto world = static_cast<std::size_t>(I.cx.world);
   std::vector<double> lens(world, 0.0);
   lens[static_cast<std::size_t>(I.cx.rank)] = static_cast<double>(mine.size());
@@ -94,7 +94,7 @@ std::string payload(const std::string& s) { return s.substr(s.find(' ') + 1); }
 // usable), rank 0 its own exception, the others Error "<failed><rank 0's message><after>".
 // Returns rank 0's data on every rank.
 template <class F>
-std::string rank0_decides(Engine::Impl& I, F&& decide, const std::string& failed, const std::string& after = "") {
+std::string rank0_decides(core::EngineImpl& I, F&& decide, const std::string& failed, const std::string& after = "") {
   std::exception_ptr error;
   std::string mine;
   if (I.cx.rank == 0) {
@@ -126,7 +126,7 @@ std::pair<std::string, std::string> failed_ranks(const std::vector<std::string>&
 }
 
 // The engine's model as manifest groups (names, shapes, offsets; no ranges).
-std::vector<ckpt::GroupEntry> model_of(const Engine::Impl& I) {
+std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
   std::vector<ckpt::GroupEntry> out;
   for (const core::Group& g : I.model.groups) {
     ckpt::GroupEntry e;
@@ -147,7 +147,7 @@ std::string rank_file_name(int rank) { return "rank" + std::to_string(rank) + ".
 // the full copy at stages 0-2) and returns its CRC32C. Device values move through host memory
 // in pieces of sub_group_size elements; with parameter offload the tier hands out the whole
 // shard (what its own read buffers hold).
-std::uint32_t write_frozen_part(Engine::Impl& I, core::Group& g, io::FileWriter& out) {
+std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWriter& out) {
   const core::FlatLayout& L = *g.layout;
   const std::size_t esz = dtype_size(I.cx.dtype);
   if (I.tiers.params) {
@@ -172,7 +172,7 @@ std::uint32_t write_frozen_part(Engine::Impl& I, core::Group& g, io::FileWriter&
 
 // Streams this rank's optimizer range of every group into `path`, one sub-group at a time
 // (one chunk of the file), and returns each group's CRC32C.
-std::vector<std::uint32_t> write_rank_file(Engine::Impl& I, const ckpt::Manifest& m, const std::string& path) {
+std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Manifest& m, const std::string& path) {
   const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.cx.rank)];
   io::FileWriter out(path, entry.bytes);  // reserves the bytes: a full disk fails here
   ckpt::RankFileHeader h;
@@ -235,7 +235,7 @@ void write_manifest(const ckpt::Manifest& m, const std::string& dir) {
 // Every rank throws together here, so the failure is agreed: the engine's guard does not abort
 // the communicator for it ((EngineImpl::guarded)) and the engine stays usable.
 template <typename Type>
-void throw_if_failed(Engine::Impl& I, const std::vector<std::string>& all, std::exception_ptr own,
+void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, std::exception_ptr own,
                      const std::string& what, const std::string& after) {
   const auto [ranks, messages] = failed_ranks(all);
   if (ranks.empty()) return;
@@ -332,7 +332,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& client_s
 
 namespace {
 // This rank's part of group g's flat buffer that write_values fills: [begin, end).
-std::pair<std::int64_t, std::int64_t> kept_part(const Engine::Impl& I, const core::Group& g) {
+std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const core::Group& g) {
   if (I.cx.policy.shards_params) return {g.layout->shard_begin(I.cx.rank), g.layout->shard_begin(I.cx.rank) + g.layout->shard_numel()};
   return {0, g.layout->padded_numel()};
 }
@@ -344,7 +344,7 @@ std::pair<std::int64_t, std::int64_t> kept_part(const Engine::Impl& I, const cor
 // Optimizer.load_state_dict (and so DeepSpeed's optimizer-state load) refuses param groups of
 // other sizes, a load needs the frozen set it was saved with. Fine-tuning a trained model with
 // some parameters frozen starts from its weights instead (zoe-ckpt export, SafetensorsFile).
-void check_frozen_set(const Engine::Impl& I, const std::map<std::string, bool>& saved_frozen,
+void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, bool>& saved_frozen,
                       const std::string& what) {
   for (const core::ParamInfo& p : I.model.params) {
     const auto it = saved_frozen.find(p.name);
@@ -360,7 +360,7 @@ void check_frozen_set(const Engine::Impl& I, const std::map<std::string, bool>& 
 
 // The manifest of the checkpoint in `from` (format 2, or format 1 as a manifest), checked
 // against the engine's model.
-ckpt::Manifest read_manifest(const Engine::Impl& I, const std::string& from) {
+ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from) {
   if (ckpt::is_legacy(from)) {
     std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
     for (const core::ParamInfo& p : I.model.params) saved[p.name] = false;
@@ -399,7 +399,7 @@ ckpt::Manifest read_manifest(const Engine::Impl& I, const std::string& from) {
 }
 
 // Opens and verifies every part of every rank file this rank will read.
-void verify_needed(Engine::Impl& I, ckpt::CheckpointReader& reader) {
+void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
   for (std::size_t gi = 0; gi < I.model.groups.size(); ++gi) {
     const auto [begin, end] = kept_part(I, I.model.groups[gi]);
     for (int r : reader.sources(gi, begin, end, I.cx.rank)) {

@@ -30,7 +30,7 @@ static_assert(std::endian::native == std::endian::little, "safetensors I/O assum
 namespace {
 
 // The ranks whose `failed` is set, as "0, 2" (empty if none), known to every rank.
-std::string agree_on_failures(Engine::Impl& I, bool failed) {
+std::string agree_on_failures(core::EngineImpl& I, bool failed) {
   std::vector<double> flags(static_cast<std::size_t>(I.cx.world), 0.0);
   flags[static_cast<std::size_t>(I.cx.rank)] = failed ? 1.0 : 0.0;
   core::DeviceBuffer buf = I.cx.alloc(core::MemKind::buffer, DType::f32, 2 * I.cx.world);  // world doubles
@@ -67,7 +67,7 @@ class FlatAppender {
 }  // namespace
 
 // Engine::export_safetensors without the boundary (see there).
-static void export_safetensors_of(Engine::Impl& I, const std::string& path, DType dtype,
+static void export_safetensors_of(core::EngineImpl& I, const std::string& path, DType dtype,
                                   const std::map<std::string, std::string>& metadata) {
   ZOE_CHECK_USAGE(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
                   "export_safetensors: unknown dtype ", static_cast<int>(dtype));

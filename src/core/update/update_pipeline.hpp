@@ -14,7 +14,7 @@
 // and copied to the device on the pipeline's own copy stream; a completion thread waits for
 // that copy, returns the buffer and, after a group's last copy, sets the group's GroupDone.
 // So GroupDone set == "the group's new parameters are on the device". The engine orders its
-// streams after it with a host-side wait (see async_update.cpp): CUDA's rule that waiting on an
+// streams after it with a host-side wait (see update/updater.hpp): CUDA's rule that waiting on an
 // event not yet recorded does not wait is why a host latch, not a device event, is the signal.
 //
 // Output into host memory instead (parameter offload: the shard's home in the parameter tier)
