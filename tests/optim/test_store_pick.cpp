@@ -22,7 +22,7 @@ Table scaled(const std::vector<double>& base, const std::vector<double>& factors
 }
 
 TEST(StorePick, WithinNoiseKeepsTheSimplest) {
-  // Candidate 2 is 2% faster in every round: below the 3% floor, so candidate 0 stays.
+  // Candidate 2 is 2% faster in every round: below the 5% floor, so candidate 0 stays.
   const Table secs = scaled({1.00, 1.10, 0.90, 1.05, 1.00}, {1.01, 0.98});
   const StorePick p = pick_simplest_within_noise(secs);
   EXPECT_EQ(p.chosen, 0);
@@ -51,7 +51,7 @@ TEST(StorePick, NoisyGainBelowTheMeasuredMarginKeepsTheSimplest) {
 }
 
 TEST(StorePick, ThePickIsTheSimplestWithinTheMarginOfTheFastest) {
-  // Ratios exact: candidate 1 at 0.90, candidate 2 at 0.88 (within 3% of 0.88), candidate 3 at
+  // Ratios exact: candidate 1 at 0.90, candidate 2 at 0.88 (0.90 is within 5% of 0.88), candidate 3 at
   // 0.95: candidate 1 is the simplest within the margin of the fastest (2).
   const Table secs = scaled({1.0, 1.3, 0.7}, {0.90, 0.88, 0.95});
   EXPECT_EQ(pick_simplest_within_noise(secs).chosen, 1);
