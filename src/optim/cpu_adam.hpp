@@ -86,8 +86,8 @@ enum class StorePolicy {
   /// Default. Per size class (floor(log2(bytes moved)), with / without a half copy): the first
   /// call uses ordinary stores untimed (warm-up: page faults, thread start); the next
   /// kStoreTrialRounds rounds run every candidate once each (order rotated per round) and time
-  /// them; from then on the earliest (simplest) candidate whose median time, relative to
-  /// ordinary's in the same round, is within a noise margin of the fastest one is used
+  /// them; from then on the earliest (simplest) candidate whose fastest trial is within a noise
+  /// margin of the fastest candidate's is used
   /// (detail::pick_simplest_within_noise: margin = max(5%, 2 standard errors of the median)),
   /// so a pick within noise stays the same from process to process. step's candidates: ordinary, nontemporal, each also with
   /// prefetch, and with a half copy nontemporal-half with and without prefetch (4 or 6);
@@ -155,7 +155,8 @@ class CpuAdam {
   struct StoreChoice {
     bool decided = false;  // all trials done: `stores` is what step uses for this class
     Stores stores;         // decided: the pick; else the next call's stores (ordinary for warm-up)
-    /// Median rate over the timed trials of each candidate, in the order of StorePolicy::measure's list:
+    /// Best rate over the timed trials of each candidate (what the pick compares), in the order of
+    /// StorePolicy::measure's list:
     /// ordinary, nontemporal, ordinary+prefetch, nontemporal+prefetch, nontemporal-half,
     /// nontemporal-half+prefetch (add_grad: the first two only).
     double gbps[6] = {0, 0, 0, 0, 0, 0};
