@@ -4,6 +4,7 @@
 // Thread-safety: reads /proc on every call; safe from any thread.
 #pragma once
 
+#include <time.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -28,6 +29,20 @@ inline std::string cpu_model() {
       return colon == std::string::npos ? "?" : line.substr(line.find_first_not_of(' ', colon + 1));
     }
   return "?";
+}
+
+/// CPU seconds of the calling thread spent in f: time the scheduler gave to other processes on
+/// a shared machine is left out (one-thread measurements only).
+template <class F>
+double thread_cpu_seconds(F&& f) {
+  auto now = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  };
+  const double t0 = now();
+  f();
+  return now() - t0;
 }
 
 /// Online CPUs (sysconf(_SC_NPROCESSORS_ONLN)).

@@ -6,20 +6,10 @@
 #include <immintrin.h>
 
 #include "io/crc32c.hpp"
-#include "io/crc32c_fold.hpp"
+#include "io/crc32c_fold128.hpp"
 
 namespace zoe::io::detail {
 namespace {
-
-__m128i constant(unsigned distance_bits) {
-  const FoldConstant k = crc32c_fold_constant(distance_bits);
-  return _mm_set_epi64x(static_cast<long long>(k.low_half), static_cast<long long>(k.high_half));
-}
-
-// The block `x` moved `k`'s distance further along the message (still congruent mod P).
-inline __m128i fold(__m128i x, __m128i k) {
-  return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
-}
 
 inline __m128i load(const unsigned char* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 
@@ -28,7 +18,7 @@ inline __m128i load(const unsigned char* p) { return _mm_loadu_si128(reinterpret
 std::uint32_t crc32c_pclmul(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
   constexpr std::size_t kStep = 64;
   if (bytes < 2 * kStep) return crc32c_sse42(data, bytes, crc);
-  static const __m128i k128 = constant(kFold128), k512 = constant(kFold512);
+  static const __m128i k128 = fold_constant128(kFold128), k512 = fold_constant128(kFold512);
   const auto* p = static_cast<const unsigned char*>(data);
   // The starting register is the same as XOR-ing it into the message's first 32 bits.
   __m128i x0 = _mm_xor_si128(load(p), _mm_cvtsi32_si128(static_cast<int>(~crc)));
@@ -36,18 +26,16 @@ std::uint32_t crc32c_pclmul(const void* data, std::size_t bytes, std::uint32_t c
   p += kStep;
   bytes -= kStep;
   for (; bytes >= kStep; p += kStep, bytes -= kStep) {
-    x0 = _mm_xor_si128(fold(x0, k512), load(p));
-    x1 = _mm_xor_si128(fold(x1, k512), load(p + 16));
-    x2 = _mm_xor_si128(fold(x2, k512), load(p + 32));
-    x3 = _mm_xor_si128(fold(x3, k512), load(p + 48));
+    x0 = _mm_xor_si128(fold128(x0, k512), load(p));
+    x1 = _mm_xor_si128(fold128(x1, k512), load(p + 16));
+    x2 = _mm_xor_si128(fold128(x2, k512), load(p + 32));
+    x3 = _mm_xor_si128(fold128(x3, k512), load(p + 48));
   }
-  __m128i x = _mm_xor_si128(fold(x0, k128), x1);
-  x = _mm_xor_si128(fold(x, k128), x2);
-  x = _mm_xor_si128(fold(x, k128), x3);
-  for (; bytes >= 16; p += 16, bytes -= 16) x = _mm_xor_si128(fold(x, k128), load(p));
-  std::uint64_t reg = _mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(x)));
-  reg = _mm_crc32_u64(reg, static_cast<std::uint64_t>(_mm_extract_epi64(x, 1)));
-  return crc32c_sse42(p, bytes, ~static_cast<std::uint32_t>(reg));
+  __m128i x = _mm_xor_si128(fold128(x0, k128), x1);
+  x = _mm_xor_si128(fold128(x, k128), x2);
+  x = _mm_xor_si128(fold128(x, k128), x3);
+  for (; bytes >= 16; p += 16, bytes -= 16) x = _mm_xor_si128(fold128(x, k128), load(p));
+  return crc32c_sse42(p, bytes, ~register_of(x));
 }
 
 }  // namespace zoe::io::detail

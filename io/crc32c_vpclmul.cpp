@@ -8,19 +8,10 @@
 #include <immintrin.h>
 
 #include "io/crc32c.hpp"
-#include "io/crc32c_fold.hpp"
+#include "io/crc32c_fold128.hpp"
 
 namespace zoe::io::detail {
 namespace {
-
-__m128i constant(unsigned distance_bits) {
-  const FoldConstant k = crc32c_fold_constant(distance_bits);
-  return _mm_set_epi64x(static_cast<long long>(k.low_half), static_cast<long long>(k.high_half));
-}
-
-inline __m128i fold(__m128i x, __m128i k) {
-  return _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11));
-}
 
 // Each 16-byte lane of z moved k's distance along and XOR-ed with next (0x96: a ^ b ^ c).
 inline __m512i fold_into(__m512i z, __m512i k, __m512i next) {
@@ -35,9 +26,9 @@ inline __m512i load(const unsigned char* p) { return _mm512_loadu_si512(p); }
 std::uint32_t crc32c_vpclmul(const void* data, std::size_t bytes, std::uint32_t crc) noexcept {
   constexpr std::size_t kStep = 256;
   if (bytes < 2 * kStep) return crc32c_sse42(data, bytes, crc);
-  static const __m128i k128 = constant(kFold128), k256 = constant(kFold256), k384 = constant(kFold384);
-  static const __m512i k512 = _mm512_broadcast_i32x4(constant(kFold512)),
-                       k2048 = _mm512_broadcast_i32x4(constant(kFold2048));
+  static const __m128i k128 = fold_constant128(kFold128), k256 = fold_constant128(kFold256), k384 = fold_constant128(kFold384);
+  static const __m512i k512 = _mm512_broadcast_i32x4(fold_constant128(kFold512)),
+                       k2048 = _mm512_broadcast_i32x4(fold_constant128(kFold2048));
   const auto* p = static_cast<const unsigned char*>(data);
   // The starting register is the same as XOR-ing it into the message's first 32 bits.
   __m512i z0 = _mm512_xor_si512(load(p), _mm512_castsi128_si512(_mm_cvtsi32_si128(static_cast<int>(~crc))));
@@ -54,11 +45,9 @@ std::uint32_t crc32c_vpclmul(const void* data, std::size_t bytes, std::uint32_t 
   z = fold_into(z, k512, z2);
   z = fold_into(z, k512, z3);
   for (; bytes >= 64; p += 64, bytes -= 64) z = fold_into(z, k512, load(p));
-  __m128i x = _mm_xor_si128(fold(_mm512_castsi512_si128(z), k384), fold(_mm512_extracti32x4_epi32(z, 1), k256));
-  x = _mm_xor_si128(x, _mm_xor_si128(fold(_mm512_extracti32x4_epi32(z, 2), k128), _mm512_extracti32x4_epi32(z, 3)));
-  std::uint64_t reg = _mm_crc32_u64(0, static_cast<std::uint64_t>(_mm_cvtsi128_si64(x)));
-  reg = _mm_crc32_u64(reg, static_cast<std::uint64_t>(_mm_extract_epi64(x, 1)));
-  return crc32c_sse42(p, bytes, ~static_cast<std::uint32_t>(reg));
+  __m128i x = _mm_xor_si128(fold128(_mm512_castsi512_si128(z), k384), fold128(_mm512_extracti32x4_epi32(z, 1), k256));
+  x = _mm_xor_si128(x, _mm_xor_si128(fold128(_mm512_extracti32x4_epi32(z, 2), k128), _mm512_extracti32x4_epi32(z, 3)));
+  return crc32c_sse42(p, bytes, ~register_of(x));
 }
 
 }  // namespace zoe::io::detail

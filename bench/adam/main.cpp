@@ -47,20 +47,7 @@ double seconds(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double thread_cpu_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// CPU seconds of the calling thread spent in f (one-thread cases run on the calling thread):
-// time the scheduler gave to other processes is left out.
-template <class F>
-double thread_cpu_seconds(F&& f) {
-  const double t0 = thread_cpu_now();
-  f();
-  return thread_cpu_now() - t0;
-}
+using zoe::bench::thread_cpu_seconds;
 
 double median(std::vector<double> x) {
   std::sort(x.begin(), x.end());

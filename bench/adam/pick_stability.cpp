@@ -51,7 +51,7 @@ void print_store_picks(const PickCases& cases) {
         const auto choice = adam.store_choice(n, DType::f32, bf16_out);
         std::printf("pick\t%s\t%s\t%.4f\t", case_name(size_mi, threads, bf16_out).c_str(),
                     optim::stores_name(choice.stores).c_str(), choice.margin);
-        for (double r : choice.gbps) std::printf(" %.2f", r);  // each candidate's median GB/s
+        for (double r : choice.gbps) std::printf(" %.2f", r);  // each candidate's best GB/s
         std::printf("\n");
         std::fflush(stdout);
       }

@@ -16,7 +16,7 @@ struct PickCases {
 };
 
 /// Child side (--pick-only): one line per case on stdout,
-/// "pick<TAB>case<TAB>stores<TAB>margin<TAB>median GB/s of each candidate".
+/// "pick<TAB>case<TAB>stores<TAB>margin<TAB>best GB/s of each candidate".
 void print_store_picks(const PickCases& cases);
 
 /// Parent side: runs `self_args` (this binary and its options, ending in --pick-only) `processes`

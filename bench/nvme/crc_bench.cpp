@@ -2,7 +2,6 @@
 #include "bench/nvme/crc_bench.hpp"
 
 #include <algorithm>
-#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -22,19 +21,10 @@ double median(std::vector<double> x) {
   return x.size() % 2 ? x[k] : 0.5 * (x[k - 1] + x[k]);
 }
 
-double thread_cpu_now() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// CPU seconds of the calling thread in f: both sides are one thread on one core, and time the
-// scheduler gave to other processes on a shared machine is left out of both.
+// Both sides are one thread on one core: timed by its CPU clock (thread_cpu_seconds).
 template <class F>
 double seconds(F&& f) {
-  const double t0 = thread_cpu_now();
-  f();
-  return thread_cpu_now() - t0;
+  return thread_cpu_seconds(f);
 }
 
 }  // namespace

@@ -178,12 +178,10 @@ struct CpuAdam::Impl {
     r.stores = for_op(kCandidates[next_candidate(t, op)], op);
     r.margin = t.margin;
     for (int k = 0; k < kMaxCandidates; ++k) {
-      std::vector<double> timed;
+      double fastest = 0;  // 0: not timed yet
       for (double x : t.secs[k])
-        if (x > 0) timed.push_back(x);
-      if (timed.empty()) continue;
-      std::sort(timed.begin(), timed.end());
-      r.gbps[k] = 1e-9 / timed[timed.size() / 2];
+        if (x > 0 && (fastest == 0 || x < fastest)) fastest = x;
+      r.gbps[k] = fastest > 0 ? 1e-9 / fastest : 0.0;
     }
     return r;
   }

@@ -26,7 +26,7 @@
 // (StorePolicy::measure) each CpuAdam times the candidate store kinds, with and without
 // prefetch, on its own first calls of each size class and keeps the simplest one within noise
 // of the fastest: no separate calibration pass, no memory of its own, and the trial calls do
-// the real update (43 calls of a class with a half copy, 29 without). Store kinds and prefetch
+// the real update (67 calls of a class with a half copy, 45 without). Store kinds and prefetch
 // never change a result bit (tested), so the choice affects speed only.
 //
 // Thread-safety: a CpuAdam runs its own oneTBB arena of the size given. step, sum_squares and
@@ -86,9 +86,9 @@ enum class StorePolicy {
   /// Default. Per size class (floor(log2(bytes moved)), with / without a half copy): the first
   /// call uses ordinary stores untimed (warm-up: page faults, thread start); the next
   /// kStoreTrialRounds rounds run every candidate once each (order rotated per round) and time
-  /// them; from then on the earliest (simplest) candidate whose median time, relative to
-  /// ordinary's in the same round, is within a noise margin of the fastest one is used
-  /// (detail::pick_simplest_within_noise: margin = max(3%, 2 standard errors of the median)),
+  /// them; from then on the earliest (simplest) candidate whose fastest trial is within a noise
+  /// margin of the fastest candidate's is used
+  /// (detail::pick_simplest_within_noise: margin = max(5%, 2 standard errors of the median)),
   /// so a pick within noise stays the same from process to process. step's candidates: ordinary, nontemporal, each also with
   /// prefetch, and with a half copy nontemporal-half with and without prefetch (4 or 6);
   /// add_grad's: ordinary, nontemporal (first and accumulating calls are measured apart).
@@ -127,10 +127,10 @@ class CpuAdam {
   /// order), and the result is partial 0 + partial 1 + ... in chunk order.
   static constexpr std::size_t kSumLanes = 32;
 
-  /// Timed rounds over the candidates per size class under StorePolicy::measure (medians of 7
+  /// Timed rounds over the candidates per size class under StorePolicy::measure (medians of 11
   /// interleaved trials: one trial alone was seen off by 2x on a shared 2-core machine, and
-  /// best-of-3 picked differently from one process to the next).
-  static constexpr int kStoreTrialRounds = 7;
+  /// best-of-3 picked differently from one process to the next; so did medians of 7 at load 10).
+  static constexpr int kStoreTrialRounds = 11;
 
   /// threads: size of the oneTBB arena (0 = all hardware threads). The ISA is active_isa(); the
   /// store policy is env ZOE_ADAM_STORES (measure|ordinary|nontemporal|nontemporal-half),
@@ -155,11 +155,12 @@ class CpuAdam {
   struct StoreChoice {
     bool decided = false;  // all trials done: `stores` is what step uses for this class
     Stores stores;         // decided: the pick; else the next call's stores (ordinary for warm-up)
-    /// Median rate over the timed trials of each candidate, in the order of StorePolicy::measure's list:
+    /// Best rate over the timed trials of each candidate (what the pick compares), in the order of
+    /// StorePolicy::measure's list:
     /// ordinary, nontemporal, ordinary+prefetch, nontemporal+prefetch, nontemporal-half,
     /// nontemporal-half+prefetch (add_grad: the first two only).
     double gbps[6] = {0, 0, 0, 0, 0, 0};
-    /// Decided: the relative noise margin the pick was made with (>= 0.03); else 0.
+    /// Decided: the relative noise margin the pick was made with (>= 0.05); else 0.
     double margin = 0.0;
   };
   /// Under another policy: decided = true and the policy's Stores, no rates.

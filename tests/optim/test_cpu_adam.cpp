@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "src/common/aligned_buffer.hpp"
+#include "src/optim/store_pick.hpp"
 #include "tests/optim/adam_reference.hpp"
 #include "tests/optim/test_support.hpp"
 #include "zoe/error.hpp"
@@ -206,7 +207,7 @@ TEST(CpuAdam, MeasuredStorePolicyTrialsThenKeepsOneAndStaysBitwiseEqual) {
   for (int k = 0; k < 6; ++k) EXPECT_GT(done.gbps[k], 0.0) << "candidate " << k;
   // The pick is the first (simplest) candidate within the noise margin of the fastest median
   // (the exact rule, on per-round ratios, is tested in test_store_pick.cpp).
-  EXPECT_GE(done.margin, 0.03);
+  EXPECT_GE(done.margin, detail::kMinStoreMargin);
   const bool picked_a_candidate = std::find(candidates.begin(), candidates.end(), done.stores) != candidates.end();
   EXPECT_TRUE(picked_a_candidate) << stores_name(done.stores);
   // Another size class (and the class without a half copy) has its own trials.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/common/aligned_buffer.hpp"
+#include "src/optim/store_pick.hpp"
 #include "src/device/host_elementwise.hpp"
 #include "tests/optim/test_support.hpp"
 #include "zoe/error.hpp"
@@ -218,7 +219,7 @@ TEST(AddGrad, MeasuredStoresTrialFirstAndAccumulateApart) {
   EXPECT_FALSE(c.stores.prefetch);
   // Which of the two: the simplest within the noise margin of the faster (the rule is tested on
   // made-up timings in test_store_pick.cpp; here the timings are real).
-  EXPECT_GE(c.margin, 0.03);
+  EXPECT_GE(c.margin, detail::kMinStoreMargin);
   EXPECT_FALSE(adam.add_grad_store_choice(n, DType::f32, false).decided);
   host_ops::cast(g.data(), DType::f32, want.data(), DType::f32, n);
   for (int k = 0; k < calls; ++k) {

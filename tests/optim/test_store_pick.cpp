@@ -22,7 +22,7 @@ Table scaled(const std::vector<double>& base, const std::vector<double>& factors
 }
 
 TEST(StorePick, WithinNoiseKeepsTheSimplest) {
-  // Candidate 2 is 2% faster in every round: below the 3% floor, so candidate 0 stays.
+  // Candidate 2 is 2% faster in every round: below the 5% floor, so candidate 0 stays.
   const Table secs = scaled({1.00, 1.10, 0.90, 1.05, 1.00}, {1.01, 0.98});
   const StorePick p = pick_simplest_within_noise(secs);
   EXPECT_EQ(p.chosen, 0);
@@ -41,17 +41,19 @@ TEST(StorePick, AClearGainIsPicked) {
 }
 
 TEST(StorePick, NoisyGainBelowTheMeasuredMarginKeepsTheSimplest) {
-  // Candidate 1's per-round ratios 0.80, 1.00, 0.90, 1.10, 0.88: median 0.90, deviations
-  // |r / 0.9 - 1| = 0.111, 0.111, 0, 0.222, 0.022 -> median 0.111, sigma 0.165, standard error
-  // of the median of 5 0.0923, margin 0.185. A 10% median gain is inside that: candidate 0.
-  const Table secs = {{1, 1, 1, 1, 1}, {0.80, 1.00, 0.90, 1.10, 0.88}};
+  // Candidate 1's per-round ratios 0.94, 1.20, 0.90, 1.30, 1.00: median 1.00, deviations
+  // 0.06, 0.20, 0.10, 0.30, 0 -> median 0.10, sigma 0.148, standard error of the median of 5
+  // 0.083, margin 0.166. Its fastest trial is 0.90 of candidate 0's: a 10% gain inside the
+  // margin, so candidate 0.
+  const Table secs = {{1, 1, 1, 1, 1}, {0.94, 1.20, 0.90, 1.30, 1.00}};
   const StorePick p = pick_simplest_within_noise(secs);
   EXPECT_EQ(p.chosen, 0);
-  EXPECT_NEAR(p.margin, 2 * 1.2533 * 1.4826 * (0.1 / 0.9) / std::sqrt(5.0), 1e-9);
+  EXPECT_NEAR(p.relative[1], 0.90, 1e-12);
+  EXPECT_NEAR(p.margin, 2 * 1.2533 * 1.4826 * 0.10 / std::sqrt(5.0), 1e-9);
 }
 
 TEST(StorePick, ThePickIsTheSimplestWithinTheMarginOfTheFastest) {
-  // Ratios exact: candidate 1 at 0.90, candidate 2 at 0.88 (within 3% of 0.88), candidate 3 at
+  // Ratios exact: candidate 1 at 0.90, candidate 2 at 0.88 (0.90 is within 5% of 0.88), candidate 3 at
   // 0.95: candidate 1 is the simplest within the margin of the fastest (2).
   const Table secs = scaled({1.0, 1.3, 0.7}, {0.90, 0.88, 0.95});
   EXPECT_EQ(pick_simplest_within_noise(secs).chosen, 1);
