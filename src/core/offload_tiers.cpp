@@ -6,23 +6,26 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
   const Config& c = cx.config;
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
-  // The tiers' pinned buffers are registered with the device: their copies are the pinned kind.
+  // What both tiers take alike: the config's offload block, the rank, the pinned budget, the
+  // aio settings, and registration of their pinned buffers with the device (their copies are
+  // then the pinned kind).
   Device* dev = &cx.device;
-  auto register_fn = [dev](void* p, std::size_t bytes) { return dev->register_host_memory(p, bytes); };
-  auto unregister_fn = [dev](void* p) { dev->unregister_host_memory(p); };
+  auto common = [&](auto& o, const auto& offload) {
+    o.device = offload.device;
+    o.nvme_path = offload.nvme_path;
+    o.rank = cx.rank;
+    o.buffer_count = offload.buffer_count;
+    o.pin_memory = offload.pin_memory;
+    o.pinned_budget = pinned_budget;
+    o.aio = c.aio;
+    o.require_direct_io = c.zoe.require_direct_io;
+    o.register_fn = [dev](void* p, std::size_t bytes) { return dev->register_host_memory(p, bytes); };
+    o.unregister_fn = [dev](void* p) { dev->unregister_host_memory(p); };
+  };
   const auto& oo = c.zero_optimization.offload_optimizer;
   if (oo.device != OffloadDevice::none) {
     offload::OptimizerStatesOptions so;
-    so.device = oo.device;
-    so.nvme_path = oo.nvme_path;
-    so.rank = cx.rank;
-    so.buffer_count = oo.buffer_count;
-    so.pin_memory = oo.pin_memory;
-    so.pinned_budget = pinned_budget;
-    so.aio = c.aio;
-    so.require_direct_io = c.zoe.require_direct_io;
-    so.register_fn = register_fn;
-    so.unregister_fn = unregister_fn;
+    common(so, oo);
     // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
     // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
     so.adam = adam.get();
@@ -31,17 +34,8 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
   const auto& op = c.zero_optimization.offload_param;
   if (op.device != OffloadDevice::none && cx.policy.shards_params) {
     offload::ParamShardsOptions po;
-    po.device = op.device;
-    po.nvme_path = op.nvme_path;
-    po.rank = cx.rank;
-    po.buffer_count = op.buffer_count;
+    common(po, op);
     po.buffer_bytes = static_cast<std::size_t>(op.buffer_size) * dtype_size(cx.dtype);
-    po.pin_memory = op.pin_memory;
-    po.pinned_budget = pinned_budget;
-    po.aio = c.aio;
-    po.require_direct_io = c.zoe.require_direct_io;
-    po.register_fn = register_fn;
-    po.unregister_fn = unregister_fn;
     params = std::make_unique<offload::ParamShards>(po);
   }
 }
