@@ -13,7 +13,7 @@
 //    the compute dtype, so calling a part directly fails in torch's shape checks at once.
 //  - run(part, fn, inputs) opens the part's forward (Engine::begin_forward: gathered at stage 3),
 //    points the torch parameters at zoe's buffers (Tensor::set_data, no copy), calls fn, points
-//    them back at the placeholders and closes the forward. The outputs hang off one autograd
+//    them back at empty tensors and closes the forward. The outputs hang off one autograd
 //    node of the part. When torch's backward reaches that node it opens the part's backward
 //    (begin_backward: gathered again at stage 3, zeroed gradient buffers), points each trainable
 //    parameter's .grad at zoe's gradient buffer, runs the part's backward (torch's AccumulateGrad

@@ -76,7 +76,7 @@ struct TorchModel::Impl {
   std::optional<std::uint32_t> active;  // the part whose forward or backward runs now
   std::weak_ptr<Impl> self;             // for the autograd nodes (they may outlive the TorchModel)
 
-  at::Tensor placeholder() const { return at::empty({0}, at::TensorOptions().dtype(compute)); }
+  at::Tensor released_data() const { return at::empty({0}, at::TensorOptions().dtype(compute)); }
 
   at::Tensor view_of(const TensorView& v) const {
     if (v.numel() == 0 || v.data == nullptr) return at::empty(v.shape, at::TensorOptions().dtype(compute));
@@ -94,7 +94,7 @@ struct TorchModel::Impl {
   void unbind(PartState& p) {
     for (auto& param : p.params) {
       param.mutable_grad().reset();
-      param.set_data(placeholder());
+      param.set_data(released_data());
     }
   }
 
@@ -387,7 +387,7 @@ TorchModel::TorchModel(Engine& engine, std::shared_ptr<torch::nn::Module> root, 
     im.parts.push_back(std::move(rest));
   }
   // Release torch's copies: zoe holds the values now.
-  for (auto& reg : im.registered) reg.tensor.set_data(im.placeholder());
+  for (auto& reg : im.registered) reg.tensor.set_data(im.released_data());
 }
 
 TorchModel::~TorchModel() = default;
