@@ -13,11 +13,13 @@ void DeferredFrees::after_side(DeviceBuffer buffer, std::int64_t gathered_elemen
   Pending p{std::move(buffer), device_.create_event(), gathered_elements, std::move(hold)};
   device_.record(*p.after, side_);
   pending_.push_back(std::move(p));
+  ++queued_;
 }
 
 void DeferredFrees::after(DeviceBuffer buffer, std::shared_ptr<Event> event, std::shared_ptr<void> hold) {
   if (!buffer && !hold) return;
   pending_.push_back(Pending{std::move(buffer), std::move(event), 0, std::move(hold)});
+  ++queued_;
 }
 
 void DeferredFrees::after_stream(Stream& stream, DeviceBuffer buffer, std::shared_ptr<void> hold) {
@@ -30,6 +32,7 @@ void DeferredFrees::after_stream(Stream& stream, DeviceBuffer buffer, std::share
 void DeferredFrees::pop() {
   releasing_elements_ -= pending_.front().gathered_elements;
   pending_.pop_front();
+  ++done_;
 }
 
 void DeferredFrees::reap(bool wait_all) {
@@ -49,6 +52,13 @@ bool DeferredFrees::reap_oldest() {
   device_.synchronize(*pending_.front().after);
   pop();
   return true;
+}
+
+void DeferredFrees::reap_before(std::uint64_t point) {
+  while (!pending_.empty() && done_ < point) {
+    device_.synchronize(*pending_.front().after);
+    pop();
+  }
 }
 
 void DeferredFrees::show_poison() {

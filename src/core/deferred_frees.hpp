@@ -37,6 +37,10 @@ class DeferredFrees {
   void reap(bool wait_all);
   /// Waits for the oldest pending free and performs it; false when none is pending.
   bool reap_oldest();
+  /// A point in the order of frees: every free queued so far comes before it.
+  std::uint64_t mark() const { return queued_; }
+  /// Waits for and performs every pending free queued before `point` (a mark()).
+  void reap_before(std::uint64_t point);
   /// zoe.debug_poison: makes the NaN fills queued so far visible to the trainer's compute.
   void show_poison();
 
@@ -58,6 +62,8 @@ class DeferredFrees {
   const bool poison_;
   std::deque<Pending> pending_;
   std::int64_t releasing_elements_ = 0;
+  std::uint64_t queued_ = 0;  // frees queued so far
+  std::uint64_t done_ = 0;    // frees performed so far (the front of pending_ is number done_)
 };
 
 }  // namespace zoe::core

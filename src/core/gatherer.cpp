@@ -112,6 +112,12 @@ void Gatherer::acquire(int module, bool backward) {
     return;
   }
   cx_.frees.reap(false);
+  // The rate limit (FSDP's limit_all_gathers): what was released before the previous module
+  // began is returned before this one gathers, waiting for the side stream if it fell behind.
+  // So the device holds the released buffers of one module at most, whatever the side
+  // stream's pace, and zoe-estimate's device figure is a bound rather than a likely case.
+  cx_.frees.reap_before(frees_before_last_acquire_);
+  frees_before_last_acquire_ = cx_.frees.mark();
   if (trace_.record(TraceEntry{module, backward})) {
     // The order changed: prediction is off; drop what was prefetched for the old order.
     ZOE_LOG_DEBUG("rank {}: execution order changed at entry {}; prefetch off until the next step", cx_.rank,

@@ -66,6 +66,7 @@ class Gatherer {
   TraceIndex index_;               // the previous step's order, indexed (O(1) per call)
   std::vector<char> queued_;       // prefetch(): groups already in this call's bucket
   std::int64_t live_elements_ = 0;  // gathered parameter elements in use or prefetched
+  std::uint64_t frees_before_last_acquire_ = 0;  // DeferredFrees::mark() at the previous acquire
 };
 
 }  // namespace zoe::core
