@@ -7,18 +7,20 @@
 namespace zoe::core {
 
 void GradReducer::prepare(const ModuleInfo& m) {
-  // A group still waiting in the bucket_ is reduced before its buffer takes the next
+  // A group still waiting in the bucket is reduced before its buffer takes the next
   // micro-batch's gradients.
   for (int gi : m.groups)
-    if (gi < static_cast<int>(in_bucket_.size()) && in_bucket_[static_cast<std::size_t>(gi)]) {
+    if (model_.group(gi).grad_state == Group::GradState::queued) {
       flush_bucket();
       break;
     }
-  if (!cx_.policy.shards_grads) return;  // persistent buffers, zeroed after each step
   bool filled = false;
   for (int gi : m.groups) {
     Group& g = model_.group(gi);
-    if (g.frozen || g.grad_full) continue;  // frozen: no gradient buffer
+    // Frozen: no gradient buffer. Accumulating: another user of the group began first.
+    if (g.frozen || g.grad_state == Group::GradState::accumulating) continue;
+    g.grad_state = Group::GradState::accumulating;
+    if (!cx_.policy.shards_grads) continue;  // persistent buffers, zeroed after each step
     g.grad_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
     cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *cx_.side);
     filled = true;
@@ -39,7 +41,11 @@ void GradReducer::finish_backward(const ModuleInfo& m) {
     g.pending_users = static_cast<int>(g.users.size());
     ++g.micro_batches;
     reached_round(g);
-    if (cx_.policy.shards_grads || g.micro_batches == cx_.config.gradient_accumulation_steps) queue_reduction(gi);
+    if (cx_.policy.shards_grads || g.micro_batches == cx_.config.gradient_accumulation_steps) {
+      queue_reduction(gi);
+    } else {
+      g.grad_state = Group::GradState::idle;  // stages 0-1: the sum waits in grad_full for the last one
+    }
   }
   if (round_complete()) flush_bucket();
 }
@@ -50,8 +56,7 @@ void GradReducer::queue_reduction(int gi) {
   if (!bucket_.groups.empty() && bucket_.elements + n > cap) flush_bucket();  // DeepSpeed's test, before adding
   bucket_.groups.push_back(gi);
   bucket_.elements += n;
-  in_bucket_.resize(model_.groups.size(), 0);
-  in_bucket_[static_cast<std::size_t>(gi)] = 1;
+  model_.group(gi).grad_state = Group::GradState::queued;
   bucket_round_ = std::max(bucket_round_, model_.group(gi).micro_batches);
   if (bucket_.elements >= cap) flush_bucket();  // full: nothing more can join (same buckets, issued sooner)
 }
@@ -67,7 +72,7 @@ void GradReducer::flush_bucket() {
   std::vector<int> gis = std::move(bucket_.groups);
   bucket_ = GradBucket{};
   bucket_round_ = 0;
-  for (int gi : gis) in_bucket_[static_cast<std::size_t>(gi)] = 0;
+  for (int gi : gis) model_.group(gi).grad_state = Group::GradState::reduced;
   if (const double p = cx_.pre_divisor(); p != 1.0)  // prescale_gradients / gradient_predivide_factor
     for (int gi : gis) {
       Group& g = model_.group(gi);
@@ -238,6 +243,7 @@ void GradReducer::reset_for_next_step(bool skipped) {
     if (skipped && cx_.policy.reduces_at_step) cx_.frees.after_side(std::move(g.grad_shard));
     g.micro_batches = 0;
     g.pending_users = static_cast<int>(g.users.size());
+    g.grad_state = Group::GradState::idle;
   }
 }
 

@@ -68,7 +68,6 @@ class GradReducer {
 
   GradBucket bucket_;  // gradients waiting for their reduction
   int bucket_round_ = 0;           // the largest round of a group in the bucket
-  std::vector<char> in_bucket_;    // per group: waiting in the bucket
   std::vector<int> reached_;       // reached_[r]: taking part groups whose round is >= r
   int taking_part_ = -1;           // trainable groups some module uses (-1: not counted yet)
 };

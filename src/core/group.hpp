@@ -1,8 +1,9 @@
 // The engine's units of state: a parameter, the group (flat buffer) that owns it with the
 // group's sub-groups, and a module (what the trainer calls begin_/end_forward on). A group's
-// two state machines, ParamState (sharded / gathered) and UpdateState (settled / pending), are
-// changed only by their named transitions (gather / reshard in gatherer.cpp, begin_group_update
-// / after_update in update/updater.cpp).
+// three state machines, ParamState (sharded / gathered), GradState (idle / accumulating /
+// queued / reduced) and UpdateState (settled / pending), are changed only by their named
+// transitions (gather / reshard in gatherer.cpp; prepare / finish_backward / flush_bucket /
+// reset_for_next_step in grad_reducer.cpp; start_update / after_update in update/updater.cpp).
 // Not thread-safe: owned by Model, driven by one thread.
 #pragma once
 
@@ -79,7 +80,18 @@ struct Group {
   // the step.
   DeviceBuffer grad_full, grad_shard;
   int pending_users = 0;   // users still to finish backward in this micro-batch
-  int micro_batches = 0;   // micro-batches whose gradients were reduced into grad_shard/full
+  int micro_batches = 0;   // micro-batches whose backward every user finished this step
+  // The gradient's lifecycle in a round (a micro-batch; stages 0-1 reduce after the last one),
+  // changed only by GradReducer (grad_reducer.cpp):
+  //   idle          no backward of this round began. Stages 2-3: no grad_full; stages 0-1:
+  //                 grad_full holds the earlier micro-batches' sum (zero at a step's start).
+  //   accumulating  a user's backward began (prepare): the trainer writes into grad_full.
+  //   queued        every user finished (finish_backward): waiting in the bucket.
+  //   reduced       its reduction is on the side stream (flush_bucket): the result goes into
+  //                 grad_shard and the offloaded sub-groups' gradients (the tier); stages 2-3
+  //                 released grad_full. The next micro-batch's prepare makes it accumulating.
+  // Frozen groups stay idle. reset_for_next_step: every group -> idle.
+  enum class GradState { idle, accumulating, queued, reduced } grad_state = GradState::idle;
 
   // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
   // buffer, in sub-groups of sub_group_size elements (see SubGroup).
