@@ -11,7 +11,9 @@
 #include "src/common/quote.hpp"
 #include "src/common/log.hpp"
 #include "src/common/boundary_errors.hpp"
+#include "src/core/checkpoint/engine_checkpoint.hpp"
 #include "src/core/engine_impl.hpp"
+#include "src/core/state_access.hpp"
 #include "src/core/names.hpp"
 
 namespace zoe {
@@ -282,6 +284,28 @@ StepResult Engine::step() {
     log_step(I, I.step_calls, I.skipped_calls, r, ms(begin - I.last_step_end).count(), ms(end - begin).count());
     I.last_step_end = end;
     return r;
+  });
+}
+
+// Checkpoints and exports (core/checkpoint/) reach the engine through StateAccess only.
+void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
+  impl_->guarded("save_checkpoint", [&] {
+    core::StateAccess S(*impl_);
+    core::save_engine_checkpoint(S, dir, client_state);
+  });
+}
+
+std::string Engine::load_checkpoint(const std::string& dir) {
+  return impl_->guarded("load_checkpoint", [&] {
+    core::StateAccess S(*impl_);
+    return core::load_engine_checkpoint(S, dir);
+  });
+}
+
+void Engine::export_safetensors(const std::string& path, DType dtype, const std::map<std::string, std::string>& metadata) {
+  detail::at_public_boundary("export_safetensors", [&] {
+    core::StateAccess S(*impl_);
+    core::export_engine_safetensors(S, path, dtype, metadata);
   });
 }
 

@@ -33,6 +33,7 @@
 #include "src/core/lifecycle.hpp"
 #include "src/core/model.hpp"
 #include "src/core/offload_tiers.hpp"
+#include "src/core/state_access.hpp"
 #include "src/core/update/updater.hpp"
 #include "zoe/engine.hpp"
 
@@ -88,11 +89,6 @@ struct EngineImpl {
   // initialize.cpp
   /// Writes every group's initial values to their homes, chunk by chunk (see the file).
   void write_initial_values();
-  /// Where write_values takes a chunk's values: the fp32 master weights of flat elements
-  /// [begin, begin + master.size()) of the group and, for a chunk of the optimizer range when
-  /// asked, its exp_avg then exp_avg_sq (`moments`: 2 * master.size() floats; else empty).
-  using ChunkSource = std::function<void(const Group& g, std::int64_t begin, std::span<float> master,
-                                         std::span<float> moments)>;
   /// write_initial_values with the values of `source` (a checkpoint): the same chunks, homes
   /// and roundings; `with_moments` also sets exp_avg / exp_avg_sq (else zero).
   void write_values(const ChunkSource& source, bool with_moments);

@@ -19,6 +19,7 @@ import re
 import sys
 
 TABLE_DOC = "docs/architecture.md"
+DOORS_SECTION = "## Doors inside a module"
 SCANNED = ("src", "io", "kernels", "include")
 SOURCE_SUFFIXES = (".hpp", ".cpp", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
@@ -44,6 +45,39 @@ def read_table(root):
     if not rows:
         sys.exit(f"{TABLE_DOC}: the section 'Dependency rule' has no table rows")
     return rows
+
+
+def read_doors(root):
+    """The rows of the section "Doors inside a module": [(folder, [forbidden headers], line)]."""
+    with open(os.path.join(root, TABLE_DOC), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    if DOORS_SECTION not in lines:
+        return []
+    rows = []
+    for number, line in enumerate(lines[lines.index(DOORS_SECTION) + 1:], lines.index(DOORS_SECTION) + 2):
+        if line.startswith("## "):
+            break
+        m = ROW.match(line)
+        if m:
+            rows.append((m.group(1), re.findall(r"`([^`]+)`", m.group(2)), number))
+    return rows
+
+
+def check_doors(root, doors, errors):
+    """No file under a door's folder includes a header the door forbids."""
+    for folder, forbidden, number in doors:
+        if not os.path.isdir(os.path.join(root, folder)):
+            errors.append(f"{TABLE_DOC}:{number}: door `{folder}` names no folder")
+            continue
+        for rel in scanned_files(root):
+            if not rel.startswith(folder + "/"):
+                continue
+            with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+                for line_number, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if m and m.group(2) in forbidden:
+                        errors.append(f"{rel}:{line_number}: {folder} must not include {m.group(2)} "
+                                      f"({TABLE_DOC}, \"{DOORS_SECTION[3:]}\")")
 
 
 def source_path(root, module):
@@ -142,13 +176,15 @@ def main():
     if args.cmake_table:
         check_cmake_copy(args.cmake_table, rows, errors)
     files, includes = check_includes(args.root, rows, errors)
+    doors = read_doors(args.root)
+    check_doors(args.root, doors, errors)
     for e in errors:
         print(e, file=sys.stderr)
     if errors:
         print(f"layering: {len(errors)} violation(s) of the dependency rule", file=sys.stderr)
         return 1
     print(f"layering: {includes} includes of zoe's modules in {files} files keep the {len(rows)} rows "
-          f"of {TABLE_DOC}")
+          f"of {TABLE_DOC} and its {len(doors)} door(s)")
     return 0
 
 

@@ -33,47 +33,14 @@
 #include "src/core/checkpoint/checkpoint_dir.hpp"
 #include "src/core/checkpoint/checkpoint_manifest.hpp"
 #include "src/core/checkpoint/checkpoint_reader.hpp"
-#include "src/core/engine_impl.hpp"
+#include "src/core/checkpoint/engine_checkpoint.hpp"
+#include "src/core/state_access.hpp"
 #include "src/core/names.hpp"
 
 namespace zoe {
 namespace fs = std::filesystem;
 
 namespace {
-
-void barrier(core::EngineImpl& I) {
-  I.cx.comm.barrier(*I.cx.side);
-  I.cx.device.synchronize(*I.cx.side);
-}
-
-// Every rank's `mine`, in rank order (two small collectives on the side stream).
-std::vector<std::string> share_outcomes(core::EngineImpl& I, const std::string& mine) {
-  const auto world = static_cast<std::size_t>(I.cx.world);
-  std::vector<double> lens(world, 0.0);
-  lens[static_cast<std::size_t>(I.cx.rank)] = static_cast<double>(mine.size());
-  {
-    core::DeviceBuffer buf = I.cx.alloc(core::MemKind::buffer, DType::f32, 2 * I.cx.world);
-    I.cx.device.copy(buf.data(), lens.data(), world * sizeof(double), *I.cx.side);
-    I.cx.comm.all_reduce_f64(static_cast<double*>(buf.data()), world, *I.cx.side);
-    I.cx.device.copy(lens.data(), buf.data(), world * sizeof(double), *I.cx.side);
-    I.cx.device.synchronize(*I.cx.side);
-  }
-  double longest = 1;
-  for (double l : lens) longest = std::max(longest, l);
-  const std::size_t words = (static_cast<std::size_t>(longest) + 3) / 4;
-  std::vector<char> send(words * 4, 0), recv(words * 4 * world, 0);
-  std::copy(mine.begin(), mine.end(), send.begin());
-  core::DeviceBuffer dsend = I.cx.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words));
-  core::DeviceBuffer drecv = I.cx.alloc(core::MemKind::buffer, DType::f32, static_cast<std::int64_t>(words * world));
-  I.cx.device.copy(dsend.data(), send.data(), send.size(), *I.cx.side);
-  I.cx.comm.all_gather(dsend.data(), drecv.data(), words, DType::f32, *I.cx.side);
-  I.cx.device.copy(recv.data(), drecv.data(), recv.size(), *I.cx.side);
-  I.cx.device.synchronize(*I.cx.side);
-  std::vector<std::string> out(world);
-  for (std::size_t r = 0; r < world; ++r)
-    out[r].assign(recv.data() + r * words * 4, static_cast<std::size_t>(lens[r]));
-  return out;
-}
 
 // An outcome as exchanged: "ok <data>" or "error <message>".
 std::string ok(const std::string& data) { return "ok " + data; }
@@ -94,10 +61,10 @@ std::string payload(const std::string& s) { return s.substr(s.find(' ') + 1); }
 // usable), rank 0 its own exception, the others Error "<failed><rank 0's message><after>".
 // Returns rank 0's data on every rank.
 template <class F>
-std::string rank0_decides(core::EngineImpl& I, F&& decide, const std::string& failed, const std::string& after = "") {
+std::string rank0_decides(core::StateAccess& S, F&& decide, const std::string& failed, const std::string& after = "") {
   std::exception_ptr error;
   std::string mine;
-  if (I.cx.rank == 0) {
+  if (S.rank() == 0) {
     try {
       mine = ok(decide());
     } catch (...) {
@@ -105,9 +72,9 @@ std::string rank0_decides(core::EngineImpl& I, F&& decide, const std::string& fa
       mine = failure(error);
     }
   }
-  const std::vector<std::string> all = share_outcomes(I, mine);
+  const std::vector<std::string> all = S.share(mine);
   if (is_error(all[0])) {
-    I.agreed_failure = true;  // every rank throws here
+    S.fail_together();  // every rank throws here
     if (error) std::rethrow_exception(error);
     ZOE_THROW(Error, failed, payload(all[0]), after);
   }
@@ -126,14 +93,14 @@ std::pair<std::string, std::string> failed_ranks(const std::vector<std::string>&
 }
 
 // The engine's model as manifest groups (names, shapes, offsets; no ranges).
-std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
+std::vector<ckpt::GroupEntry> model_of(const core::StateAccess& S) {
   std::vector<ckpt::GroupEntry> out;
-  for (const core::Group& g : I.model.groups) {
+  for (const core::Group& g : S.model().groups) {
     ckpt::GroupEntry e;
     e.name = g.name;
     e.frozen = g.frozen;
     for (std::size_t i = 0; i < g.params.size(); ++i) {
-      const core::ParamInfo& p = I.model.params[g.params[i]];
+      const core::ParamInfo& p = S.model().params[g.params[i]];
       e.params.push_back({p.name, p.shape, g.layout->offset(i), p.numel});
     }
     out.push_back(std::move(e));
@@ -143,74 +110,35 @@ std::vector<ckpt::GroupEntry> model_of(const core::EngineImpl& I) {
 
 std::string rank_file_name(int rank) { return "rank" + std::to_string(rank) + ".zoe"; }
 
-// Writes this rank's shard of frozen group g (its compute-dtype values: the rank's own part of
-// the full copy at stages 0-2) and returns its CRC32C. Device values move through host memory
-// in pieces of sub_group_size elements; with parameter offload the tier hands out the whole
-// shard (what its own read buffers hold).
-std::uint32_t write_frozen_part(core::EngineImpl& I, core::Group& g, io::FileWriter& out) {
-  const core::FlatLayout& L = *g.layout;
-  const std::size_t esz = dtype_size(I.cx.dtype);
-  if (I.tiers.params) {
-    const std::vector<std::byte> shard = I.read_frozen_shard(g);
-    out.write(shard.data(), shard.size());
-    return io::crc32c(shard.data(), shard.size());
-  }
-  const core::DeviceBuffer& src = I.cx.policy.shards_params ? g.param_shard : g.param_full;
-  const std::int64_t first = I.cx.policy.shards_params ? 0 : L.shard_begin(I.cx.rank);  // in `src`
-  const std::int64_t piece = std::max<std::int64_t>(1, std::min(I.cx.sub_group_numel(), L.shard_numel()));
-  std::vector<std::byte> host(static_cast<std::size_t>(piece) * esz);
-  std::uint32_t crc = 0;
-  for (std::int64_t x = 0; x < L.shard_numel(); x += piece) {
-    const std::size_t bytes = static_cast<std::size_t>(std::min(piece, L.shard_numel() - x)) * esz;
-    I.cx.device.copy(host.data(), src.at(first + x), bytes, *I.cx.side);
-    I.cx.device.synchronize(*I.cx.side);
-    crc = io::crc32c(host.data(), bytes, crc);
-    out.write(host.data(), bytes);
-  }
-  return crc;
-}
-
 // Streams this rank's optimizer range of every group into `path`, one sub-group at a time
 // (one chunk of the file), and returns each group's CRC32C.
-std::vector<std::uint32_t> write_rank_file(core::EngineImpl& I, const ckpt::Manifest& m, const std::string& path) {
-  const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(I.cx.rank)];
+std::vector<std::uint32_t> write_rank_file(core::StateAccess& S, const ckpt::Manifest& m, const std::string& path) {
+  const ckpt::RankFileEntry& entry = m.files[static_cast<std::size_t>(S.rank())];
   io::FileWriter out(path, entry.bytes);  // reserves the bytes: a full disk fails here
   ckpt::RankFileHeader h;
   h.version = static_cast<std::uint32_t>(m.version);
-  h.rank = I.cx.rank;
-  h.world_size = I.cx.world;
+  h.rank = S.rank();
+  h.world_size = S.world();
   h.id = m.id;
   h.file_bytes = entry.bytes;
   h.crc32c = ckpt::header_crc(h);
   out.write(&h, sizeof h);
   std::vector<std::uint32_t> crcs;
-  std::vector<float> chunk;
-  for (std::size_t gi = 0; gi < I.model.groups.size(); ++gi) {
-    core::Group& g = I.model.groups[gi];
-    const ckpt::RankRange& rr = m.groups[gi].ranks[static_cast<std::size_t>(I.cx.rank)];
+  for (std::size_t gi = 0; gi < S.model().groups.size(); ++gi) {
+    const core::Group& g = S.model().groups[gi];
+    const ckpt::RankRange& rr = m.groups[gi].ranks[static_cast<std::size_t>(S.rank())];
     // What this rank stores: its optimizer range; a frozen group, its shard.
-    const std::int64_t begin = g.frozen ? g.layout->shard_begin(I.cx.rank) : g.opt_begin;
+    const std::int64_t begin = g.frozen ? g.layout->shard_begin(S.rank()) : g.opt_begin;
     const std::int64_t numel = g.frozen ? g.layout->shard_numel() : g.opt_numel;
     ZOE_CHECK(rr.begin == begin && rr.numel == numel && rr.file_offset == out.written(), "group ", detail::quoted(g.name),
               ": range [", begin, ", +", numel, ") at byte ", out.written(), ", the manifest's [", rr.begin,
               ", +", rr.numel, ") at ", rr.file_offset);
-    if (g.frozen) {
-      crcs.push_back(write_frozen_part(I, g, out));
-      continue;
-    }
+    // A frozen group's compute-dtype shard, a trainable one's sub-groups' three states.
     std::uint32_t crc = 0;
-    for (const core::SubGroup& sg : g.subgroups) {
-      const std::size_t n = static_cast<std::size_t>(sg.numel);
-      chunk.resize(3 * n);
-      if (sg.offloaded()) {
-        I.tiers.states->read_all(sg.offload_id, chunk.data());
-      } else {
-        I.cx.device.copy(chunk.data(), sg.device_states.data(), 3 * n * sizeof(float), *I.cx.side);
-        I.cx.device.synchronize(*I.cx.side);
-      }
-      crc = io::crc32c(chunk.data(), 3 * n * sizeof(float), crc);
-      out.write(chunk.data(), 3 * n * sizeof(float));
-    }
+    S.read_stored_part(gi, [&](const void* bytes, std::size_t size) {
+      crc = io::crc32c(bytes, size, crc);
+      out.write(bytes, size);
+    });
     crcs.push_back(crc);
   }
   out.finish();  // fsync
@@ -233,107 +161,101 @@ void write_manifest(const ckpt::Manifest& m, const std::string& dir) {
 // Throws on every rank when some outcome is an error: the rank's own exception where it has
 // one, else `Type` naming the failed ranks and their messages.
 // Every rank throws together here, so the failure is agreed: the engine's guard does not abort
-// the communicator for it ((EngineImpl::guarded)) and the engine stays usable.
+// the communicator for it (Engine's guarded calls, StateAccess::fail_together) and the engine stays usable.
 template <typename Type>
-void throw_if_failed(core::EngineImpl& I, const std::vector<std::string>& all, std::exception_ptr own,
+void throw_if_failed(core::StateAccess& S, const std::vector<std::string>& all, std::exception_ptr own,
                      const std::string& what, const std::string& after) {
   const auto [ranks, messages] = failed_ranks(all);
   if (ranks.empty()) return;
-  I.agreed_failure = true;
+  S.fail_together();
   if (own) std::rethrow_exception(own);
   ZOE_THROW(Type, what, " on rank(s) ", ranks, " (", messages, ")", after);
 }
 }  // namespace
 
-void Engine::save_checkpoint(const std::string& dir, const std::string& client_state) {
-  impl_->guarded("save_checkpoint", [&] {
-    Impl& I = *impl_;
-    core::check_utf8("save_checkpoint: client_state", client_state);
-    I.lifecycle.check_usable("save_checkpoint");
-    I.finalize();
-    I.updater.check_no_update_in_backward("save_checkpoint");
-    synchronize();
-    const std::string tmp = ckpt::temp_dir_of(dir);
-    const std::string not_saved = "checkpoint " + detail::quoted_path(dir) + " was not saved: ";
+void core::save_engine_checkpoint(StateAccess& S, const std::string& dir, const std::string& client_state) {
+  core::check_utf8("save_checkpoint: client_state", client_state);
+  S.settle("save_checkpoint");
+  const core::StateAccess::Counters counters = S.counters();
+  const std::string tmp = ckpt::temp_dir_of(dir);
+  const std::string not_saved = "checkpoint " + detail::quoted_path(dir) + " was not saved: ";
 
-    // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
-    ckpt::Manifest m;
-    m.world_size = I.cx.world;
-    m.stage = I.cx.config.zero_optimization.stage;
-    m.compute_dtype = std::string(dtype_name(I.cx.dtype));
-    m.chunk_elements = I.cx.sub_group_numel();
-    m.step = I.updater.steps();
-    m.step_calls = I.step_calls;
-    m.skipped_steps = I.skipped_calls;
-    m.lr = I.updater.lr();
-    const auto st = I.updater.scaler().state();
-    m.loss_scale = st.scale;
-    m.good_steps = st.good_steps;
-    m.hysteresis_left = st.hysteresis_left;
-    m.client_state = client_state;
-    m.groups = model_of(I);
-    m.version = ckpt::version_for(m);  // 3 with frozen groups, else 2 (what older zoe reads)
-    ckpt::lay_out_ranks(m);
-    const std::string id = rank0_decides(
-        I,
-        [&] {
-          ckpt::recover(dir);
-          ckpt::make_temp(dir);
-          std::random_device rd;
-          return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(I.updater.steps()));
-        },
-        not_saved + "rank 0 could not prepare " + detail::quoted_path(tmp) + ": ");
-    m.id = std::stoull(id, nullptr, 16);
-    std::exception_ptr error;
-    std::string mine;
-    std::vector<std::string> all;
+  // 1. Rank 0 finishes an interrupted publish, makes <dir>.tmp and draws the save's id.
+  ckpt::Manifest m;
+  m.world_size = S.world();
+  m.stage = S.config().zero_optimization.stage;
+  m.compute_dtype = std::string(dtype_name(S.compute_dtype()));
+  m.chunk_elements = S.chunk_elements();
+  m.step = counters.optimizer_steps;
+  m.step_calls = counters.step_calls;
+  m.skipped_steps = counters.skipped_calls;
+  m.lr = counters.lr;
+  m.loss_scale = counters.scaler.scale;
+  m.good_steps = counters.scaler.good_steps;
+  m.hysteresis_left = counters.scaler.hysteresis_left;
+  m.client_state = client_state;
+  m.groups = model_of(S);
+  m.version = ckpt::version_for(m);  // 3 with frozen groups, else 2 (what older zoe reads)
+  ckpt::lay_out_ranks(m);
+  const std::string id = rank0_decides(
+      S,
+      [&] {
+        ckpt::recover(dir);
+        ckpt::make_temp(dir);
+        std::random_device rd;
+        return hex_id((static_cast<std::uint64_t>(rd()) << 32) ^ rd() ^ static_cast<std::uint64_t>(counters.optimizer_steps));
+      },
+      not_saved + "rank 0 could not prepare " + detail::quoted_path(tmp) + ": ");
+  m.id = std::stoull(id, nullptr, 16);
+  std::exception_ptr error;
+  std::string mine;
+  std::vector<std::string> all;
 
-    // 2. Every rank streams its file into <dir>.tmp.
-    std::vector<std::uint32_t> crcs;
-    try {
-      crcs = write_rank_file(I, m, (fs::path(tmp) / rank_file_name(I.cx.rank)).string());
-      std::string list;
-      for (std::uint32_t c : crcs) list += ckpt::crc_hex(c);
-      mine = ok(list);
-    } catch (...) {
-      error = std::current_exception();
-      mine = failure(error);
+  // 2. Every rank streams its file into <dir>.tmp.
+  std::vector<std::uint32_t> crcs;
+  try {
+    crcs = write_rank_file(S, m, (fs::path(tmp) / rank_file_name(S.rank())).string());
+    std::string list;
+    for (std::uint32_t c : crcs) list += ckpt::crc_hex(c);
+    mine = ok(list);
+  } catch (...) {
+    error = std::current_exception();
+    mine = failure(error);
+  }
+  all = S.share(mine);
+  if (!failed_ranks(all).first.empty()) {
+    if (S.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // every rank is past its writes
+      if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp, ec.message());
     }
-    all = share_outcomes(I, mine);
-    if (!failed_ranks(all).first.empty()) {
-      if (I.cx.rank == 0) {
-        std::error_code ec;
-        fs::remove_all(tmp, ec);  // every rank is past its writes
-        if (ec) ZOE_LOG_WARN("cannot remove the partial checkpoint '{}': {}", tmp, ec.message());
-      }
-      barrier(I);
-      throw_if_failed<Error>(I, all, error, not_saved + "writing failed",
-                             "; the partial " + detail::quoted_path(tmp) + " was removed and " + detail::quoted_path(dir) + " is unchanged");
-    }
+    S.barrier();
+    throw_if_failed<Error>(S, all, error, not_saved + "writing failed",
+                           "; the partial " + detail::quoted_path(tmp) + " was removed and " + detail::quoted_path(dir) + " is unchanged");
+  }
 
-    // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
-    rank0_decides(
-        I,
-        [&] {
-          for (std::size_t r = 0; r < all.size(); ++r) {
-            const std::string list = payload(all[r]);
-            ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
-            for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
-              m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
-          }
-          write_manifest(m, tmp);
-          ckpt::publish(dir);
-          return std::string();
-        },
-        not_saved + "rank 0 could not write its manifest or publish it: ");
-    ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", I.cx.rank, I.updater.steps(), dir);
-  });
+  // 3. Rank 0 writes the manifest (with every rank's checksums) and publishes the directory.
+  rank0_decides(
+      S,
+      [&] {
+        for (std::size_t r = 0; r < all.size(); ++r) {
+          const std::string list = payload(all[r]);
+          ZOE_CHECK(list.size() == 8 * m.groups.size(), "rank ", r, " sent ", list.size() / 8, " checksums");
+          for (std::size_t gi = 0; gi < m.groups.size(); ++gi)
+            m.groups[gi].ranks[r].crc32c = static_cast<std::uint32_t>(std::stoul(list.substr(8 * gi, 8), nullptr, 16));
+        }
+        write_manifest(m, tmp);
+        ckpt::publish(dir);
+        return std::string();
+      },
+      not_saved + "rank 0 could not write its manifest or publish it: ");
+  ZOE_LOG_DEBUG("rank {}: checkpoint of step {} saved to {}", S.rank(), counters.optimizer_steps, dir);
 }
 
 namespace {
 // This rank's part of group g's flat buffer that write_values fills: [begin, end).
-std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const core::Group& g) {
-  if (I.cx.policy.shards_params) return {g.layout->shard_begin(I.cx.rank), g.layout->shard_begin(I.cx.rank) + g.layout->shard_numel()};
+std::pair<std::int64_t, std::int64_t> kept_part(const core::StateAccess& S, const core::Group& g) {
+  if (S.policy().shards_params) return {g.layout->shard_begin(S.rank()), g.layout->shard_begin(S.rank()) + g.layout->shard_numel()};
   return {0, g.layout->padded_numel()};
 }
 
@@ -344,9 +266,9 @@ std::pair<std::int64_t, std::int64_t> kept_part(const core::EngineImpl& I, const
 // Optimizer.load_state_dict (and so DeepSpeed's optimizer-state load) refuses param groups of
 // other sizes, a load needs the frozen set it was saved with. Fine-tuning a trained model with
 // some parameters frozen starts from its weights instead (zoe-ckpt export, SafetensorsFile).
-void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, bool>& saved_frozen,
+void check_frozen_set(const core::StateAccess& S, const std::map<std::string, bool>& saved_frozen,
                       const std::string& what) {
-  for (const core::ParamInfo& p : I.model.params) {
+  for (const core::ParamInfo& p : S.model().params) {
     const auto it = saved_frozen.find(p.name);
     if (it == saved_frozen.end() || it->second == p.options.frozen) continue;
     ZOE_THROW(UsageError, what, ": parameter ", detail::quoted(p.name), " is ", it->second ? "frozen" : "trainable",
@@ -360,23 +282,23 @@ void check_frozen_set(const core::EngineImpl& I, const std::map<std::string, boo
 
 // The manifest of the checkpoint in `from` (format 2, or format 1 as a manifest), checked
 // against the engine's model.
-ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from) {
+ckpt::Manifest read_manifest(const core::StateAccess& S, const std::string& from) {
   if (ckpt::is_legacy(from)) {
     std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
-    for (const core::ParamInfo& p : I.model.params) saved[p.name] = false;
-    check_frozen_set(I, saved, "checkpoint " + detail::quoted_path(from) + " (format 1)");
-    return ckpt::read_legacy(from, model_of(I));
+    for (const core::ParamInfo& p : S.model().params) saved[p.name] = false;
+    check_frozen_set(S, saved, "checkpoint " + detail::quoted_path(from) + " (format 1)");
+    return ckpt::read_legacy(from, model_of(S));
   }
   const std::string path = (fs::path(from) / ckpt::kManifestName).string();
   ckpt::Manifest m = ckpt::parse_manifest(ckpt::read_manifest_text(path), path);
   std::map<std::string, bool> saved;
   for (const ckpt::GroupEntry& g : m.groups)
     for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;
-  check_frozen_set(I, saved, "checkpoint " + detail::quoted_path(path));
+  check_frozen_set(S, saved, "checkpoint " + detail::quoted_path(path));
   const std::string other = "checkpoint " + detail::quoted_path(path) + " is of another model: ";
-  if (m.groups.size() != I.model.groups.size())
-    ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", I.model.groups.size());
-  const std::vector<ckpt::GroupEntry> mine = model_of(I);
+  if (m.groups.size() != S.model().groups.size())
+    ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", S.model().groups.size());
+  const std::vector<ckpt::GroupEntry> mine = model_of(S);
   for (std::size_t gi = 0; gi < mine.size(); ++gi) {
     const ckpt::GroupEntry &a = m.groups[gi], &b = mine[gi];
     if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is ", detail::quoted(a.name), " there, ", detail::quoted(b.name), " here");
@@ -399,10 +321,10 @@ ckpt::Manifest read_manifest(const core::EngineImpl& I, const std::string& from)
 }
 
 // Opens and verifies every part of every rank file this rank will read.
-void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
-  for (std::size_t gi = 0; gi < I.model.groups.size(); ++gi) {
-    const auto [begin, end] = kept_part(I, I.model.groups[gi]);
-    for (int r : reader.sources(gi, begin, end, I.cx.rank)) {
+void verify_needed(core::StateAccess& S, ckpt::CheckpointReader& reader) {
+  for (std::size_t gi = 0; gi < S.model().groups.size(); ++gi) {
+    const auto [begin, end] = kept_part(S, S.model().groups[gi]);
+    for (int r : reader.sources(gi, begin, end, S.rank())) {
       reader.check_file(r);
       reader.verify(r, gi);
     }
@@ -410,81 +332,70 @@ void verify_needed(core::EngineImpl& I, ckpt::CheckpointReader& reader) {
 }
 }  // namespace
 
-std::string Engine::load_checkpoint(const std::string& dir) {
-  return impl_->guarded("load_checkpoint", [&]() -> std::string {
-    Impl& I = *impl_;
-    I.lifecycle.check_usable("load_checkpoint");
-    I.finalize();
-    I.updater.check_no_update_in_backward("load_checkpoint");
-    synchronize();
+std::string core::load_engine_checkpoint(StateAccess& S, const std::string& dir) {
+  S.settle("load_checkpoint");
 
-    // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
-    //    every rank reads the same checkpoint.
-    const std::string from = rank0_decides(
-        I, [&] { return ckpt::choose_for_load(dir); }, "checkpoint " + detail::quoted_path(dir) + " could not be loaded: rank 0: ",
-        "; nothing was changed");
-    std::exception_ptr error;
-    std::string mine;
-    std::vector<std::string> all;
-    if (from != dir) ZOE_LOG_WARN("checkpoint '{}' is incomplete (a save was interrupted): loading '{}'", dir, from);
+  // 1. Rank 0 chooses the directory (<dir>, or <dir>.old after a crash in a publish), so
+  //    every rank reads the same checkpoint.
+  const std::string from = rank0_decides(
+      S, [&] { return ckpt::choose_for_load(dir); }, "checkpoint " + detail::quoted_path(dir) + " could not be loaded: rank 0: ",
+      "; nothing was changed");
+  std::exception_ptr error;
+  std::string mine;
+  std::vector<std::string> all;
+  if (from != dir) ZOE_LOG_WARN("checkpoint '{}' is incomplete (a save was interrupted): loading '{}'", dir, from);
 
-    // 2. Every rank reads the manifest, checks it and verifies what it will read.
-    std::unique_ptr<ckpt::CheckpointReader> reader;
-    try {
-      reader = std::make_unique<ckpt::CheckpointReader>(from, read_manifest(I, from));
-      verify_needed(I, *reader);
-      mine = ok(hex_id(reader->manifest().id));
-    } catch (...) {
-      error = std::current_exception();
-      mine = failure(error);
+  // 2. Every rank reads the manifest, checks it and verifies what it will read.
+  std::unique_ptr<ckpt::CheckpointReader> reader;
+  try {
+    reader = std::make_unique<ckpt::CheckpointReader>(from, read_manifest(S, from));
+    verify_needed(S, *reader);
+    mine = ok(hex_id(reader->manifest().id));
+  } catch (...) {
+    error = std::current_exception();
+    mine = failure(error);
+  }
+  all = S.share(mine);
+  throw_if_failed<CorruptionError>(S, all, error, "checkpoint " + detail::quoted_path(from) + " could not be loaded",
+                                   "; nothing was changed");
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0]) {
+      S.fail_together();  // every rank compares the same ids
+      ZOE_THROW(CorruptionError, "checkpoint ", detail::quoted_path(from), ": rank ", r, " read a manifest of id ", payload(all[r]),
+                ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
     }
-    all = share_outcomes(I, mine);
-    throw_if_failed<CorruptionError>(I, all, error, "checkpoint " + detail::quoted_path(from) + " could not be loaded",
-                                     "; nothing was changed");
-    for (std::size_t r = 1; r < all.size(); ++r)
-      if (all[r] != all[0]) {
-        I.agreed_failure = true;  // every rank compares the same ids
-        ZOE_THROW(CorruptionError, "checkpoint ", detail::quoted_path(from), ": rank ", r, " read a manifest of id ", payload(all[r]),
-                  ", rank 0 one of id ", payload(all[0]), " (the directory changed while loading); nothing was changed");
+
+  // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
+  //    the engine half-loaded: it is marked unusable.
+  const ckpt::Manifest& m = reader->manifest();
+  if (m.compute_dtype != dtype_name(S.compute_dtype()))
+    for (const ckpt::GroupEntry& g : m.groups)
+      if (g.frozen) {
+        ZOE_LOG_INFO("rank {}: checkpoint '{}': the frozen parameters' {} values are rounded to this engine's {}",
+                     S.rank(), from, m.compute_dtype, dtype_name(S.compute_dtype()));
+        break;
       }
-
-    // 3. The values, chunk by chunk. A failure now (a disk error after verification) leaves
-    //    the engine half-loaded: it is marked unusable.
-    const ckpt::Manifest& m = reader->manifest();
-    if (m.compute_dtype != dtype_name(I.cx.dtype))
-      for (const ckpt::GroupEntry& g : m.groups)
-        if (g.frozen) {
-          ZOE_LOG_INFO("rank {}: checkpoint '{}': the frozen parameters' {} values are rounded to this engine's {}",
-                       I.cx.rank, from, m.compute_dtype, dtype_name(I.cx.dtype));
-          break;
-        }
-    try {
-      I.write_values(
-          [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
-            const auto gi = static_cast<std::size_t>(&g - I.model.groups.data());
-            reader->read(gi, 0, begin, master, I.cx.rank);
-            if (moments.empty()) return;
-            reader->read(gi, 1, begin, moments.first(master.size()), I.cx.rank);
-            reader->read(gi, 2, begin, moments.subspan(master.size()), I.cx.rank);
-          },
-          true);
-    } catch (const std::exception& e) {
-      I.lifecycle.mark_broken(detail::concat("loading checkpoint ", detail::quoted_path(from),
-                                             " failed after it was verified: ", e.what()));
-      throw;
-    }
-    I.updater.set_steps(m.step);
-    I.step_calls = m.step_calls;
-    I.skipped_calls = m.skipped_steps;
-    I.updater.set_lr(m.lr);
-    I.updater.scaler().restore({m.loss_scale, m.good_steps, m.hysteresis_left});
-    if (I.cx.policy.shards_params) I.gatherer.drop_all_gathered();
-    barrier(I);
-    if (m.world_size != I.cx.world || m.stage != I.cx.config.zero_optimization.stage)
-      ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", I.cx.rank, from,
-                   m.world_size, m.stage, I.cx.world, I.cx.config.zero_optimization.stage);
-    return m.client_state;
-  });
+  try {
+    S.write_values(
+        [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
+          const auto gi = static_cast<std::size_t>(&g - S.model().groups.data());
+          reader->read(gi, 0, begin, master, S.rank());
+          if (moments.empty()) return;
+          reader->read(gi, 1, begin, moments.first(master.size()), S.rank());
+          reader->read(gi, 2, begin, moments.subspan(master.size()), S.rank());
+        },
+        true);
+  } catch (const std::exception& e) {
+    S.mark_broken(detail::concat("loading checkpoint ", detail::quoted_path(from),
+                                           " failed after it was verified: ", e.what()));
+    throw;
+  }
+  S.finish_load({m.step, m.step_calls, m.skipped_steps, m.lr, {m.loss_scale, m.good_steps, m.hysteresis_left}});
+  S.barrier();
+  if (m.world_size != S.world() || m.stage != S.config().zero_optimization.stage)
+    ZOE_LOG_INFO("rank {}: checkpoint '{}' of world size {}, stage {} loaded at world size {}, stage {}", S.rank(), from,
+                 m.world_size, m.stage, S.world(), S.config().zero_optimization.stage);
+  return m.client_state;
 }
 
 }  // namespace zoe
