@@ -7,6 +7,7 @@
 #include "src/common/quote.hpp"
 #include "src/common/log.hpp"
 #include "src/core/gatherer.hpp"
+#include "src/core/test_hooks.hpp"
 
 namespace zoe::core {
 
@@ -143,6 +144,7 @@ void Gatherer::prefetch() {
   const std::span<const TraceEntry> upcoming = trace_.upcoming();
   const std::size_t pos = trace_.position();
   std::size_t e = index_.cursor(pos) - pos;
+  const std::size_t walk_start = e;
   queued_.resize(model_.groups.size(), 0);
   for (; e < upcoming.size(); ++e) {
     if (at_cap || issued >= zc.stage3_prefetch_bucket_size) break;
@@ -161,6 +163,7 @@ void Gatherer::prefetch() {
     if (at_cap) break;  // entry e is not complete: the next walk starts there
   }
   if (!upcoming.empty()) index_.advance_cursor(pos + e);
+  test_hooks::prefetch_entries_visited.fetch_add(static_cast<std::int64_t>(e - walk_start), std::memory_order_relaxed);
   for (int gi : bucket_groups) queued_[static_cast<std::size_t>(gi)] = 0;
   gather_coalesced(std::move(bucket_groups));
 }
