@@ -103,11 +103,13 @@ struct RankEstimate {
   ///    L unknown: bucketed, and at stage 3 also P gathered plus a coalesced gather's staging
   ///    P + ⌈P/Nd⌉ (P capped by stage3_max_live_parameters). Measured against the engine
   ///    (tests/estimate/test_device_peak.cpp, tests/gpt/test_memory_estimate.cpp: within 10%)
-  ///    with reduce_bucket_size 0. The measured peak depends on the side stream's pace by
-  ///    about the previous module's gradient and reduced shard (given back at an acquire only
-  ///    once the side stream has passed them): less when it keeps up, more when it falls
-  ///    behind (the test's band adds that window). A step whose frees fall behind holds more (a small
-  ///    stage3_max_reuse_distance, which gathers every module again in backward: up to 1.32x).
+  ///    with reduce_bucket_size 0. The previous module's gradient and reduced shard are given
+  ///    back at an acquire once the side stream has passed them, so a run whose side stream
+  ///    keeps up measures up to that window less (the test's band adds it); the engine's rate
+  ///    limit (an acquire first returns what was released before the previous module began)
+  ///    keeps a side stream that falls behind from holding more than that window. A small
+  ///    stage3_max_reuse_distance, which gathers every module again in backward, holds more
+  ///    (up to 1.32x measured).
   ///    Covers zoe's own allocations only, not the trainer's activations.
   ///  host: offload_optimizer nvme: buffer_count pinned buffers, each the largest sub-group's
   ///    three fp32 states then its fp32 gradient, page(page(12·l) + 4·l) bytes with
