@@ -5,7 +5,9 @@
 //  (c) the whole CPU step (gradient add, norm, clip, AdamW, bf16 copy) with host-memory states
 //      against the bound of its bytes (cpu_step_bench.cpp);
 //  (d) construction with the states and parameters on NVMe against max(initializer alone,
-//      writes alone) (construction_bench.cpp; not in the default cases).
+//      writes alone) (construction_bench.cpp; not in the default cases);
+//  (e) the NVMe bytes a ZeRO-3 step moves per parameter against zoe-estimate's formula
+//      (nvme_bytes_bench.cpp; not in the default cases).
 // Cases run one at a time and free their memory before the next (the 1B host case holds
 // 16 GB of states and fp32 gradients). NVMe files go to a fresh directory under
 // --nvme-path, removed at the end.
@@ -23,6 +25,7 @@
 
 #include "bench/offload/construction_bench.hpp"
 #include "bench/offload/cpu_step_bench.hpp"
+#include "bench/offload/nvme_bytes_bench.hpp"
 #include "bench/offload/overlap_bench.hpp"
 #include "bench/offload/step_bench.hpp"
 #include "bench/offload/report.hpp"
@@ -60,6 +63,8 @@ int main(int argc, char** argv) {
   zoe::bench::OverlapBenchOptions oo;
   zoe::bench::CpuStepBenchOptions co;
   zoe::bench::ConstructionBenchOptions no;
+  zoe::bench::NvmeBytesBenchOptions bo;
+  double nvme_bytes_psi_m = 40;
   double construction_psi_m = 200;
   double cpu_step_psi_m = 100;
   std::vector<std::string> cases{"step", "overlap", "cpu-step"}, tiers{"cpu", "nvme"}, overlap_tiers{"cpu", "nvme"};
@@ -71,7 +76,11 @@ int main(int argc, char** argv) {
 
   CLI::App app{"zoe-offload-bench: optimizer step over host/NVMe states vs its parts; step + next forward overlap"};
   app.add_option("--cases", cases, "which parts to run")
-      ->check(CLI::IsMember({"step", "overlap", "cpu-step", "construction"}));
+      ->check(CLI::IsMember({"step", "overlap", "cpu-step", "construction", "nvme-bytes"}));
+  app.add_option("--nvme-bytes-psi", nvme_bytes_psi_m,
+                 "(nvme-bytes) model size in millions of elements (about 38 bytes each moved per step)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--nvme-bytes-gas", bo.gas, "(nvme-bytes) gradient_accumulation_steps")->check(CLI::Range(1, 64));
   app.add_option("--construction-psi", construction_psi_m,
                  "(construction) model size in millions of elements (18 bytes each on NVMe, written twice)")
       ->check(CLI::PositiveNumber);
@@ -121,11 +130,15 @@ int main(int argc, char** argv) {
   no.sub_group_numel = so.sub_group_numel;
   no.buffer_count = so.buffer_count;
   no.reps = reps;
+  bo.psi = elements(nvme_bytes_psi_m);
+  bo.sub_group_numel = so.sub_group_numel;
+  bo.threads = so.threads;
+  bo.reps = reps;
 
   zoe::bench::Report report(json);
   try {
     TempDir dir(nvme_parent);
-    so.nvme_dir = oo.nvme_dir = no.nvme_dir = dir.path();
+    so.nvme_dir = oo.nvme_dir = no.nvme_dir = bo.nvme_dir = dir.path();
     report.text("# zoe-offload-bench: load average %s (2 shared cores); NVMe files in %s\n",
                 zoe::bench::load_average().c_str(), dir.path().c_str());
     auto has = [&](const std::string& c) { return std::find(cases.begin(), cases.end(), c) != cases.end(); };
@@ -136,6 +149,7 @@ int main(int argc, char** argv) {
       for (const std::string& t : overlap_tiers) zoe::bench::run_overlap_case(oo, tier_of(t), report);
     if (has("cpu-step")) zoe::bench::run_cpu_step_case(co, report);
     if (has("construction")) zoe::bench::run_construction_case(no, report);
+    if (has("nvme-bytes")) zoe::bench::run_nvme_bytes_case(bo, report);
     report.text("# load average at the end: %s\n", zoe::bench::load_average().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zoe-offload-bench: %s\n", e.what());

@@ -183,6 +183,17 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     r.buffers.host += std::int64_t{z.offload_param.buffer_count} *
                       round_up(std::max(kPage, z.offload_param.buffer_size * B), kPage);
 
+  // NVMe traffic per step (the header's formula).
+  const std::int64_t G = config.gradient_accumulation_steps;
+  if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
+    r.nvme_traffic.read += (16 + 4 * (G - 1)) * off;
+    r.nvme_traffic.written += (12 + 4 * G) * off;
+  }
+  if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme) {
+    r.nvme_traffic.read += 2 * G * B * r.shard_elements;
+    r.nvme_traffic.written += B * t;
+  }
+
   r.traffic_elements = stage.shards_params ? 2 * psi + psi_t : 2 * psi_t;
   // elements * B * (Nd-1)/Nd without overflow for Ψ up to ~1e15.
   r.traffic_bytes_sent = static_cast<std::int64_t>(

@@ -131,6 +131,26 @@ struct RankEstimate {
   std::int64_t traffic_elements = 0;
   /// traffic_elements · B · (Nd-1)/Nd: the bytes a ring sends (what TrafficReport counts).
   std::int64_t traffic_bytes_sent = 0;
+
+  /// NVMe traffic per rank per step, in bytes read from and written to the tiers' files (what
+  /// /proc/self/io counts for them: the files are O_DIRECT); 0 without an NVMe tier. With o the
+  /// elements of the trainable shard on offload_optimizer nvme (ratio of t), G =
+  /// gradient_accumulation_steps, s = shard_elements, t = trainable_shard_elements, B =
+  /// compute_bytes:
+  ///  offload_optimizer nvme: the update reads each sub-group's fp32 master, exp_avg,
+  ///    exp_avg_sq and gradient (16·o) and writes the three states (12·o); each micro-batch's
+  ///    reduced gradient is written in fp32 (4·o), every one after the first read first to add
+  ///    to (4·o): read 16·o + 4·(G-1)·o, written 12·o + 4·G·o;
+  ///  offload_param nvme (stage 3): each gather of a module reads its shard, at most once in
+  ///    forward and once in backward per micro-batch (2·G·B·s: less where a shard is still in a
+  ///    staging buffer or stays gathered within stage3_max_reuse_distance), and the update
+  ///    writes the new trainable shard (B·t).
+  /// Everything on NVMe, 16-bit compute, one micro-batch, no frozen parameters: read 20·Ψ/Nd,
+  /// written 18·Ψ/Nd, 38 bytes per parameter (ZeRO-Infinity's own count; measured by
+  /// zoe-offload-bench --cases nvme-bytes and the scale demo).
+  struct Traffic {
+    std::int64_t read = 0, written = 0;
+  } nvme_traffic;
 };
 
 /// Estimate for an engine configuration: stage, offload devices, ratio, buffer knobs and

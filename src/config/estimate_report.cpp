@@ -49,7 +49,9 @@ OJson rank_to_json(const RankEstimate& r) {
           {"model_states", tiers(r.model_states)},
           {"buffers", tiers(r.buffers)},
           {"traffic_elements", r.traffic_elements},
-          {"traffic_bytes_sent", r.traffic_bytes_sent}};
+          {"traffic_bytes_sent", r.traffic_bytes_sent},
+          {"nvme_read_bytes_per_step", r.nvme_traffic.read},
+          {"nvme_written_bytes_per_step", r.nvme_traffic.written}};
 }
 
 OJson plan_to_json(const Plan& plan, const std::optional<RankEstimate>& config_row) {

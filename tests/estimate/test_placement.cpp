@@ -38,6 +38,31 @@ TEST(EstimatePlacement, ParamOffloadMovesTheStage3ParameterShard) {
             (TierBytes{0, 0, 2 * kShard}));
 }
 
+// NVMe bytes per step, counted by hand from what each tier moves (the estimate's header).
+TEST(EstimatePlacement, NvmeTrafficPerStep) {
+  // Everything on NVMe, bf16, one micro-batch: ZeRO-Infinity's 20 read + 18 written per element.
+  auto all_nvme = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
+  auto r = estimate_rank({kPsi, 0}, kNd, all_nvme);
+  EXPECT_EQ(r.nvme_traffic.read, 20 * kShard);     // states + fp32 gradient 16, the bf16 shard twice 4
+  EXPECT_EQ(r.nvme_traffic.written, 18 * kShard);  // states 12, fp32 gradient 4, the new bf16 shard 2
+  // Two micro-batches: the second gradient is read and written back (+4 +4), the shard read in
+  // both micro-batches' forward and backward (+4).
+  all_nvme.gradient_accumulation_steps = 2;
+  r = estimate_rank({kPsi, 0}, kNd, all_nvme);
+  EXPECT_EQ(r.nvme_traffic.read, (16 + 4 + 8) * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, (12 + 8 + 2) * kShard);
+  // Half the sub-groups offloaded, parameters on the device: only their states and gradients.
+  auto half = knobs(3, OffloadDevice::nvme);
+  half.zero_optimization.offload_optimizer.ratio = 0.5;
+  r = estimate_rank({kPsi, 0}, kNd, half);
+  EXPECT_EQ(r.nvme_traffic.read, 16 * (kShard / 2));
+  EXPECT_EQ(r.nvme_traffic.written, 16 * (kShard / 2));
+  // Host-memory tiers move nothing over NVMe.
+  r = estimate_rank({kPsi, 0}, kNd, knobs(3, OffloadDevice::cpu, OffloadDevice::cpu));
+  EXPECT_EQ(r.nvme_traffic.read, 0);
+  EXPECT_EQ(r.nvme_traffic.written, 0);
+}
+
 TEST(EstimatePlacement, RatioSplitsTheShard) {
   auto c = knobs(3, OffloadDevice::cpu);
   c.zero_optimization.offload_optimizer.ratio = 0.4;  // 50,000,000 of the 125,000,000 elements
