@@ -1,6 +1,7 @@
 // Store pick stability over fresh processes (see pick_stability.hpp).
 #include "bench/adam/pick_stability.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,9 +15,10 @@
 namespace zoe::bench {
 namespace {
 
-std::string case_name(int size_mi, int threads, bool bf16_out) {
+std::string case_name(int size_mi, int threads, bool bf16_out, optim::OptimizerStateDType sd) {
   return "N=" + std::to_string(size_mi) + "M threads=" + std::to_string(threads) +
-         (bf16_out ? " out=fp32+bf16" : " out=fp32") + " isa=" + std::string(optim::isa_name(optim::active_isa()));
+         (bf16_out ? " out=fp32+bf16" : " out=fp32") + (sd == optim::OptimizerStateDType::bf16 ? " states=bf16" : "") +
+         " isa=" + std::string(optim::isa_name(optim::active_isa()));
 }
 
 std::string shell_quote(const std::string& s) {
@@ -30,31 +32,34 @@ std::string shell_quote(const std::string& s) {
 void print_store_picks(const PickCases& cases) {
   for (int size_mi : cases.sizes_mi) {
     const std::size_t n = static_cast<std::size_t>(size_mi) << 20;
+    // m, v: fp32 states (n floats each), or bf16 states in their first halves (n uint16 each).
     AlignedBuffer pb(n * 4), mb(n * 4), vb(n * 4), gb(n * 4), ob(n * 2);
-    float *p = pb.as<float>().data(), *m = mb.as<float>().data(), *v = vb.as<float>().data(),
-          *g = gb.as<float>().data();
+    float *p = pb.as<float>().data(), *g = gb.as<float>().data();
     for (std::size_t i = 0; i < n; ++i) {  // first touch, moderate values as in the bench
       p[i] = 0.5f + static_cast<float>(i % 1021) * 1e-3f;
-      m[i] = v[i] = 0.0f;
       g[i] = (static_cast<float>(i % 997) - 498.0f) * 1e-3f + 1e-4f;
     }
     std::uint16_t* out = ob.as<std::uint16_t>().data();
     for (int threads : cases.threads)
-      for (bool bf16_out : cases.bf16_out) {
-        optim::CpuAdam adam(threads);
-        adam.set_store_policy(optim::StorePolicy::measure);
-        optim::AdamHyper h;
-        h.weight_decay = 0.01;
-        std::int64_t t = 0;
-        while (!adam.store_choice(n, DType::f32, bf16_out).decided)
-          adam.step(h, ++t, 1.0f, p, m, v, g, DType::f32, n, bf16_out ? out : nullptr, DType::bf16);
-        const auto choice = adam.store_choice(n, DType::f32, bf16_out);
-        std::printf("pick\t%s\t%s\t%.4f\t", case_name(size_mi, threads, bf16_out).c_str(),
-                    optim::stores_name(choice.stores).c_str(), choice.margin);
-        for (double r : choice.gbps) std::printf(" %.2f", r);  // each candidate's best GB/s
-        std::printf("\n");
-        std::fflush(stdout);
-      }
+      for (bool bf16_out : cases.bf16_out)
+        for (optim::OptimizerStateDType sd : cases.state_dtypes) {
+          std::fill_n(static_cast<char*>(mb.data()), n * 4, 0);  // 0.0f and bf16 0 alike
+          std::fill_n(static_cast<char*>(vb.data()), n * 4, 0);
+          optim::CpuAdam adam(threads);
+          adam.set_store_policy(optim::StorePolicy::measure);
+          optim::AdamHyper h;
+          h.weight_decay = 0.01;
+          std::int64_t t = 0;
+          while (!adam.store_choice(n, DType::f32, bf16_out, sd).decided)
+            adam.step(h, ++t, 1.0f, p, mb.data(), vb.data(), sd, g, DType::f32, n, bf16_out ? out : nullptr,
+                      DType::bf16);
+          const auto choice = adam.store_choice(n, DType::f32, bf16_out, sd);
+          std::printf("pick\t%s\t%s\t%.4f\t", case_name(size_mi, threads, bf16_out, sd).c_str(),
+                      optim::stores_name(choice.stores).c_str(), choice.margin);
+          for (double r : choice.gbps) std::printf(" %.2f", r);  // each candidate's best GB/s
+          std::printf("\n");
+          std::fflush(stdout);
+        }
   }
 }
 

@@ -7,12 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "src/optim/cpu_adam.hpp"
+
 namespace zoe::bench {
 
 struct PickCases {
   std::vector<int> sizes_mi;  // element counts in Mi elements
   std::vector<int> threads;   // arena sizes
   std::vector<bool> bf16_out; // without / with the bf16 copy
+  std::vector<optim::OptimizerStateDType> state_dtypes;  // storage of exp_avg / exp_avg_sq
 };
 
 /// Child side (--pick-only): one line per case on stdout,

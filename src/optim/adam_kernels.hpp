@@ -16,16 +16,17 @@ namespace zoe::optim::detail {
 struct AdamArgs {
   kernels::AdamCoeffs c;
   float* p;
-  float* m;
-  float* v;
+  void* m;  // exp_avg: float (fp32 states) or uint16 bf16 bits (bf16_states)
+  void* v;  // exp_avg_sq: likewise
   const void* grad;
   DType grad_dtype;
   void* out;  // null: no half output
   DType out_dtype;
-  bool stream;         // non-temporal stores for p, m, v and out (fp32 arrays 64-byte, out 32-byte aligned)
+  bool bf16_states;    // m and v are bf16 (widened on load, rounded to nearest even on store)
+  bool stream;         // non-temporal stores for p, m, v and out (p, m, v 64-byte, out 32-byte aligned)
   bool stream_out;     // non-temporal stores for out only (out 32-byte aligned); p, m, v ordinary
   bool prefetch;       // software prefetch kPrefetchElements ahead on p, m, v and grad
-  bool bf16_convert;   // AVX-512 only: the CPU has vcvtneps2bf16 (AVX512_BF16)
+  bool bf16_convert;   // AVX-512 only: the CPU has vcvtneps2bf16 (AVX512_BF16), for out and bf16 states
 };
 
 struct KernelTable {
@@ -49,7 +50,8 @@ const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 
 /// Software prefetch distance of the update loops when AdamArgs::prefetch (a measured choice of
-/// CpuAdam), in elements: 1 KiB of fp32 ahead on each of the four input streams. The distance
+/// CpuAdam), in elements: 1 KiB of fp32 ahead on each of the four input streams (with bf16
+/// states the same element distance, 512 bytes, on m and v). The distance
 /// was not re-tuned on the 2-core VM; whether to prefetch at all is measured per CPU (issue 16:
 /// it lost 3-8% on one thread on a Zen 4 VM, gained under load on a Xeon VM). Prefetching past
 /// the array end is harmless (no fault).
@@ -65,7 +67,7 @@ inline constexpr std::size_t kSumLanes = 32;
 // Scalar pieces the vector kernels call for their tails (defined in adam_scalar.cpp, compiled
 // without ISA flags; vector TUs call no inline math of their own, so no AVX-512 copy of a shared
 // inline function can be picked by the linker for the scalar path).
-/// adam_update over [begin, end) with ordinary stores.
+/// adam_update over [begin, end) with ordinary stores (fp32 or bf16 states per a.bf16_states).
 void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end);
 /// acc[(i - begin) % kSumLanes] += double(x[i])^2 for i in [begin, end), in index order.
 void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size_t begin, std::size_t end);

@@ -27,30 +27,53 @@ float load_as(const void* x, std::size_t i) {
   else return kernels::f16_to_f32(static_cast<const std::uint16_t*>(x)[i]);
 }
 
-// One dtype / output combination, with the coefficients in a local copy and unaliased pointers so
-// the compiler keeps them in registers (and may use SSE2 vectors: same IEEE operations).
-template <DType G, bool HasOut, DType O>
+// One dtype / output / state combination, with the coefficients in a local copy and unaliased
+// pointers so the compiler keeps them in registers (and may use SSE2 vectors: same IEEE
+// operations). S: the state type, float (fp32 states) or std::uint16_t (bf16 states: widened
+// exactly, updated in fp32, the weight updated from those fp32 moments, then rounded to nearest even).
+template <DType G, bool HasOut, DType O, class S>
 void adam_loop(const AdamArgs& a, std::size_t begin, std::size_t end) {
   const kernels::AdamCoeffs c = a.c;
   float* __restrict pp = a.p;
-  float* __restrict mp = a.m;
-  float* __restrict vp = a.v;
+  S* __restrict mp = static_cast<S*>(a.m);
+  S* __restrict vp = static_cast<S*>(a.v);
   std::uint16_t* __restrict out = static_cast<std::uint16_t*>(a.out);
   for (std::size_t i = begin; i < end; ++i) {
-    float p = pp[i], m = mp[i], v = vp[i];
+    float p = pp[i], m, v;
+    if constexpr (sizeof(S) == 4) {
+      m = mp[i];
+      v = vp[i];
+    } else {
+      m = kernels::bf16_to_f32(mp[i]);
+      v = kernels::bf16_to_f32(vp[i]);
+    }
     kernels::adam_update(c, load_as<G>(a.grad, i), p, m, v);
     pp[i] = p;
-    mp[i] = m;
-    vp[i] = v;
+    if constexpr (sizeof(S) == 4) {
+      mp[i] = m;
+      vp[i] = v;
+    } else {
+      mp[i] = kernels::f32_to_bf16(m);
+      vp[i] = kernels::f32_to_bf16(v);
+    }
     if constexpr (HasOut) out[i] = O == DType::bf16 ? kernels::f32_to_bf16(p) : kernels::f32_to_f16(p);
   }
 }
 
-template <DType G>
+template <DType G, class S>
 void adam_pick_out(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  if (!a.out) adam_loop<G, false, DType::bf16>(a, begin, end);
-  else if (a.out_dtype == DType::bf16) adam_loop<G, true, DType::bf16>(a, begin, end);
-  else adam_loop<G, true, DType::f16>(a, begin, end);
+  if (!a.out) adam_loop<G, false, DType::bf16, S>(a, begin, end);
+  else if (a.out_dtype == DType::bf16) adam_loop<G, true, DType::bf16, S>(a, begin, end);
+  else adam_loop<G, true, DType::f16, S>(a, begin, end);
+}
+
+template <class S>
+void adam_pick_grad(const AdamArgs& a, std::size_t begin, std::size_t end) {
+  switch (a.grad_dtype) {
+    case DType::f32: adam_pick_out<DType::f32, S>(a, begin, end); break;
+    case DType::bf16: adam_pick_out<DType::bf16, S>(a, begin, end); break;
+    case DType::f16: adam_pick_out<DType::f16, S>(a, begin, end); break;
+  }
 }
 
 void adam_scalar_whole(const AdamArgs& a, std::size_t begin, std::size_t end) {
@@ -66,11 +89,8 @@ double sum_squares_scalar(const void* x, DType dtype, std::size_t begin, std::si
 }  // namespace
 
 void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
-  switch (a.grad_dtype) {
-    case DType::f32: adam_pick_out<DType::f32>(a, begin, end); break;
-    case DType::bf16: adam_pick_out<DType::bf16>(a, begin, end); break;
-    case DType::f16: adam_pick_out<DType::f16>(a, begin, end); break;
-  }
+  if (a.bf16_states) adam_pick_grad<std::uint16_t>(a, begin, end);
+  else adam_pick_grad<float>(a, begin, end);
 }
 
 void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size_t begin, std::size_t end) {

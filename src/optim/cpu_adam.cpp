@@ -48,9 +48,25 @@ StorePolicy parse_store_policy(std::string_view text, const char* key) {
   ZOE_THROW_CONFIG(key, "'", text, "' is not one of measure, ordinary, nontemporal, nontemporal-half");
 }
 
+std::string_view optimizer_state_dtype_name(OptimizerStateDType d) {
+  switch (d) {
+    case OptimizerStateDType::fp32: return "fp32";
+    case OptimizerStateDType::bf16: return "bf16";
+  }
+  return "unknown";
+}
+
+std::size_t optimizer_state_dtype_size(OptimizerStateDType d) { return d == OptimizerStateDType::bf16 ? 2 : 4; }
+
+OptimizerStateDType parse_optimizer_state_dtype(std::string_view text, const char* key) {
+  for (OptimizerStateDType d : {OptimizerStateDType::fp32, OptimizerStateDType::bf16})
+    if (text == optimizer_state_dtype_name(d)) return d;
+  ZOE_THROW_CONFIG(key, "'", text, "' is not an optimizer state dtype: expected fp32 or bf16");
+}
+
 namespace {
 
-static_assert(CpuAdam::kChunk % 64 == 0, "chunks must keep 64-byte alignment of fp32 arrays");
+static_assert(CpuAdam::kChunk % 64 == 0, "chunks must keep 64-byte alignment of fp32 and bf16 arrays");
 static_assert(CpuAdam::kChunk % CpuAdam::kSumLanes == 0);
 static_assert(CpuAdam::kSumLanes == detail::kSumLanes);
 
@@ -108,8 +124,13 @@ struct StoreTrials {
   double margin = 0.0;  // the noise margin the pick was made with, once decided
 };
 
-// The operations measured apart (their access patterns differ).
-enum Op { kStep, kStepHalf, kAddGradFirst, kAddGradAccumulate, kOps };
+// The operations measured apart (their access patterns differ). kStepBf16*: bf16 states.
+enum Op { kStep, kStepHalf, kAddGradFirst, kAddGradAccumulate, kStepBf16, kStepBf16Half, kOps };
+
+Op step_op(bool half_out, OptimizerStateDType state_dtype) {
+  if (state_dtype == OptimizerStateDType::bf16) return half_out ? kStepBf16Half : kStepBf16;
+  return half_out ? kStepHalf : kStep;
+}
 
 struct CpuAdam::Impl {
   Impl(int threads, Isa isa_)
@@ -120,7 +141,10 @@ struct CpuAdam::Impl {
         policy(store_policy_from_env()) {}
 
   // Candidates: a prefix of kCandidates.
-  static int candidate_count(Op op) { return op == kStepHalf ? 6 : op == kStep ? 4 : 2; }
+  static int candidate_count(Op op) {
+    if (op == kStepHalf || op == kStepBf16Half) return 6;
+    return op == kStep || op == kStepBf16 ? 4 : 2;
+  }
   // Index in kCandidates of the next call's stores in this class (warm-up / trial / decided).
   static int next_candidate(const StoreTrials& t, Op op) {
     if (t.chosen >= 0) return t.chosen;
@@ -131,7 +155,7 @@ struct CpuAdam::Impl {
   // `s` for an operation: one without a half copy has nothing to stream there (a measured
   // candidate with a streaming half copy then stands for its other stores only).
   static Stores for_op(Stores s, Op op) {
-    if (op != kStepHalf) s.half_out = StoreKind::ordinary;
+    if (op != kStepHalf && op != kStepBf16Half) s.half_out = StoreKind::ordinary;
     return s;
   }
   static Stores forced(StorePolicy p, Op op) {
@@ -240,16 +264,18 @@ void CpuAdam::set_store_policy(StorePolicy policy) {
 StorePolicy CpuAdam::store_policy() const { return impl_->policy; }
 
 namespace {
-std::size_t step_bytes(std::size_t n, DType grad_dtype, bool half_out) {
-  return n * (3 * 4 * 2 + dtype_size(grad_dtype) + (half_out ? 2 : 0));
+// fp32 states: master, exp_avg, exp_avg_sq 4 + 4 each; bf16 states: master 4 + 4, the moments 2 + 2.
+std::size_t step_bytes(std::size_t n, DType grad_dtype, bool half_out, OptimizerStateDType state_dtype) {
+  return n * (2 * 4 + 2 * 2 * optimizer_state_dtype_size(state_dtype) + dtype_size(grad_dtype) + (half_out ? 2 : 0));
 }
 std::size_t add_grad_bytes(std::size_t n, DType src_dtype, bool first) {
   return n * (dtype_size(src_dtype) + (first ? 4 : 8));
 }
 }  // namespace
 
-CpuAdam::StoreChoice CpuAdam::store_choice(std::size_t n, DType grad_dtype, bool half_out) const {
-  return impl_->choice(half_out ? kStepHalf : kStep, step_bytes(n, grad_dtype, half_out));
+CpuAdam::StoreChoice CpuAdam::store_choice(std::size_t n, DType grad_dtype, bool half_out,
+                                           OptimizerStateDType state_dtype) const {
+  return impl_->choice(step_op(half_out, state_dtype), step_bytes(n, grad_dtype, half_out, state_dtype));
 }
 
 CpuAdam::StoreChoice CpuAdam::add_grad_store_choice(std::size_t n, DType src_dtype, bool first) const {
@@ -259,7 +285,16 @@ CpuAdam::StoreChoice CpuAdam::add_grad_store_choice(std::size_t n, DType src_dty
 void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, float* exp_avg,
                    float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n, void* out_half,
                    DType out_dtype) {
+  this->step(hyper, step, grad_scale, master, exp_avg, exp_avg_sq, OptimizerStateDType::fp32, grad, grad_dtype, n,
+             out_half, out_dtype);
+}
+
+void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, void* exp_avg,
+                   void* exp_avg_sq, OptimizerStateDType state_dtype, const void* grad, DType grad_dtype,
+                   std::size_t n, void* out_half, DType out_dtype) {
   ZOE_CHECK_USAGE(step >= 1, "CpuAdam::step: step must be >= 1 (1-based), got ", step);
+  ZOE_CHECK_USAGE(state_dtype == OptimizerStateDType::fp32 || state_dtype == OptimizerStateDType::bf16,
+                  "CpuAdam::step: unknown optimizer state dtype ", static_cast<int>(state_dtype));
   ZOE_CHECK_USAGE(out_half == nullptr || out_dtype != DType::f32,
                   "CpuAdam::step: out_dtype must be bf16 or fp16, got ", dtype_name(out_dtype));
   if (n == 0) return;
@@ -275,14 +310,15 @@ void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, 
   a.grad_dtype = grad_dtype;
   a.out = out_half;
   a.out_dtype = out_dtype;
+  a.bf16_states = state_dtype == OptimizerStateDType::bf16;
   a.bf16_convert = impl_->bf16_convert;
   const bool half_out = out_half != nullptr;
   const bool can_stream = aligned(master, 64) && aligned(exp_avg, 64) && aligned(exp_avg_sq, 64) &&
                           (!half_out || aligned(out_half, 32));
   const bool can_stream_out = half_out && aligned(out_half, 32);
-  const std::size_t bytes = step_bytes(n, grad_dtype, half_out);
+  const std::size_t bytes = step_bytes(n, grad_dtype, half_out, state_dtype);
   const auto adam = impl_->kernels.adam;
-  impl_->with_stores(half_out ? kStepHalf : kStep, bytes, can_stream, [&](Stores st) {
+  impl_->with_stores(step_op(half_out, state_dtype), bytes, can_stream, [&](Stores st) {
     a.stream = st.in_place == StoreKind::nontemporal && can_stream;
     a.stream_out = !a.stream && st.half_out == StoreKind::nontemporal && can_stream_out;
     a.prefetch = st.prefetch;

@@ -1,5 +1,6 @@
-// CPU Adam / AdamW over fp32 master weights and fp32 exp_avg / exp_avg_sq, with a
-// gradient in fp32, bf16 or fp16 and an optional bf16/fp16 copy of the updated weights.
+// CPU Adam / AdamW over fp32 master weights and fp32 exp_avg / exp_avg_sq (or, opt-in, bf16
+// exp_avg / exp_avg_sq: below), with a gradient in fp32, bf16 or fp16 and an optional bf16/fp16
+// copy of the updated weights.
 // Math (torch.optim.Adam / AdamW 1.13; Kingma & Ba 2015 Alg. 1; Loshchilov & Hutter 2019 Alg. 2):
 //   g  = grad * grad_scale                  (grad_scale = clip_coef / loss_scale / ...)
 //   Adam:  g += weight_decay * p            AdamW: p -= lr * weight_decay * p
@@ -17,6 +18,16 @@
 // itself, whose vector kernels fuse some multiply-adds into FMAs, results agree to ~1 ulp per step.
 // sum_squares adds in a fixed order (below) that every path reproduces, so it is bitwise equal
 // across ISAs and thread counts too.
+//
+// bf16 optimizer states (opt-in, OptimizerStateDType::bf16): exp_avg and exp_avg_sq are stored
+// as bf16 bit patterns (uint16) while the master weights stay fp32 and all the math is the fp32
+// math above, unchanged: per element, m and v are widened to fp32 (exact), updated as above, the
+// weight is updated with those fp32 m and v (the values computed in this step, BEFORE rounding:
+// what a kernel that keeps fp32 math does), and only then are m and v rounded to bf16 and stored. The rounding is round to nearest, ties to
+// even (NaN stays a quiet NaN with its sign, overflow past bf16's largest finite value gives inf):
+// it is deterministic, so results stay bitwise equal for any thread count, ISA and rank (which
+// zoe's tests rely on), and it is what torch's tensor.to(torch.bfloat16) does, so states match a
+// torch run that keeps bf16 states. (Stochastic rounding would depend on a random stream.)
 //
 // Stores: step() writes its arrays with ordinary or non-temporal (streaming, cache-bypassing)
 // stores. Which is faster depends on the CPU, the sizes and what is in cache, not on a cache size
@@ -50,8 +61,8 @@
 namespace zoe::optim {
 
 /// Instruction-set paths. scalar: portable C++. avx2: AVX2 + F16C. avx512: AVX-512 F/BW/VL/DQ,
-/// with vcvtneps2bf16 for bf16 outputs when the CPU has AVX512_BF16 (else integer rounding, same
-/// result), and vcvtps2ph / vcvtph2ps for fp16.
+/// with vcvtneps2bf16 for bf16 outputs and bf16 states when the CPU has AVX512_BF16 (else integer
+/// rounding, same result), and vcvtps2ph / vcvtph2ps for fp16.
 enum class Isa { scalar, avx2, avx512 };
 /// "scalar", "avx2", "avx512".
 std::string_view isa_name(Isa isa);
@@ -105,6 +116,18 @@ std::string_view store_policy_name(StorePolicy policy);
 /// Inverse of store_policy_name; throws zoe::ConfigError(key) naming the accepted values.
 StorePolicy parse_store_policy(std::string_view text, const char* key);
 
+/// Storage type of a step's optimizer states exp_avg and exp_avg_sq (the master weights are always
+/// fp32, the math always fp32). fp32: float arrays (the default). bf16: uint16 arrays of bf16
+/// bit patterns, widened exactly on load and rounded to nearest even on store (class comment).
+enum class OptimizerStateDType { fp32, bf16 };
+/// "fp32", "bf16".
+std::string_view optimizer_state_dtype_name(OptimizerStateDType dtype);
+/// Bytes of one element of one state array: 4 (fp32) or 2 (bf16).
+std::size_t optimizer_state_dtype_size(OptimizerStateDType dtype);
+/// Inverse of optimizer_state_dtype_name (exact, case-sensitive); throws zoe::ConfigError(key)
+/// naming the value and the accepted ones ("fp32", "bf16") for any other text.
+OptimizerStateDType parse_optimizer_state_dtype(std::string_view text, const char* key);
+
 /// Hyper-parameters, in double like torch's Python floats (so 1 - beta2 is computed as torch does;
 /// float literals convert implicitly). lr in parameter units per step; betas in [0, 1); eps > 0.
 struct AdamHyper {
@@ -150,7 +173,8 @@ class CpuAdam {
   StorePolicy store_policy() const;
 
   /// What StorePolicy::measure knows about the size class of a step of n elements with
-  /// grad_dtype gradients and (half_out) a half copy. Units: GB/s = bytes moved (as step counts
+  /// grad_dtype gradients, (half_out) a half copy and state_dtype states (bf16 states are measured
+  /// apart from fp32 ones: another access pattern). Units: GB/s = bytes moved (as step counts
   /// them) / best trial seconds / 1e9; 0 for a candidate not yet timed.
   struct StoreChoice {
     bool decided = false;  // all trials done: `stores` is what step uses for this class
@@ -164,7 +188,8 @@ class CpuAdam {
     double margin = 0.0;
   };
   /// Under another policy: decided = true and the policy's Stores, no rates.
-  StoreChoice store_choice(std::size_t n, DType grad_dtype, bool half_out) const;
+  StoreChoice store_choice(std::size_t n, DType grad_dtype, bool half_out,
+                           OptimizerStateDType state_dtype = OptimizerStateDType::fp32) const;
   /// The same for add_grad of n elements of src_dtype (first or accumulate: measured apart);
   /// stores.in_place is the kind of the fp32 gradient's stores. Bytes moved: n * (src size + 4),
   /// + 4 more when accumulating (grad read).
@@ -181,6 +206,24 @@ class CpuAdam {
   void step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, float* exp_avg,
             float* exp_avg_sq, const void* grad, DType grad_dtype, std::size_t n, void* out_half = nullptr,
             DType out_dtype = DType::bf16);
+  /// The same update with the states' storage type chosen at run time. Arrays are flat, n
+  /// elements each, not overlapping. state_dtype fp32: exp_avg and exp_avg_sq are float arrays and
+  /// this is exactly the overload above (same bits, same kernels). state_dtype bf16: exp_avg and
+  /// exp_avg_sq are std::uint16_t arrays of bf16 bit patterns; each element is widened to fp32
+  /// (exact), updated with the fp32 math, the weight updated with those fp32 moments (this step's,
+  /// before any rounding), and the moments written back rounded to nearest even (NaN stays a quiet
+  /// NaN, overflow gives inf; class comment). master stays fp32; grad, out_half and step are as
+  /// above, and so is the bitwise equality across ISAs and thread counts. Stores: the same kinds
+  /// and prefetch choices as with fp32 states (non-temporal 16-bit stores for the moments), picked
+  /// under StorePolicy::measure in size classes of their own; non-temporal only where master,
+  /// exp_avg, exp_avg_sq are 64-byte and out_half 32-byte aligned. Bytes moved with bf16 states:
+  /// n * (16 + dtype_size(grad_dtype) + (out_half ? 2 : 0)), i.e. master 4 read + 4 written,
+  /// exp_avg 2 + 2, exp_avg_sq 2 + 2, grad read, out_half written. Thread-safety: as step above
+  /// (class comment). Throws zoe::UsageError as above (step < 1, a null array with n > 0,
+  /// out_dtype fp32) and for a state_dtype outside the enum; nothing is written then.
+  void step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, void* exp_avg,
+            void* exp_avg_sq, OptimizerStateDType state_dtype, const void* grad, DType grad_dtype, std::size_t n,
+            void* out_half = nullptr, DType out_dtype = DType::bf16);
   /// Sum of float(x[i])^2 over n elements of dtype, accumulated in fp64 in the fixed order given
   /// at kSumLanes (squares of floats are exact in fp64), so the result is bitwise the same for
   /// any thread count and ISA. NaN / inf propagate. Throws zoe::UsageError for null x with n > 0.
