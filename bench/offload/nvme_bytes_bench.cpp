@@ -12,6 +12,8 @@
 // staging buffers when its backward starts is not read again.
 #include "bench/offload/nvme_bytes_bench.hpp"
 
+#include "bench/offload/bench_model.hpp"
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -42,15 +44,7 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
   c.zoe.optimizer_threads = o.threads;
 
   Engine e(c, make_local_ranks(1)[0]);
-  std::vector<ModuleId> modules;
-  {
-    std::vector<float> initial(static_cast<std::size_t>(per_module));
-    for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = 0.5f + static_cast<float>(i % 1021) * 1e-3f;
-    for (int m = 0; m < o.modules; ++m) {
-      ParamId p = e.add_parameter("m" + std::to_string(m) + ".w", {per_module}, initial);
-      modules.push_back(e.add_module("m" + std::to_string(m), {p}));
-    }
-  }
+  const std::vector<ModuleId> modules = add_bench_modules(e, per_module, o.modules);
   const std::int64_t psi = per_module * o.modules;
   const std::uint16_t grad_bits = kernels::f32_to_bf16(1e-3f);
   auto step = [&] {

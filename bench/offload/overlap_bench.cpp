@@ -10,6 +10,7 @@
 // module k's groups. Ideal overlap gives max(step, forward) + one module's forward, so the
 // ratio (step + forward) / max(step, forward) has a floor of 1 + 1/modules when both are
 // equally long (the default: forward length = step alone); target <= 1.10.
+#include "bench/offload/bench_model.hpp"
 #include "bench/offload/overlap_bench.hpp"
 
 #include <algorithm>
@@ -79,15 +80,7 @@ void run_overlap_case(const OverlapBenchOptions& o, OffloadDevice tier, const Re
   Engine e(c, ranks[0]);
 
   const std::int64_t per_module = o.psi / o.modules / 16 * 16;
-  std::vector<ModuleId> modules;
-  {
-    std::vector<float> initial(static_cast<std::size_t>(per_module));
-    for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = 0.5f + static_cast<float>(i % 1021) * 1e-3f;
-    for (int m = 0; m < o.modules; ++m) {
-      ParamId p = e.add_parameter("m" + std::to_string(m) + ".w", {per_module}, initial);
-      modules.push_back(e.add_module("m" + std::to_string(m), {p}));
-    }
-  }
+  const std::vector<ModuleId> modules = add_bench_modules(e, per_module, o.modules);
   const std::uint16_t grad_bits = kernels::f32_to_bf16(1e-3f);
   auto backward = [&] {
     for (int m = o.modules - 1; m >= 0; --m) {

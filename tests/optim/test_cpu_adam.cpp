@@ -20,17 +20,6 @@
 namespace zoe::optim::test {
 namespace {
 
-AdamHyper to_hyper(const RefHyper& r) {
-  AdamHyper h;
-  h.lr = r.lr;
-  h.beta1 = r.beta1;
-  h.beta2 = r.beta2;
-  h.eps = r.eps;
-  h.weight_decay = r.weight_decay;
-  h.decoupled = r.decoupled;
-  return h;
-}
-
 // State of one optimizer run in 64-byte aligned buffers (the layout the offload engine uses),
 // optionally shifted by `offset` floats to exercise unaligned arrays.
 struct State {

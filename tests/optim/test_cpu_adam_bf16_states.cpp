@@ -22,17 +22,6 @@ namespace {
 
 constexpr OptimizerStateDType kBf16 = OptimizerStateDType::bf16;
 
-AdamHyper to_hyper(const RefHyper& r) {
-  AdamHyper h;
-  h.lr = r.lr;
-  h.beta1 = r.beta1;
-  h.beta2 = r.beta2;
-  h.eps = r.eps;
-  h.weight_decay = r.weight_decay;
-  h.decoupled = r.decoupled;
-  return h;
-}
-
 // fp32 master and bf16 moments in 64-byte aligned buffers, shifted by `offset` elements (an
 // offset makes every array unaligned, so non-temporal stores are ruled out).
 struct Bf16State {

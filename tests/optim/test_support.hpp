@@ -10,8 +10,21 @@
 
 #include "kernels/half.hpp"
 #include "src/optim/cpu_adam.hpp"
+#include "tests/optim/adam_reference.hpp"
 
 namespace zoe::optim::test {
+
+/// The library's hyper-parameters for the reference's.
+inline AdamHyper to_hyper(const RefHyper& r) {
+  AdamHyper h;
+  h.lr = r.lr;
+  h.beta1 = r.beta1;
+  h.beta2 = r.beta2;
+  h.eps = r.eps;
+  h.weight_decay = r.weight_decay;
+  h.decoupled = r.decoupled;
+  return h;
+}
 
 /// Every ISA path this CPU can run (scalar always); the others are reported once if missing.
 inline std::vector<Isa> runnable_isas() {
