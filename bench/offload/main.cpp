@@ -81,6 +81,9 @@ int main(int argc, char** argv) {
                  "(nvme-bytes) model size in millions of elements (about 38 bytes each moved per step)")
       ->check(CLI::PositiveNumber);
   app.add_option("--nvme-bytes-gas", bo.gas, "(nvme-bytes) gradient_accumulation_steps")->check(CLI::Range(1, 64));
+  app.add_option("--host-memory-budget", bo.host_memory_budget,
+                 "(nvme-bytes) zoe.host_memory_budget in bytes (the NVMe tier's gradients kept in host memory)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--construction-psi", construction_psi_m,
                  "(construction) model size in millions of elements (18 bytes each on NVMe, written twice)")
       ->check(CLI::PositiveNumber);

@@ -42,6 +42,7 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
   const std::int64_t per_module = std::max<std::int64_t>(16, o.psi / o.modules / 16 * 16);
   c.zero_optimization.offload_param.buffer_size = std::max(c.zero_optimization.offload_param.buffer_size, per_module);
   c.zoe.optimizer_threads = o.threads;
+  c.zoe.host_memory_budget = o.host_memory_budget;
 
   Engine e(c, make_local_ranks(1)[0]);
   const std::vector<ModuleId> modules = add_bench_modules(e, per_module, o.modules);
@@ -61,7 +62,8 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
   };
 
   const std::string name = "nvme stage 3 psi=" + std::to_string(psi / 1'000'000) + "M modules=" +
-                           std::to_string(o.modules) + " gas=" + std::to_string(o.gas);
+                           std::to_string(o.modules) + " gas=" + std::to_string(o.gas) +
+                           (o.host_memory_budget > 0 ? " host budget " + std::to_string(o.host_memory_budget >> 20) + " MiB" : "");
   report.text("# nvme-bytes %s: first step (construction) ...\n", name.c_str());
   step();
   std::int64_t read = 0, written = 0;

@@ -19,6 +19,8 @@ struct NvmeBytesBenchOptions {
   int gas = 1;
   /// Measured steps (after one unmeasured first step: construction and the first forward).
   int reps = 3;
+  /// zoe.host_memory_budget in bytes (0: every gradient on NVMe).
+  std::int64_t host_memory_budget = 0;
   /// zoe.optimizer_threads (0 = all hardware threads).
   int threads = 0;
   std::string nvme_dir;

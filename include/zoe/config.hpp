@@ -193,6 +193,13 @@ struct ZoeConfig {
   bool require_direct_io = false;
   /// Pinned host memory budget in bytes for the offload tiers (0 = unlimited).
   std::int64_t pinned_budget_bytes = 0;
+  /// Host memory (bytes, per rank) the NVMe tiers may use to keep what would otherwise move
+  /// over NVMe every step. Today: the reduced fp32 gradients of sub-groups on
+  /// offload_optimizer nvme, whole sub-groups in registration order while they fit, which
+  /// then never touch NVMe (4 bytes per element read and written less per step; exact: the
+  /// same values). 0 (default): every gradient on NVMe, as DeepSpeed's ZeRO-Infinity. Needs
+  /// offload_optimizer nvme when > 0. Pageable memory, outside pinned_budget_bytes.
+  std::int64_t host_memory_budget = 0;
   /// Overlap the CPU optimizer step with the next forward (results unchanged).
   bool overlap_step = true;
   /// ZeRO-Offload's one-step-delayed parameter update (Ren et al. 2021, §4.2): step k+1's

@@ -191,6 +191,7 @@ void read_zoe(Section s, ZoeConfig& c) {
   s.integer("optimizer_threads", c.optimizer_threads);
   s.boolean("require_direct_io", c.require_direct_io);
   s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
+  s.integer("host_memory_budget", c.host_memory_budget);
   s.boolean("overlap_step", c.overlap_step);
   s.boolean("delayed_update", c.delayed_update);
   s.boolean("update_in_backward", c.update_in_backward);
@@ -421,6 +422,7 @@ std::string Config::to_json() const {
               {"optimizer_threads", zoe.optimizer_threads},
               {"require_direct_io", zoe.require_direct_io},
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
+              {"host_memory_budget", zoe.host_memory_budget},
               {"overlap_step", zoe.overlap_step},
               {"delayed_update", zoe.delayed_update},
               {"update_in_backward", zoe.update_in_backward},

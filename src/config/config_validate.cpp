@@ -157,6 +157,11 @@ void check_zoe(Checker& k, const Config& c) {
            z.comm_timeout_s);
   k.in_range("zoe.optimizer_threads", z.optimizer_threads, 0, kMaxOptimizerThreads);
   k.at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
+  k.at_least("zoe.host_memory_budget", z.host_memory_budget, 0);
+  if (z.host_memory_budget > 0 && c.zero_optimization.offload_optimizer.device != OffloadDevice::nvme)
+    k.fail("zoe.host_memory_budget", {"zero_optimization.offload_optimizer.device"},
+           "> 0 needs zero_optimization.offload_optimizer.device \"nvme\" (it keeps the NVMe tier's gradients in "
+           "host memory; with \"cpu\" they are there already), got ", z.host_memory_budget);
   if (z.delayed_update && c.zero_optimization.offload_optimizer.device == OffloadDevice::none)
     k.fail("zoe.delayed_update", {"zero_optimization.offload_optimizer.device"},
            "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it delays the "

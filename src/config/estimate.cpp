@@ -92,7 +92,12 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   } else if (off < t) {
     r.gradients.device = grad_bytes * t;
   }
-  put(r.gradients, z.offload_optimizer.device, kGradientBytes * off);
+  // zoe.host_memory_budget keeps the NVMe tier's gradients in host memory while they fit (the
+  // engine places whole sub-groups, so it may keep up to one sub-group's less).
+  const std::int64_t grads_in_host =
+      z.offload_optimizer.device == OffloadDevice::nvme ? std::min(kGradientBytes * off, config.zoe.host_memory_budget) / kGradientBytes : 0;
+  put(r.gradients, z.offload_optimizer.device, kGradientBytes * (off - grads_in_host));
+  r.gradients.host += kGradientBytes * grads_in_host;
 
   r.model_states = r.params;
   r.model_states += r.gradients;
@@ -186,8 +191,8 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // NVMe traffic per step (the header's formula).
   const std::int64_t G = config.gradient_accumulation_steps;
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
-    r.nvme_traffic.read += (16 + 4 * (G - 1)) * off;
-    r.nvme_traffic.written += (12 + 4 * G) * off;
+    r.nvme_traffic.read += 12 * off + 4 * G * (off - grads_in_host);
+    r.nvme_traffic.written += 12 * off + 4 * G * (off - grads_in_host);
   }
   if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme) {
     r.nvme_traffic.read += 2 * G * B * r.shard_elements;

@@ -68,7 +68,8 @@ struct RankEstimate {
   /// shard at stage 3, on offload_param's tier). gradients: on the device, compute-dtype (full
   /// at stages 0-1, the shard at 2-3, fp32 at 2-3 with gradient_accumulation_steps > 1, none
   /// at 2-3 when every sub-group is offloaded); with offload_optimizer, 4 bytes per offloaded
-  /// element on its tier (the fp32 gradient shard). optimizer_states: 12 bytes per element of
+  /// element on its tier (the fp32 gradient shard; nvme: in host memory for the first
+  /// min(o, zoe.host_memory_budget / 4) of them). optimizer_states: 12 bytes per element of
   /// the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq; `ratio` of them
   /// on offload_optimizer's tier, the rest on the device.
   TierBytes params, gradients, optimizer_states;
@@ -140,7 +141,10 @@ struct RankEstimate {
   ///  offload_optimizer nvme: the update reads each sub-group's fp32 master, exp_avg,
   ///    exp_avg_sq and gradient (16·o) and writes the three states (12·o); each micro-batch's
   ///    reduced gradient is written in fp32 (4·o), every one after the first read first to add
-  ///    to (4·o): read 16·o + 4·(G-1)·o, written 12·o + 4·G·o;
+  ///    to (4·o): read 16·o + 4·(G-1)·o, written 12·o + 4·G·o; the h elements whose gradients
+  ///    zoe.host_memory_budget keeps in host memory (h = min(o, budget / 4)) move none of
+  ///    their gradient bytes: read 12·o + 4·G·(o-h) (the 4·(o-h) of the update's gradient read
+  ///    included), written 12·o + 4·G·(o-h);
   ///  offload_param nvme (stage 3): each gather of a module reads its shard, at most once in
   ///    forward and once in backward per micro-batch (2·G·B·s: less where a shard is still in a
   ///    staging buffer or stays gathered within stage3_max_reuse_distance), and the update

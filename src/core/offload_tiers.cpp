@@ -29,6 +29,7 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
     // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
     so.adam = adam.get();
+    so.host_grad_budget = c.zoe.host_memory_budget;
     states = std::make_unique<offload::OptimizerStates>(so);
   }
   const auto& op = c.zero_optimization.offload_param;

@@ -65,14 +65,27 @@ void OptimizerStates::finalize() {
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);
   store_ = std::move(tier.store);
+  // host_grad_budget: the first sub-groups' gradients, while they fit, stay in host memory.
+  std::int64_t room = options_.host_grad_budget;
+  std::size_t in_host = 0;
   for (std::size_t i = 0; i < numels_.size(); ++i) {
     const int id = static_cast<int>(i);
     store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
-    store_->register_tensor(grad_name(id), grad_bytes(id));
+    const auto gb = static_cast<std::int64_t>(grad_bytes(id));
+    if (room >= gb) {
+      room -= gb;
+      grads_[i] = AlignedBuffer(grad_bytes(id));
+      std::memset(grads_[i].data(), 0, grad_bytes(id));
+      ++in_host;
+    } else {
+      room = 0;  // in order: a later, smaller sub-group does not overtake this one
+      store_->register_tensor(grad_name(id), grad_bytes(id));
+    }
   }
-  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups on NVMe in {} ({} MiB, {} x {} MiB staging, O_DIRECT {})",
+  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups on NVMe in {} ({} MiB, {} x {} MiB staging, O_DIRECT {}); "
+               "gradients of {} in host memory ({} MiB, zoe.host_memory_budget)",
                options_.rank, numels_.size(), store_->path(), nvme_state_bytes() >> 20, pool_->buffer_count(),
-               pool_->buffer_bytes() >> 20, store_->direct_io());
+               pool_->buffer_bytes() >> 20, store_->direct_io(), in_host, host_state_bytes() >> 20);
 }
 
 void OptimizerStates::write_initial(int id, std::span<const float> master) {
@@ -109,11 +122,12 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
   fill(b->data());
   std::byte* grad = static_cast<std::byte*>(b->data()) + grad_offset(id);
   std::memset(grad, 0, grad_bytes(id));
+  if (gradient_in_host(id)) std::memset(grads_[id].data(), 0, grad_bytes(id));
   // Queued before the swaps start, so a failing second swap leaves the first one's buffer
   // leased until the store (destroyed first) has finished with it.
   InitialWrite& w = initial_writes_.emplace_back(InitialWrite{std::move(*b), {}, {}});
   w.states = store_->swap_out(name(id), w.buffer.data(), std::max<std::size_t>(bytes(id), 1));
-  w.grad = store_->swap_out(grad_name(id), grad, grad_bytes(id));
+  if (!gradient_in_host(id)) w.grad = store_->swap_out(grad_name(id), grad, grad_bytes(id));
 }
 
 void OptimizerStates::finish_initial() {
@@ -170,7 +184,8 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
     if (!b) return false;
     const int id = ids[next++];
     SwapHandle h = store_->swap_in(name(id), b->data(), size_of(id));
-    SwapHandle g = store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
+    SwapHandle g = gradient_in_host(id) ? SwapHandle{}
+                                        : store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
     reads.push_back(Slot{id, std::move(*b), h, g});
     return true;
   };
@@ -186,7 +201,9 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
       reads.pop_front();
       cur.io.wait();
       cur.grad_io.wait();
-      fn(view(cur.id, cur.buffer.data(), static_cast<std::byte*>(cur.buffer.data()) + grad_offset(cur.id)));
+      const void* grad = gradient_in_host(cur.id) ? grads_[cur.id].data()
+                                                  : static_cast<std::byte*>(cur.buffer.data()) + grad_offset(cur.id);
+      fn(view(cur.id, cur.buffer.data(), grad));
       cur.io = store_->swap_out(name(cur.id), cur.buffer.data(), size_of(cur.id));
       writes.push_back(std::move(cur));  // write-behind; the buffer returns when it is done
     }
@@ -227,7 +244,7 @@ void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first,
       grad_finite_[id] = st.finite ? 1 : 0;
     }
   };
-  if (options_.device == OffloadDevice::cpu) {
+  if (gradient_in_host(id)) {  // the cpu tier, or host_grad_budget's
     apply(static_cast<float*>(grads_[id].data()));
     return;
   }
@@ -286,16 +303,18 @@ void OptimizerStates::write_all(int id, const float* data) {
 }
 
 std::int64_t OptimizerStates::host_state_bytes() const {
-  if (options_.device != OffloadDevice::cpu) return 0;
   std::int64_t total = 0;
-  for (std::int64_t n : numels_) total += n * 16;  // master, exp_avg, exp_avg_sq, gradient
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    if (options_.device == OffloadDevice::cpu) total += numels_[i] * 12;  // master, exp_avg, exp_avg_sq
+    if (grads_[i].data()) total += numels_[i] * 4;                      // the fp32 gradient
+  }
   return total;
 }
 
 std::int64_t OptimizerStates::nvme_state_bytes() const {
   if (options_.device != OffloadDevice::nvme) return 0;
   std::int64_t total = 0;
-  for (std::int64_t n : numels_) total += n * 16;
+  for (std::size_t i = 0; i < numels_.size(); ++i) total += numels_[i] * (grads_[i].data() ? 12 : 16);
   return total;
 }
 

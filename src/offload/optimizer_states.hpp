@@ -71,6 +71,10 @@ struct OptimizerStatesOptions {
   /// OptimizerStates. Null: the OptimizerStates makes its own CpuAdam of one thread (tests,
   /// benches; same results bitwise, cpu_adam.hpp).
   optim::CpuAdam* adam = nullptr;
+  /// nvme tier: bytes of host memory (pageable) for fp32 gradients kept off NVMe
+  /// (zoe.host_memory_budget): whole sub-groups, in id order, while they fit; theirs never
+  /// touch NVMe. 0: every gradient on NVMe. Ignored by the cpu tier (all in host memory).
+  std::int64_t host_grad_budget = 0;
 };
 
 /// The fp32 arrays of one sub-group, valid inside a for_each callback.
@@ -143,6 +147,9 @@ class OptimizerStates {
   std::int64_t nvme_state_bytes() const;
   /// Bytes of pinned staging buffers (nvme tier): buffer_count state buffers plus one gradient buffer.
   std::int64_t staging_bytes() const;
+  /// Whether sub-group `id`'s fp32 gradient lives in host memory (always on the cpu tier; on
+  /// the nvme tier, the sub-groups host_grad_budget covers). After finalize().
+  bool gradient_in_host(int id) const { return grads_[id].data() != nullptr; }
 
  private:
   /// Waits for the initial writes; throws UsageError if a sub-group was never written.
@@ -165,7 +172,7 @@ class OptimizerStates {
   };
 
   std::vector<AlignedBuffer> host_;  // cpu tier: one per sub-group ([master | exp_avg | exp_avg_sq])
-  std::vector<AlignedBuffer> grads_;  // cpu tier: fp32 gradients
+  std::vector<AlignedBuffer> grads_;  // fp32 gradients in host memory (cpu tier: all; nvme: host_grad_budget's)
   std::vector<double> grad_sum_squares_;
   std::vector<char> grad_finite_;
   std::unique_ptr<PinnedPool> pool_, grad_pool_;

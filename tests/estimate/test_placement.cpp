@@ -57,6 +57,19 @@ TEST(EstimatePlacement, NvmeTrafficPerStep) {
   r = estimate_rank({kPsi, 0}, kNd, half);
   EXPECT_EQ(r.nvme_traffic.read, 16 * (kShard / 2));
   EXPECT_EQ(r.nvme_traffic.written, 16 * (kShard / 2));
+  // zoe.host_memory_budget keeps gradients in host memory: all of them (12 read, 12 written
+  // for the states; the shard 4 and 2), or a quarter of them.
+  auto kept = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
+  kept.zoe.host_memory_budget = 4 * kShard;
+  r = estimate_rank({kPsi, 0}, kNd, kept);
+  EXPECT_EQ(r.nvme_traffic.read, (12 + 4) * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, (12 + 2) * kShard);
+  EXPECT_EQ(r.gradients, (TierBytes{0, 4 * kShard, 0}));
+  kept.zoe.host_memory_budget = kShard;
+  r = estimate_rank({kPsi, 0}, kNd, kept);
+  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard + 3 * kShard + 4 * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard + 3 * kShard + 2 * kShard);
+  EXPECT_EQ(r.gradients, (TierBytes{0, kShard, 3 * kShard}));
   // Host-memory tiers move nothing over NVMe.
   r = estimate_rank({kPsi, 0}, kNd, knobs(3, OffloadDevice::cpu, OffloadDevice::cpu));
   EXPECT_EQ(r.nvme_traffic.read, 0);

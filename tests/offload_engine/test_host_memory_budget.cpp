@@ -1,0 +1,81 @@
+// zoe.host_memory_budget: the NVMe tier's fp32 gradients kept in host memory (whole sub-groups
+// in order while they fit) change no bit: the same parameters and losses as every gradient on
+// NVMe, at stages 2-3, 1 and 2 ranks, one and two micro-batches, with all of them or a few in
+// host memory; the bytes move from the NVMe tier to host memory in the memory report.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "tests/core/test_net.hpp"
+
+using namespace zoe;
+using zoe::test::NetSpec;
+using zoe::test::RunResult;
+using zoe::test::bitwise_equal;
+using zoe::test::train;
+
+namespace {
+
+Config config(int stage, int gas, std::int64_t budget, const std::string& dir) {
+  Config c;
+  c.zero_optimization.stage = stage;
+  c.bf16.enabled = true;
+  c.optimizer.lr = 1e-2;
+  c.zoe.optimizer_threads = 1;
+  c.gradient_accumulation_steps = gas;
+  c.zero_optimization.sub_group_size = 64;  // several sub-groups per group
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
+  c.zero_optimization.offload_optimizer.nvme_path = dir;
+  c.zero_optimization.offload_optimizer.buffer_count = 3;
+  c.zoe.host_memory_budget = budget;
+  return c;
+}
+
+const NetSpec kNet{{16, 32, 32, 8}, true, 5};
+
+}  // namespace
+
+TEST(HostMemoryBudget, GradientsInHostMemoryChangeNoBit) {
+  const std::string dir = zoe::test::temp_dir("host-budget");
+  for (int stage : {2, 3})
+    for (int world : {1, 2})
+      for (int gas : {1, 2}) {
+        SCOPED_TRACE("stage " + std::to_string(stage) + " world " + std::to_string(world) + " gas " + std::to_string(gas));
+        const RunResult ref = train(config(stage, gas, 0, dir), kNet, world, 8, 16);
+        const RunResult all = train(config(stage, gas, std::int64_t{1} << 30, dir), kNet, world, 8, 16);
+        const RunResult few = train(config(stage, gas, 3 * 64 * 4, dir), kNet, world, 8, 16);  // 3 sub-groups
+        EXPECT_TRUE(bitwise_equal(all, ref)) << "every gradient in host memory";
+        EXPECT_TRUE(bitwise_equal(few, ref)) << "three sub-groups' gradients in host memory";
+        for (int k = 0; k < world; ++k) {
+          // Every gradient: the NVMe tier keeps 12 of its 16 bytes per element; the 4 of the
+          // gradient are in host memory.
+          const std::int64_t elements = ref.memory[k].nvme_model_states / 16;
+          EXPECT_EQ(ref.memory[k].nvme_model_states % 16, 0);
+          EXPECT_EQ(all.memory[k].nvme_model_states, 12 * elements) << "rank " << k;
+          EXPECT_EQ(all.memory[k].host_model_states - ref.memory[k].host_model_states, 4 * elements) << "rank " << k;
+          // Three sub-groups of at most 64 elements.
+          const std::int64_t moved = few.memory[k].host_model_states - ref.memory[k].host_model_states;
+          EXPECT_GT(moved, 0) << "rank " << k;
+          EXPECT_LE(moved, 3 * 64 * 4) << "rank " << k;
+          EXPECT_EQ(ref.memory[k].nvme_model_states - few.memory[k].nvme_model_states, moved) << "rank " << k;
+        }
+      }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HostMemoryBudget, NeedsTheNvmeTier) {
+  Config c;
+  c.zero_optimization.stage = 2;
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::cpu;
+  c.zoe.host_memory_budget = 1 << 20;
+  try {
+    Engine e(c, make_local_ranks(1)[0]);
+    ADD_FAILURE() << "zoe.host_memory_budget was accepted without an NVMe tier";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zoe.host_memory_budget"), std::string::npos) << e.what();
+  }
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
+  c.zoe.host_memory_budget = -1;
+  EXPECT_THROW(Engine(c, make_local_ranks(1)[0]), ConfigError);
+}
