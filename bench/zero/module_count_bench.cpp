@@ -2,7 +2,8 @@
 // ZeRO-3, fp32, default config otherwise, modules of 256 elements, no compute: a pass is
 // begin_forward/end_forward of every module, then begin_backward/end_backward in reverse, then
 // step(). Reported per module count: microseconds per forward call pair and per backward call
-// pair (median of the timed steps, after one step that records the order prefetch follows),
+// pair (median of the timed steps, at least 64,000 module calls per case, after one step that
+// records the order prefetch follows),
 // and the ratio to the smallest count (1.0 = flat: O(1) per call). A second case runs the same
 // step at world 2 for n modules against one module holding all n x 256 elements.
 // Usage: zoe-module-count-bench [--json] [--counts 100,1000,4000,16000] [--steps N]
@@ -35,9 +36,14 @@ Config bench_config(int world) {
   return c;
 }
 
-// Runs `steps` + 1 passes over `modules` modules of `elements` each on every rank; returns
-// rank 0's median per-call times of the last `steps` passes.
+// Timed passes of a case: at least this many module calls per case, so a pass over 100
+// modules (half a millisecond) is not one timer reading among the machine's noise.
+constexpr int kMinModulesTimed = 64000;
+
+// Runs max(steps, kMinModulesTimed / modules) + 1 passes over `modules` modules of `elements`
+// each on every rank; returns rank 0's median per-call times of all passes but the first.
 PassTimes run(int world, int modules, std::int64_t elements, int steps) {
+  steps = std::max(steps, (kMinModulesTimed + modules - 1) / modules);
   std::vector<RankContext> ranks = make_local_ranks(world, 600.0);
   std::vector<PassTimes> per_rank(static_cast<std::size_t>(world));
   run_ranks(ranks, [&](RankContext& ctx) {
