@@ -9,8 +9,12 @@
 //    frozen when requires_grad is false; each part becomes one zoe module, the parameters under
 //    no part one more module named "<rest>". A tensor registered under two names (tied weights)
 //    is one zoe parameter listed in each module using it (its gradients add up). The torch
-//    parameters' storage is then released: outside run() they are empty (0-element) tensors of
-//    the compute dtype, so calling a part directly fails in torch's shape checks at once.
+//    parameters' storage is then released: outside run() each keeps its shape and the compute
+//    dtype but no memory, and any operator on it (a part called directly, an optimizer or
+//    clip_grad_norm_ over module->parameters(), printing it) throws UsageError naming the
+//    parameter, its part and the operator (libtorch has no module hooks to catch the call
+//    itself; the released tensors carry libtorch's PrivateUse1 backend key, whose fallback
+//    refuses them, so a process with a PrivateUse1 backend of its own cannot use zoe_torch).
 //  - run(part, fn, inputs) opens the part's forward (Engine::begin_forward: gathered at stage 3),
 //    points the torch parameters at zoe's buffers (Tensor::set_data, no copy), calls fn, points
 //    them back at empty tensors and closes the forward. The outputs hang off one autograd

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "src/common/check.hpp"
+#include "src/torch/released_parameter.hpp"
 
 namespace zoe {
 
@@ -76,7 +77,15 @@ struct TorchModel::Impl {
   std::optional<std::uint32_t> active;  // the part whose forward or backward runs now
   std::weak_ptr<Impl> self;             // for the autograd nodes (they may outlive the TorchModel)
 
-  at::Tensor released_data() const { return at::empty({0}, at::TensorOptions().dtype(compute)); }
+  std::unordered_map<const c10::TensorImpl*, std::string> labels;  // "parameter 'x' of part 'y'"
+
+  /// What a torch parameter holds between runs: its shape, no memory, and a tag that makes every
+  /// operator on it throw UsageError naming it (released_parameter.hpp).
+  at::Tensor released_data(const at::Tensor& param) const {
+    auto it = labels.find(param.unsafeGetTensorImpl());
+    return torch_detail::released_parameter(param.sizes(), compute,
+                                            it != labels.end() ? it->second : std::string("a parameter"));
+  }
 
   at::Tensor view_of(const TensorView& v) const {
     if (v.numel() == 0 || v.data == nullptr) return at::empty(v.shape, at::TensorOptions().dtype(compute));
@@ -94,7 +103,7 @@ struct TorchModel::Impl {
   void unbind(PartState& p) {
     for (auto& param : p.params) {
       param.mutable_grad().reset();
-      param.set_data(released_data());
+      param.set_data(released_data(param));
     }
   }
 
@@ -387,7 +396,13 @@ TorchModel::TorchModel(Engine& engine, std::shared_ptr<torch::nn::Module> root, 
     im.parts.push_back(std::move(rest));
   }
   // Release torch's copies: zoe holds the values now.
-  for (auto& reg : im.registered) reg.tensor.set_data(im.released_data());
+  for (const auto& reg : im.registered) im.labels.emplace(reg.tensor.unsafeGetTensorImpl(), "parameter '" + reg.name + "'");
+  for (const PartState& p : im.parts)  // a tied parameter is named with the first part using it
+    for (const at::Tensor& t : p.params) {
+      std::string& label = im.labels[t.unsafeGetTensorImpl()];
+      if (label.find(" of part '") == std::string::npos) label += " of part '" + p.name + "'";
+    }
+  for (auto& reg : im.registered) reg.tensor.set_data(im.released_data(reg.tensor));
 }
 
 TorchModel::~TorchModel() = default;

@@ -243,8 +243,18 @@ TEST_F(TorchModelTest, MisuseIsRefusedNamingThePart) {
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("inside part 'head'"), std::string::npos) << e.what();
     }
-    // Calling a wrapped submodule directly: its parameters are empty outside run().
-    EXPECT_ANY_THROW(net->in(data[0].x));
+    // Calling a wrapped submodule directly: its parameters are released outside run(), and any
+    // operator on them throws zoe's error naming the parameter, its part and the operator.
+    try {
+      net->in(data[0].x);
+      ADD_FAILURE() << "a wrapped part called directly ran";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 'in."), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("of part 'in'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("outside TorchModel::run"), std::string::npos) << e.what();
+    }
+    // The same for any other use of module->parameters() outside run() (an optimizer's, say).
+    for (const torch::Tensor& p : net->parameters()) EXPECT_THROW(p.sum(), UsageError);
     // A backward that never reaches a part that ran: its next forward says so.
     torch::Tensor unused = model.run(model.part("blocks.0"), [&](const torch::Tensor& v) {
       return net->blocks[0]->as<Block>()->forward(v); }, h);
