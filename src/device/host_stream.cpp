@@ -9,7 +9,9 @@ HostQueue::HostQueue(std::string name) : name_(std::move(name)), worker_([this] 
 HostQueue::~HostQueue() {
   {
     std::unique_lock lock(mutex_);
+    ++waiters_;
     done_cv_.wait(lock, [&] { return completed_ == enqueued_; });
+    --waiters_;
     stop_ = true;
   }
   work_cv_.notify_all();
@@ -27,12 +29,14 @@ HostQueue::~HostQueue() {
 
 std::uint64_t HostQueue::enqueue(std::function<void()> task) {
   std::uint64_t ticket;
+  bool wake = false;
   {
     std::lock_guard lock(mutex_);
     tasks_.push_back(std::move(task));
     ticket = ++enqueued_;
+    wake = worker_sleeping_;  // a running worker finds the task when it next takes the lock
   }
-  work_cv_.notify_one();
+  if (wake) work_cv_.notify_one();
   return ticket;
 }
 
@@ -48,7 +52,10 @@ bool HostQueue::done(std::uint64_t ticket) const {
 
 void HostQueue::wait_for(std::uint64_t ticket) const {
   std::unique_lock lock(mutex_);
+  if (completed_ >= ticket) return;
+  ++waiters_;
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });
+  --waiters_;
 }
 
 void HostQueue::synchronize() {
@@ -56,7 +63,9 @@ void HostQueue::synchronize() {
   {
     std::unique_lock lock(mutex_);
     std::uint64_t target = enqueued_;
+    ++waiters_;
     done_cv_.wait(lock, [&] { return completed_ >= target; });
+    --waiters_;
     error = std::exchange(error_, nullptr);
     error_ticket_ = 0;
   }
@@ -77,7 +86,9 @@ void HostQueue::run() {
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
+      worker_sleeping_ = true;
       work_cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      worker_sleeping_ = false;
       if (tasks_.empty()) return;  // stop_ and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -89,6 +100,7 @@ void HostQueue::run() {
       error = std::current_exception();
     }
     task = nullptr;  // release captures before signalling completion
+    bool notify = false;
     {
       std::lock_guard lock(mutex_);
       ++completed_;
@@ -97,8 +109,9 @@ void HostQueue::run() {
         error_ticket_ = completed_;
       }
       error = nullptr;  // drop this thread's reference under the lock the readers take
+      notify = waiters_ > 0;
     }
-    done_cv_.notify_all();
+    if (notify) done_cv_.notify_all();
   }
 }
 
