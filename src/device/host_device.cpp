@@ -47,10 +47,7 @@ HostDevice::~HostDevice() {
   compute_.reset();  // drains queued work before the memory map goes away
   std::lock_guard lock(mutex_);
   for (auto& [ptr, bytes] : sizes_) std::free(ptr);
-  std::vector<void*> cached;
-  small_pool_.drain(cached);
-  large_pool_.drain(cached);
-  for (void* p : cached) std::free(p);
+  for (void* p : drain_pools()) std::free(p);
   for (auto& [p, bytes] : quarantine_) std::free(p);
 }
 
@@ -58,10 +55,7 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
   std::lock_guard lock(mutex_);
   poison_freed_ = true;
   quarantine_cap_ = quarantine_bytes;
-  std::vector<void*> cached;
-  small_pool_.drain(cached);
-  large_pool_.drain(cached);
-  for (void* p : cached) free_block(p);
+  for (void* p : drain_pools()) free_block(p);
 }
 
 std::size_t HostDevice::quarantined_bytes() const {
@@ -71,6 +65,13 @@ std::size_t HostDevice::quarantined_bytes() const {
 
 std::string HostDevice::name() const {
   return options_.memory == HostMemoryModel::discrete ? "host (discrete)" : "host";
+}
+
+std::vector<void*> HostDevice::drain_pools() {
+  std::vector<void*> cached;
+  small_pool_.drain(cached);
+  large_pool_.drain(cached);
+  return cached;
 }
 
 void HostDevice::free_block(void* ptr) {

@@ -159,6 +159,7 @@ class HostDevice final : public Device {
   enum class Route { host_to_host, host_to_device, device_to_host, device_to_device };
   Route route_of(void* dst, const void* src, std::size_t bytes);  // also counts pageable copies
   void free_block(void* ptr);  // back to the system; the caller holds mutex_
+  std::vector<void*> drain_pools();  // every cached block, the pools emptied; the caller holds mutex_
   BlockPool& pool_for(std::size_t rounded) { return rounded >= kCacheMinBytes ? large_pool_ : small_pool_; }
 
   HostDeviceOptions options_;

@@ -77,15 +77,10 @@ struct TorchModel::Impl {
   std::optional<std::uint32_t> active;  // the part whose forward or backward runs now
   std::weak_ptr<Impl> self;             // for the autograd nodes (they may outlive the TorchModel)
 
-  std::unordered_map<const c10::TensorImpl*, std::string> labels;  // "parameter 'x' of part 'y'"
-
-  /// What a torch parameter holds between runs: its shape, no memory, and a tag that makes every
-  /// operator on it throw UsageError naming it (released_parameter.hpp).
-  at::Tensor released_data(const at::Tensor& param) const {
-    auto it = labels.find(param.unsafeGetTensorImpl());
-    return torch_detail::released_parameter(param.sizes(), compute,
-                                            it != labels.end() ? it->second : std::string("a parameter"));
-  }
+  /// What each torch parameter holds between runs, made once at construction: its shape, no
+  /// memory, and a tag that makes every operator on it throw UsageError naming the parameter and
+  /// its part (released_parameter.hpp). set_data shares it, so a run allocates nothing for it.
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> released;
 
   at::Tensor view_of(const TensorView& v) const {
     if (v.numel() == 0 || v.data == nullptr) return at::empty(v.shape, at::TensorOptions().dtype(compute));
@@ -103,7 +98,7 @@ struct TorchModel::Impl {
   void unbind(PartState& p) {
     for (auto& param : p.params) {
       param.mutable_grad().reset();
-      param.set_data(released_data(param));
+      param.set_data(released.at(param.unsafeGetTensorImpl()));
     }
   }
 
@@ -396,13 +391,20 @@ TorchModel::TorchModel(Engine& engine, std::shared_ptr<torch::nn::Module> root, 
     im.parts.push_back(std::move(rest));
   }
   // Release torch's copies: zoe holds the values now.
-  for (const auto& reg : im.registered) im.labels.emplace(reg.tensor.unsafeGetTensorImpl(), "parameter '" + reg.name + "'");
-  for (const PartState& p : im.parts)  // a tied parameter is named with the first part using it
-    for (const at::Tensor& t : p.params) {
-      std::string& label = im.labels[t.unsafeGetTensorImpl()];
-      if (label.find(" of part '") == std::string::npos) label += " of part '" + p.name + "'";
+  std::unordered_map<const c10::TensorImpl*, std::string> part_of;  // a tied parameter: its first part
+  for (const PartState& p : im.parts)
+    for (const at::Tensor& t : p.params) part_of.emplace(t.unsafeGetTensorImpl(), p.name);
+  for (auto& reg : im.registered) {
+    const c10::TensorImpl* impl = reg.tensor.unsafeGetTensorImpl();
+    auto [it, added] = im.released.try_emplace(impl);
+    if (added) {
+      auto part = part_of.find(impl);  // every registered tensor is in a part; "<rest>" included
+      it->second = torch_detail::released_parameter(
+          reg.tensor.sizes(), im.compute,
+          "parameter '" + reg.name + "'" + (part != part_of.end() ? " of part '" + part->second + "'" : std::string()));
     }
-  for (auto& reg : im.registered) reg.tensor.set_data(im.released_data(reg.tensor));
+    reg.tensor.set_data(it->second);
+  }
 }
 
 TorchModel::~TorchModel() = default;
