@@ -14,17 +14,21 @@ void GradReducer::prepare(const ModuleInfo& m) {
       flush_bucket();
       break;
     }
+  bool filled = false;
   for (int gi : m.groups) {
     Group& g = model_.group(gi);
     // Frozen: no gradient buffer. Accumulating: another user of the group began first.
     if (g.frozen || g.grad_state == Group::GradState::accumulating) continue;
     g.grad_state = Group::GradState::accumulating;
     if (!cx_.policy.shards_grads) continue;  // persistent buffers, zeroed after each step
-    // A new buffer no queued work touches: zeroed in the compute's own order, not on the side
-    // stream with an event the compute must wait for (on the host device that wait was a
-    // round trip through the side stream's thread at every begin_backward).
     g.grad_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
-    cx_.device.fill_for_compute(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f);
+    cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *cx_.side);
+    filled = true;
+  }
+  if (filled) {
+    auto e = cx_.device.create_event();
+    cx_.device.record(*e, *cx_.side);
+    cx_.ready_for_compute(*e);
   }
 }
 

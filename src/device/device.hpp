@@ -117,12 +117,6 @@ class Device {
   virtual void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
   /// dst[i] = value (converted to dtype, round to nearest even).
   virtual void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) = 0;
-  /// fill() ordered before the trainer's next compute, for a buffer no queued work uses (one
-  /// just allocated): on CUDA queued on the compute stream (no event between streams); the host
-  /// device, whose trainer computes on the calling thread, fills inline (no stream round trip).
-  virtual void fill_for_compute(void* dst, DType dtype, std::size_t n, float value) {
-    fill(dst, dtype, n, value, compute_stream());
-  }
   /// dst[i] = convert(src[i]) (round to nearest even; NaN stays NaN). src != dst.
   virtual void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
                     Stream& stream) = 0;

@@ -47,7 +47,8 @@ HostDevice::~HostDevice() {
   compute_.reset();  // drains queued work before the memory map goes away
   std::lock_guard lock(mutex_);
   for (auto& [ptr, bytes] : sizes_) std::free(ptr);
-  for (void* p : drain_pools()) std::free(p);
+  for (auto& [bytes, blocks] : cache_)
+    for (void* p : blocks) std::free(p);
   for (auto& [p, bytes] : quarantine_) std::free(p);
 }
 
@@ -55,7 +56,10 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
   std::lock_guard lock(mutex_);
   poison_freed_ = true;
   quarantine_cap_ = quarantine_bytes;
-  for (void* p : drain_pools()) free_block(p);
+  for (auto& [bytes, blocks] : cache_)
+    for (void* p : blocks) free_block(p);
+  cache_.clear();
+  cached_bytes_ = 0;
 }
 
 std::size_t HostDevice::quarantined_bytes() const {
@@ -67,13 +71,6 @@ std::string HostDevice::name() const {
   return options_.memory == HostMemoryModel::discrete ? "host (discrete)" : "host";
 }
 
-std::vector<void*> HostDevice::drain_pools() {
-  std::vector<void*> cached;
-  small_pool_.drain(cached);
-  large_pool_.drain(cached);
-  return cached;
-}
-
 void HostDevice::free_block(void* ptr) {
   blocks_.erase(ptr);
   std::free(ptr);
@@ -81,11 +78,12 @@ void HostDevice::free_block(void* ptr) {
 
 std::size_t HostDevice::cached_bytes() const {
   std::lock_guard lock(mutex_);
-  return small_pool_.cached_bytes() + large_pool_.cached_bytes();
+  return cached_bytes_;
 }
 
 void* HostDevice::allocate(std::size_t bytes) {
   std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  const bool cacheable = rounded >= kCacheMinBytes;  // smaller blocks: malloc's, outside the cache's account
   {
     // Reserve the bytes first so concurrent allocations cannot both pass the capacity check.
     std::lock_guard lock(mutex_);
@@ -94,19 +92,33 @@ void* HostDevice::allocate(std::size_t bytes) {
                 capacity_, " bytes (", stats_.current_bytes, " in use)");
     stats_.current_bytes += static_cast<std::int64_t>(bytes);
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-    if (void* ptr = pool_for(rounded).take(rounded)) {
+    auto hit = cacheable ? cache_.find(rounded) : cache_.end();
+    if (hit != cache_.end()) {
+      void* ptr = hit->second.back();
+      hit->second.pop_back();
+      if (hit->second.empty()) cache_.erase(hit);
+      cached_bytes_ -= rounded;
+      live_rounded_ += rounded;
       sizes_.emplace(ptr, bytes);
       return ptr;
     }
-    std::vector<void*> release;
-    pool_for(rounded).count_new(rounded, release);
-    for (void* p : release) free_block(p);
+    // A miss: release cached blocks, largest first, until live + cached fits within the peak
+    // of live bytes (a new peak releases them all).
+    if (cacheable) live_rounded_ += rounded;
+    live_rounded_peak_ = std::max(live_rounded_peak_, live_rounded_);
+    while (cacheable && cached_bytes_ > 0 && live_rounded_ + cached_bytes_ > live_rounded_peak_) {
+      auto largest = std::prev(cache_.end());
+      free_block(largest->second.back());
+      largest->second.pop_back();
+      cached_bytes_ -= largest->first;
+      if (largest->second.empty()) cache_.erase(largest);
+    }
   }
   void* ptr = std::aligned_alloc(kAlignment, rounded);
   std::lock_guard lock(mutex_);
   if (!ptr) {
     stats_.current_bytes -= static_cast<std::int64_t>(bytes);
-    pool_for(rounded).count_freed(nullptr, rounded, false);
+    if (cacheable) live_rounded_ -= rounded;
     ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of ", bytes, " bytes failed");
   }
   sizes_.emplace(ptr, bytes);
@@ -127,12 +139,14 @@ void HostDevice::deallocate(void* ptr) {
     stats_.current_bytes -= static_cast<std::int64_t>(bytes);
     sizes_.erase(it);
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    const bool keep = kCachesBlocks && !poison_freed_;
-    pool_for(rounded).count_freed(ptr, rounded, keep);
-    if (keep) return;
+    if (rounded >= kCacheMinBytes) live_rounded_ -= rounded;
     if (poison_freed_) {
       quarantine = true;
       poisoned = bytes;
+    } else if (kCachesBlocks && rounded >= kCacheMinBytes) {
+      cache_[rounded].push_back(ptr);
+      cached_bytes_ += rounded;
+      return;
     }
     // Before free: the address may come back as host memory at once. A quarantined block
     // stays this device's until it is retired.
@@ -234,7 +248,6 @@ void HostDevice::record(Event& event, Stream& stream) {
 void HostDevice::wait(Stream& stream, Event& event) {
   HostEvent::Point p = host_event(event).point();
   if (!p.queue || p.queue.get() == &host_queue(stream)) return;  // same stream: already ordered
-  if (p.queue->done(p.ticket)) return;  // already complete: nothing to wait for (as cudaStreamWaitEvent)
   host_queue(stream).enqueue([p] { p.queue->wait_for(p.ticket); });
 }
 
@@ -274,10 +287,6 @@ void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& str
 
 void HostDevice::fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) {
   host_queue(stream).enqueue([=] { host_ops::fill(dst, dtype, n, value); });
-}
-
-void HostDevice::fill_for_compute(void* dst, DType dtype, std::size_t n, float value) {
-  host_ops::fill(dst, dtype, n, value);
 }
 
 void HostDevice::cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,

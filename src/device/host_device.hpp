@@ -17,16 +17,14 @@
 // Transfer accounting (both models): a copy between device memory (live or cached blocks)
 // and host memory that is not registered (register_host_memory) counts as pageable.
 //
-// Memory: like cudaMallocAsync's pool, freed blocks are kept and handed back by the next
-// allocate() of the same rounded size (BlockPool), so the buffers a training step allocates and
-// frees (gathered parameters, gradient buckets) do not fault in fresh pages every step. A miss
-// releases cached blocks (largest first) until live + cached bytes fit within the live peak:
-// the footprint never exceeds what the live blocks once needed. Blocks below kCacheMinBytes
-// are accounted in a pool of their own, so a step's small read-back buffer cannot make the
-// cache unmap a gathered buffer (measured: 10 ms of munmap and page faults per step at Psi =
-// 100M on the build VM, in step()'s return time), and many small modules' buffers do not go
-// through aligned_alloc each time (which grew and trimmed the heap: a fifth of the engine's
-// time per call at 4,000 modules of 256 elements). Not under ASan
+// Memory: like cudaMallocAsync's pool, freed blocks of at least kCacheMinBytes are kept and
+// handed back by the next allocate() of the same rounded size, so the buffers a training step
+// allocates and frees (gathered parameters, gradient buckets) do not fault in fresh pages every
+// step. A miss of a cacheable size releases cached blocks (largest first) until live + cached
+// bytes of cacheable blocks fit within their live peak: the footprint never exceeds what the
+// live blocks once needed. Smaller blocks are malloc's, outside that account, so a step's small
+// read-back buffer cannot make the cache unmap a gathered buffer (measured: 10 ms of munmap and
+// page faults per step at Psi = 100M on the build VM, in step()'s return time). Not under ASan
 // (it would hide use-after-free). set_poison_freed() (zoe.debug_poison) replaces the cache by
 // a poisoned quarantine.
 // Trainer usage: the trainer computes on its own thread. Work the engine queues on
@@ -50,7 +48,6 @@
 #include <vector>
 
 #include "src/device/address_ranges.hpp"
-#include "src/device/block_pool.hpp"
 #include "src/device/copy_engine.hpp"
 #include "src/device/device.hpp"
 #include "src/device/host_device_options.hpp"
@@ -85,7 +82,7 @@ class HostDevice final : public Device {
   HostMemoryModel memory_model() const noexcept { return options_.memory; }
   const HostDeviceOptions& options() const noexcept { return options_; }
 
-  /// Blocks from this size (bytes) up are cached in the large pool, smaller ones in the small pool.
+  /// Smallest block (bytes) the cache keeps: below it malloc reuses memory by itself.
   static constexpr std::size_t kCacheMinBytes = std::size_t{1} << 20;
   /// Whether freed blocks are cached (false under AddressSanitizer).
   static constexpr bool kCachesBlocks = ZOE_HOST_DEVICE_CACHES_BLOCKS;
@@ -143,8 +140,6 @@ class HostDevice final : public Device {
 
   void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
   void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override;
-  /// Inline on the calling thread (the trainer's compute runs there).
-  void fill_for_compute(void* dst, DType dtype, std::size_t n, float value) override;
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
             Stream& stream) override;
   void scale(void* x, DType dtype, std::size_t n, float factor, Stream& stream) override;
@@ -159,8 +154,6 @@ class HostDevice final : public Device {
   enum class Route { host_to_host, host_to_device, device_to_host, device_to_device };
   Route route_of(void* dst, const void* src, std::size_t bytes);  // also counts pageable copies
   void free_block(void* ptr);  // back to the system; the caller holds mutex_
-  std::vector<void*> drain_pools();  // every cached block, the pools emptied; the caller holds mutex_
-  BlockPool& pool_for(std::size_t rounded) { return rounded >= kCacheMinBytes ? large_pool_ : small_pool_; }
 
   HostDeviceOptions options_;
   std::size_t capacity_;
@@ -170,10 +163,12 @@ class HostDevice final : public Device {
   AddressRanges registered_;  // register_host_memory ranges
   std::atomic<std::int64_t> pageable_copies_{0};
   std::shared_ptr<CopyEngine> h2d_, d2h_;  // discrete only; shared with queued copies
-  BlockPool small_pool_, large_pool_;  // freed blocks below / from kCacheMinBytes, accounted apart
+  std::map<std::size_t, std::vector<void*>> cache_;  // freed blocks by rounded size
+  std::size_t cached_bytes_ = 0;
   bool poison_freed_ = false;                                     // set_poison_freed
   std::size_t quarantine_cap_ = 0, quarantined_bytes_ = 0;
   std::deque<std::pair<void*, std::size_t>> quarantine_;          // poisoned freed blocks, oldest first
+  std::size_t live_rounded_ = 0, live_rounded_peak_ = 0;  // live blocks' rounded bytes
   DeviceMemoryStats stats_;
   std::unique_ptr<HostStream> compute_;
   int streams_created_ = 0;

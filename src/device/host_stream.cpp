@@ -9,9 +9,7 @@ HostQueue::HostQueue(std::string name) : name_(std::move(name)), worker_([this] 
 HostQueue::~HostQueue() {
   {
     std::unique_lock lock(mutex_);
-    ++waiters_;
     done_cv_.wait(lock, [&] { return completed_ == enqueued_; });
-    --waiters_;
     stop_ = true;
   }
   work_cv_.notify_all();
@@ -29,14 +27,12 @@ HostQueue::~HostQueue() {
 
 std::uint64_t HostQueue::enqueue(std::function<void()> task) {
   std::uint64_t ticket;
-  bool wake = false;
   {
     std::lock_guard lock(mutex_);
     tasks_.push_back(std::move(task));
     ticket = ++enqueued_;
-    wake = worker_sleeping_;  // a running worker finds the task when it next takes the lock
   }
-  if (wake) work_cv_.notify_one();
+  work_cv_.notify_one();
   return ticket;
 }
 
@@ -52,10 +48,7 @@ bool HostQueue::done(std::uint64_t ticket) const {
 
 void HostQueue::wait_for(std::uint64_t ticket) const {
   std::unique_lock lock(mutex_);
-  if (completed_ >= ticket) return;
-  ++waiters_;
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });
-  --waiters_;
 }
 
 void HostQueue::synchronize() {
@@ -63,9 +56,7 @@ void HostQueue::synchronize() {
   {
     std::unique_lock lock(mutex_);
     std::uint64_t target = enqueued_;
-    ++waiters_;
     done_cv_.wait(lock, [&] { return completed_ >= target; });
-    --waiters_;
     error = std::exchange(error_, nullptr);
     error_ticket_ = 0;
   }
@@ -86,9 +77,7 @@ void HostQueue::run() {
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
-      worker_sleeping_ = true;
       work_cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
-      worker_sleeping_ = false;
       if (tasks_.empty()) return;  // stop_ and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -100,7 +89,6 @@ void HostQueue::run() {
       error = std::current_exception();
     }
     task = nullptr;  // release captures before signalling completion
-    bool notify = false;
     {
       std::lock_guard lock(mutex_);
       ++completed_;
@@ -109,9 +97,8 @@ void HostQueue::run() {
         error_ticket_ = completed_;
       }
       error = nullptr;  // drop this thread's reference under the lock the readers take
-      notify = waiters_ > 0;
     }
-    if (notify) done_cv_.notify_all();
+    done_cv_.notify_all();
   }
 }
 

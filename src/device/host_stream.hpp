@@ -54,11 +54,6 @@ class HostQueue {
   mutable std::condition_variable work_cv_, done_cv_;
   std::deque<std::function<void()>> tasks_;
   std::uint64_t enqueued_ = 0, completed_ = 0;
-  // Who sleeps on the condition variables: a notify is a futex call (and, on a busy core, a
-  // context switch), so enqueue wakes the worker only when it sleeps and a completed task
-  // wakes waiters only when there are some. Both change under mutex_.
-  bool worker_sleeping_ = false;
-  mutable int waiters_ = 0;  // wait_for is const
   std::exception_ptr error_;
   std::uint64_t error_ticket_ = 0;
   bool stop_ = false;

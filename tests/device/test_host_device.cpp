@@ -72,23 +72,22 @@ TEST(HostDevice, FreedLargeBlocksAreReusedAndAMissReleasesTheCache) {
   const std::size_t rounded = (big + 255) / 256 * 256;
   void* a = dev.allocate(big);
   void* b = dev.allocate(big);
-  void* small = dev.allocate(1000);  // live peak: 2 big blocks; the small pool's: 1024 bytes
+  void* small = dev.allocate(1000);  // live peak: 2 big blocks + 1024 bytes
   dev.deallocate(small);
   dev.deallocate(a);
   dev.deallocate(b);
-  EXPECT_EQ(dev.cached_bytes(), 2 * rounded + 1024);  // small blocks are cached in a pool of their own
+  EXPECT_EQ(dev.cached_bytes(), 2 * rounded);  // small blocks are left to malloc
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);  // cached bytes are not in use
   // The same rounded size comes back from the cache, most recently freed first.
   EXPECT_EQ(dev.allocate(big - 50), b);
-  EXPECT_EQ(dev.cached_bytes(), rounded + 1024);
-  EXPECT_EQ(dev.memory_stats().current_bytes, static_cast<std::int64_t>(big - 50));
-  EXPECT_EQ(dev.allocate(1000), small);  // a small block comes back from the small pool
   EXPECT_EQ(dev.cached_bytes(), rounded);
-  // The small pool has its own account: past its live peak it releases only small blocks, never
-  // a large one (a step's small read-back buffer must not unmap a cached gathered buffer) ...
+  EXPECT_EQ(dev.memory_stats().current_bytes, static_cast<std::int64_t>(big - 50));
+  // Small blocks are outside the cache's account: even past the live peak they release nothing
+  // (a step's small read-back buffer must not unmap a cached gathered buffer) ...
+  small = dev.allocate(1000);
   void* small2 = dev.allocate(3000);
   EXPECT_EQ(dev.cached_bytes(), rounded);
-  // ... a large miss past the peak releases cached large blocks until live + cached fit again.
+  // ... a cacheable miss past the peak releases cached blocks until live + cached fit again.
   const std::size_t other = HostDevice::kCacheMinBytes + 4096;  // a size the cache does not hold
   void* c = dev.allocate(other);
   EXPECT_EQ(dev.cached_bytes(), 0u);
@@ -96,16 +95,13 @@ TEST(HostDevice, FreedLargeBlocksAreReusedAndAMissReleasesTheCache) {
   EXPECT_EQ(dev.cached_bytes(), other);
   dev.deallocate(small);
   dev.deallocate(small2);
-  const std::size_t small_cached = 1024 + 3072;
-  EXPECT_EQ(dev.cached_bytes(), other + small_cached);
-  // Past the live peak, a miss releases the cache, largest first, as far as it must (here: all
-  // the large pool's; the small pool keeps its blocks).
+  // Past the live peak, a miss releases the cache, largest first, as far as it must (here: all).
   dev.deallocate(b);
-  EXPECT_EQ(dev.cached_bytes(), rounded + other + small_cached);
+  EXPECT_EQ(dev.cached_bytes(), rounded + other);
   void* d = dev.allocate(3 * HostDevice::kCacheMinBytes);
-  EXPECT_EQ(dev.cached_bytes(), small_cached);
+  EXPECT_EQ(dev.cached_bytes(), 0u);
   dev.deallocate(d);
-  EXPECT_EQ(dev.cached_bytes(), 3 * HostDevice::kCacheMinBytes + small_cached);
+  EXPECT_EQ(dev.cached_bytes(), 3 * HostDevice::kCacheMinBytes);
 }
 
 // Allocated (torch's memory_allocated) counts the requested bytes of live blocks; reserved
