@@ -20,7 +20,8 @@
 #      every weight by ~lr, coherently across a 2816-wide residual stream and 64 residual
 #      branches; 3e-5 took the 32-layer model's loss from 11.19 to 14.67 in one step),
 #      ZOE_SCALE_MIN_PARAMS (3.0e9: refuse a smaller model unless set lower, for a trial run),
-#      ZOE_SCALE_UPDATE_IN_BACKWARD (1: zoe.update_in_backward; 0: the update starts at step()).
+#      ZOE_SCALE_UPDATE_IN_BACKWARD (1: zoe.update_in_backward; 0: the update starts at step()),
+#      ZOE_SCALE_STATE_DTYPE (fp32, or bf16: zoe.optimizer_state_dtype, exp_avg / exp_avg_sq in bf16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L=${ZOE_SCALE_LAYERS:-32} C=${ZOE_SCALE_WIDTH:-2816} H=${ZOE_SCALE_HEADS:-22} T=${ZOE_SCALE_CONTEXT:-256}
@@ -39,8 +40,8 @@ if (( psi < min_params )); then
   echo "scale-demo: $psi parameters (layers $L, width $C) < ZOE_SCALE_MIN_PARAMS=$min_params; refusing" >&2
   exit 2
 fi
-# On NVMe: fp32 master + exp_avg + exp_avg_sq (12 B) + fp32 gradient (4 B) + bf16 parameters (2 B)
-# per element = 18 Psi, plus each tensor's 4 KiB extent rounding: headroom 5% + 2 GiB. The dd
+# On NVMe at most: fp32 master + exp_avg + exp_avg_sq (12 B) + bf16 gradient (2 B) + bf16
+# parameters (2 B) per element, rounded up to 18 Psi (ZeRO-Infinity's fp32 gradient), plus each tensor's 4 KiB extent rounding: headroom 5% + 2 GiB. The dd
 # test file (4 GiB) is removed before the run.
 states=$(( 18*psi ))
 dd_bytes=$(( 4 << 30 ))
@@ -49,7 +50,7 @@ mkdir -p "$nvme"
 avail=$(df --output=avail -B1 "$nvme" | tail -1 | tr -d ' ')
 gb() { python3 -c "print(f'{$1/1e9:.2f} GB')"; }
 echo "scale-demo: model $psi parameters (layers $L, heads $H, width $C, context $T, vocab $V)"
-echo "scale-demo: NVMe path $nvme needs $(gb $need) free ($(gb $states) of states: 12 B fp32 master+exp_avg+exp_avg_sq, 4 B fp32 gradient, 2 B bf16 parameter per element; + 5% + 2 GB headroom); available $(gb $avail)"
+echo "scale-demo: NVMe path $nvme needs $(gb $need) free ($(gb $states) of states at most: 12 B fp32 master+exp_avg+exp_avg_sq, up to 4 B gradient, 2 B bf16 parameter per element; + 5% + 2 GB headroom); available $(gb $avail)"
 if (( avail < need )); then
   echo "scale-demo: refusing: $(gb $avail) free at $nvme, need $(gb $need). Free disk, point ZOE_SCALE_NVME elsewhere, or lower ZOE_SCALE_LAYERS." >&2
   exit 2
@@ -84,11 +85,14 @@ echo "scale-demo: dd bound at $nvme: write $(gb $write_bw)/s, read $(gb $read_bw
 # --- 4. The engine's configuration (zoe-gpt and zoe-estimate read the same file) -----------------
 # offload_param.buffer_size must hold the largest module's shard: the embeddings (wte + wpe).
 # zoe.update_in_backward (ZOE_SCALE_UPDATE_IN_BACKWARD, default 1): each block's CPU update
-# (NVMe reads, AdamW, writes: 30 of the step's 38 bytes per parameter) starts as soon as its
-# gradient is reduced, overlapping the rest of backward too; exact, and it needs
-# gradient_clipping 0 (a clip needs every gradient's norm first).
+# (NVMe reads, AdamW, writes: 26 of the step's 30 bytes per parameter) starts as soon as its
+# gradient is reduced, overlapping the rest of backward too, and the gradients wait in a few host
+# buffers instead of going to NVMe (34 bytes per parameter with the update at step(); 38 with
+# ZeRO-Infinity's fp32 gradient); exact, and it needs gradient_clipping 0 (a clip needs every
+# gradient's norm first). ZOE_SCALE_STATE_DTYPE=bf16 stores exp_avg / exp_avg_sq in bf16 (22 bytes).
 UIB=true
 [[ "${ZOE_SCALE_UPDATE_IN_BACKWARD:-1}" == 0 ]] && UIB=false
+SDT=${ZOE_SCALE_STATE_DTYPE:-fp32}
 buffer_size=$(( V*C + T*C + 4096 ))
 cfg=$run/ds_config.json
 cat >"$cfg" <<EOF
@@ -97,7 +101,7 @@ cat >"$cfg" <<EOF
   "gradient_accumulation_steps": 1,
   "bf16": {"enabled": true},
   "gradient_clipping": 0,
-  "zoe": {"update_in_backward": $UIB},
+  "zoe": {"update_in_backward": $UIB, "optimizer_state_dtype": "$SDT"},
   "zero_optimization": {
     "stage": 3,
     "reduce_bucket_size": 0,
@@ -130,9 +134,10 @@ t0=$(date +%s)
 echo "scale-demo: zoe-gpt wall time $(( $(date +%s) - t0 )) s"
 
 # --- 6. The figures ----------------------------------------------------------------------------
-python3 - "$log" "$build/scale-estimate.json" "$psi" "$write_bw" "$read_bw" "$build/scale-metrics.csv" "$(nproc)" <<'EOF'
+python3 - "$log" "$build/scale-estimate.json" "$psi" "$write_bw" "$read_bw" "$build/scale-metrics.csv" "$(nproc)" "$UIB" "$SDT" <<'EOF'
 import csv, json, re, sys
 log, est, psi, wbw, rbw, metrics, cores = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6], sys.argv[7]
+uib, sdt = sys.argv[8], sys.argv[9]
 text = open(log).read()
 steps = [tuple(map(float, m)) for m in re.findall(
     r"step-report: step \d+: ([0-9.]+) s; trainer compute ([0-9.]+) s, in engine calls ([0-9.]+) s; NVMe read ([0-9.]+) GB, written ([0-9.]+) GB", text)]
@@ -152,19 +157,23 @@ compute = sum(s[1] for s in steady) / n
 # to the last update's end, construction's writes included (taken out).
 read = sum(s[3] for s in steps) * 1e9 / len(steps)
 written = (sum(s[4] for s in steps) * 1e9 - float(con.group(2)) * 1e9) / len(steps)
-# The formula: the step reads every sub-group's master+exp_avg+exp_avg_sq and fp32 gradient
-# (16 B) and writes the states back (12 B) and the new bf16 parameters (2 B); backward writes
-# the fp32 gradient (4 B, the first micro-batch writes without reading); forward and backward
+# The formula, zoe-estimate's for this configuration (RankEstimate::nvme_traffic): the step reads
+# every sub-group's master+exp_avg+exp_avg_sq (12 B, 8 with bf16 states) and, unless it waited in
+# host memory, its bf16 gradient (2 B), and writes the states back and the new bf16 parameters
+# (2 B); backward writes the gradient unless it waits in host memory; forward and backward
 # (recompute inside its scope) each read the bf16 parameters (2 B + 2 B) unless a shard is still in
-# a staging buffer: read 20 Psi, write 18 Psi.
-f_read, f_write = 20 * psi, 18 * psi
+# a staging buffer.
+f_read, f_write = e["nvme_read_bytes_per_step"], e["nvme_written_bytes_per_step"]
 io_alone = read / rbw + written / wbw
 GB = 1e9
 print("\n==== scale-demo summary ====")
 print(f"parameters: {psi:,} ({psi/1e9:.3f} B)")
 print(f"loss per step: {' '.join(f'{x:.3f}' for x in losses)} (ln V = 10.825)")
+print(f"mode: zoe.update_in_backward {uib}, zoe.optimizer_state_dtype {sdt}")
 print(f"NVMe bytes per step (/proc/self/io, mean of {len(steps)} steps): read {read/GB:.2f} GB, written {written/GB:.2f} GB; "
-      f"formula read 20 Psi = {f_read/GB:.2f} GB, written 18 Psi = {f_write/GB:.2f} GB; measured/formula {read/f_read:.3f} / {written/f_write:.3f}")
+      f"formula read {f_read/GB:.2f} GB, written {f_write/GB:.2f} GB; measured/formula {read/f_read:.3f} / {written/f_write:.3f}")
+print(f"NVMe bytes per parameter per step: read {read/psi:.3f}, written {written/psi:.3f}, moved {(read+written)/psi:.3f} "
+      f"(formula {f_read/psi:.2f} + {f_write/psi:.2f} = {(f_read+f_write)/psi:.2f}; ZeRO-Infinity's: 20 + 18 = 38)")
 print(f"host memory: VmHWM {mem.group(1)} GiB (goal <= 8 GiB); pinned staging {mem.group(2)} GiB; "
       f"device buffers of the host device (in host memory): allocated peak {mem.group(5)} GiB, "
       f"reserved peak {mem.group(6)} GiB (with its block cache)")

@@ -162,7 +162,7 @@ void run_cpu_step_case(const CpuStepBenchOptions& o, const Report& report) {
     ++t_pipeline;
     std::size_t k = 0;
     states.for_each(ids, [&](const offload::SubGroupStates& sg) {
-      adam.step(h, t_pipeline, scale, sg.master, sg.exp_avg, sg.exp_avg_sq, sg.grad, DType::f32,
+      adam.step(h, t_pipeline, scale, sg.master, sg.exp_avg, sg.exp_avg_sq, sg.state_dtype, sg.grad, sg.grad_dtype,
                 static_cast<std::size_t>(sg.numel), out + begin[k++], DType::bf16);
     });
   };

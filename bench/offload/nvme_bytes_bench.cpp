@@ -1,12 +1,14 @@
-// NVMe bytes per parameter per step: a real Engine (one rank on the host device, bf16 compute,
-// ZeRO-3, optimizer states and parameter shards on NVMe) with `modules` modules of one
+// NVMe bytes per parameter per step, per mode: a real Engine for each (one rank on the host
+// device, bf16 compute, ZeRO-3, optimizer states and parameter shards on NVMe; the modes differ
+// in zoe.host_memory_budget and zoe.optimizer_state_dtype) with `modules` modules of one
 // parameter each; each micro-batch runs the forward, then the backward (a constant written into
 // every gradient buffer), and each step ends with step() + synchronize(), so a step's record
 // holds all of its update's I/O. Bytes are /proc/self/io's read_bytes / write_bytes of the
 // process (every thread and io_uring worker; the tiers' files are O_DIRECT, so this is their
 // traffic), from a step's start to its update's end, averaged over the measured steps, and
 // compared with RankEstimate::nvme_traffic (src/config/estimate.hpp) for the same config: the
-// bound is the formula, the ratio measured / formula. stage3_max_reuse_distance is 0, as for a
+// bound is the formula, the ratio measured / formula. Step time: each mode's median step
+// against the all-on-NVMe mode's, the modes' steps taken in turn. stage3_max_reuse_distance is 0, as for a
 // model far larger than the reuse window, so each module is gathered in forward and again in
 // backward. Reads can be below the formula: a shard still in one of the parameter tier's
 // staging buffers when its backward starts is not read again.
@@ -15,6 +17,8 @@
 #include "bench/offload/bench_model.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,7 +29,17 @@
 
 namespace zoe::bench {
 
-void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
+namespace {
+
+/// One of the compared modes: what it changes from everything on NVMe (ZeRO-Infinity's step).
+struct Mode {
+  std::string name;
+  std::int64_t host_memory_budget;
+  OptimizerStateDType state_dtype;
+  bool update_in_backward = false;
+};
+
+Config mode_config(const NvmeBytesBenchOptions& o, const Mode& mode, std::int64_t per_module) {
   Config c;
   c.zero_optimization.stage = 3;
   c.bf16.enabled = true;
@@ -39,19 +53,45 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
   c.zero_optimization.offload_optimizer.nvme_path = o.nvme_dir;
   c.zero_optimization.offload_param.device = OffloadDevice::nvme;
   c.zero_optimization.offload_param.nvme_path = o.nvme_dir;
-  const std::int64_t per_module = std::max<std::int64_t>(16, o.psi / o.modules / 16 * 16);
   c.zero_optimization.offload_param.buffer_size = std::max(c.zero_optimization.offload_param.buffer_size, per_module);
   c.zoe.optimizer_threads = o.threads;
-  c.zoe.host_memory_budget = o.host_memory_budget;
+  c.zoe.host_memory_budget = mode.host_memory_budget;
+  c.zoe.optimizer_state_dtype = mode.state_dtype;
+  c.zoe.update_in_backward = mode.update_in_backward;
+  return c;
+}
 
-  Engine e(c, make_local_ranks(1)[0]);
-  const std::vector<ModuleId> modules = add_bench_modules(e, per_module, o.modules);
+}  // namespace
+
+void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
+  const std::int64_t per_module = std::max<std::int64_t>(16, o.psi / o.modules / 16 * 16);
   const std::int64_t psi = per_module * o.modules;
+  const std::int64_t budget = o.host_memory_budget > 0 ? o.host_memory_budget : 4 * psi;
+  const std::vector<Mode> modes{
+      {"all on NVMe", 0, OptimizerStateDType::fp32},
+      {"gradients in host memory", budget, OptimizerStateDType::fp32},
+      {"update in backward", 0, OptimizerStateDType::fp32, true},
+      {"update in backward, bf16 states", 0, OptimizerStateDType::bf16, true},
+  };
+  struct Run {
+    Config config;
+    std::unique_ptr<Engine> engine;
+    std::vector<ModuleId> modules;
+    std::int64_t read = 0, written = 0;
+    std::vector<double> seconds;
+  };
+  std::vector<Run> runs(modes.size());
+  for (std::size_t i = 0; i < modes.size(); ++i) {
+    runs[i].config = mode_config(o, modes[i], per_module);
+    runs[i].engine = std::make_unique<Engine>(runs[i].config, make_local_ranks(1)[0]);
+    runs[i].modules = add_bench_modules(*runs[i].engine, per_module, o.modules);
+  }
   const std::uint16_t grad_bits = kernels::f32_to_bf16(1e-3f);
-  auto step = [&] {
+  auto step = [&](Run& r) {
+    Engine& e = *r.engine;
     for (int mb = 0; mb < o.gas; ++mb) {
-      for (ModuleId m : modules) ForwardScope f(e, m);
-      for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+      for (ModuleId m : r.modules) ForwardScope f(e, m);
+      for (auto it = r.modules.rbegin(); it != r.modules.rend(); ++it) {
         ModuleTensors t = e.begin_backward(*it);
         std::fill_n(t.grads[0].as<std::uint16_t>(), t.grads[0].numel(), grad_bits);
         e.end_backward(*it);
@@ -62,31 +102,47 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
   };
 
   const std::string name = "nvme stage 3 psi=" + std::to_string(psi / 1'000'000) + "M modules=" +
-                           std::to_string(o.modules) + " gas=" + std::to_string(o.gas) +
-                           (o.host_memory_budget > 0 ? " host budget " + std::to_string(o.host_memory_budget >> 20) + " MiB" : "");
-  report.text("# nvme-bytes %s: first step (construction) ...\n", name.c_str());
-  step();
-  std::int64_t read = 0, written = 0;
-  for (int r = 0; r < o.reps; ++r) {
-    const gpt::ProcIo before = gpt::ProcIo::now();
-    step();
-    const gpt::ProcIo after = gpt::ProcIo::now();
-    read += after.read_bytes - before.read_bytes;
-    written += after.write_bytes - before.write_bytes;
-    report.text("#   step %d: read %.1f MB, written %.1f MB\n", r + 2, (after.read_bytes - before.read_bytes) / 1e6,
-                (after.write_bytes - before.write_bytes) / 1e6);
-  }
+                           std::to_string(o.modules) + " gas=" + std::to_string(o.gas);
+  report.text("# nvme-bytes %s: first step of each mode (construction) ...\n", name.c_str());
+  for (Run& r : runs) step(r);
+  // The modes' steps in turn, so a slow spell of the machine falls on all of them alike.
+  for (int rep = 0; rep < o.reps; ++rep)
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      Run& r = runs[i];
+      const gpt::ProcIo before = gpt::ProcIo::now();
+      const auto t0 = std::chrono::steady_clock::now();
+      step(r);
+      r.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const gpt::ProcIo after = gpt::ProcIo::now();
+      r.read += after.read_bytes - before.read_bytes;
+      r.written += after.write_bytes - before.write_bytes;
+      report.text("#   %s, step %d: read %.1f MB, written %.1f MB, %.3f s\n", modes[i].name.c_str(), rep + 2,
+                  (after.read_bytes - before.read_bytes) / 1e6, (after.write_bytes - before.write_bytes) / 1e6,
+                  r.seconds.back());
+    }
   estimate::ModelShape shape;
   shape.parameters = psi;
   shape.largest_layer = per_module;
-  const estimate::RankEstimate::Traffic f = estimate::estimate_rank(shape, 1, c).nvme_traffic;
-  const double P = static_cast<double>(psi), n = static_cast<double>(o.reps);
-  const double rd = static_cast<double>(read) / n / P, wr = static_cast<double>(written) / n / P;
-  const double frd = static_cast<double>(f.read) / P, fwr = static_cast<double>(f.written) / P;
-  report.line(name + " NVMe read per parameter per step", rd, "B", frd, rd / frd, "(formula: zoe-estimate)");
-  report.line(name + " NVMe written per parameter per step", wr, "B", fwr, wr / fwr, "(formula: zoe-estimate)");
-  report.line(name + " NVMe moved per parameter per step", rd + wr, "B", frd + fwr, (rd + wr) / (frd + fwr),
-              "(formula: zoe-estimate)");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  };
+  const double base_seconds = median(runs[0].seconds);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const Run& r = runs[i];
+    const estimate::RankEstimate::Traffic f = estimate::estimate_rank(shape, 1, r.config).nvme_traffic;
+    const double P = static_cast<double>(psi), n = static_cast<double>(o.reps);
+    const double rd = static_cast<double>(r.read) / n / P, wr = static_cast<double>(r.written) / n / P;
+    const double frd = static_cast<double>(f.read) / P, fwr = static_cast<double>(f.written) / P;
+    const std::string c = name + ", " + modes[i].name;
+    report.line(c + ": NVMe read per parameter per step", rd, "B", frd, rd / frd, "(formula: zoe-estimate)");
+    report.line(c + ": NVMe written per parameter per step", wr, "B", fwr, wr / fwr, "(formula: zoe-estimate)");
+    report.line(c + ": NVMe moved per parameter per step", rd + wr, "B", frd + fwr, (rd + wr) / (frd + fwr),
+                "(formula: zoe-estimate)");
+    const double s = median(r.seconds);
+    report.line(c + ": step time", s, "s", base_seconds, s / base_seconds,
+                "(bound: the all-on-NVMe mode's median step, steps in turn)");
+  }
 }
 
 }  // namespace zoe::bench

@@ -1,6 +1,9 @@
-// Part (e) of zoe-offload-bench: the NVMe bytes a ZeRO-3 step moves per parameter, measured by
-// /proc/self/io, against zoe-estimate's formula for the same config (RankEstimate::nvme_traffic).
-// See nvme_bytes_bench.cpp.
+// Part (e) of zoe-offload-bench: the NVMe bytes a ZeRO-3 step moves per parameter in each mode
+// (everything on NVMe as ZeRO-Infinity; gradients in host memory by zoe.host_memory_budget;
+// the update in backward, whose gradients wait in a few host buffers; that with bf16 optimizer
+// states), measured by /proc/self/io against zoe-estimate's formula for the same config
+// (RankEstimate::nvme_traffic), and each mode's step time against the first mode's, steps
+// taken in turn in one run. See nvme_bytes_bench.cpp.
 #pragma once
 
 #include <cstdint>
@@ -19,15 +22,17 @@ struct NvmeBytesBenchOptions {
   int gas = 1;
   /// Measured steps (after one unmeasured first step: construction and the first forward).
   int reps = 3;
-  /// zoe.host_memory_budget in bytes (0: every gradient on NVMe).
+  /// zoe.host_memory_budget in bytes of the modes that keep gradients in host memory (0:
+  /// enough for every gradient, 4 bytes per element).
   std::int64_t host_memory_budget = 0;
   /// zoe.optimizer_threads (0 = all hardware threads).
   int threads = 0;
   std::string nvme_dir;
 };
 
-/// Runs the case on one host-device rank: stage 3, bf16, optimizer states and parameters on
-/// NVMe under `nvme_dir`. Throws what the Engine throws.
+/// Runs the case on one host-device rank per mode, all alive at once, their steps taken in turn:
+/// stage 3, bf16, optimizer states and parameters on NVMe under `nvme_dir`. Throws what the
+/// Engine throws.
 void run_nvme_bytes_case(const NvmeBytesBenchOptions& options, const Report& report);
 
 }  // namespace zoe::bench

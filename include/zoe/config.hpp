@@ -194,12 +194,23 @@ struct ZoeConfig {
   /// Pinned host memory budget in bytes for the offload tiers (0 = unlimited).
   std::int64_t pinned_budget_bytes = 0;
   /// Host memory (bytes, per rank) the NVMe tiers may use to keep what would otherwise move
-  /// over NVMe every step. Today: the reduced fp32 gradients of sub-groups on
-  /// offload_optimizer nvme, whole sub-groups in registration order while they fit, which
-  /// then never touch NVMe (4 bytes per element read and written less per step; exact: the
-  /// same values). 0 (default): every gradient on NVMe, as DeepSpeed's ZeRO-Infinity. Needs
+  /// over NVMe every step. Today: the reduced gradients of sub-groups on offload_optimizer
+  /// nvme (4 bytes per element in fp32; 2 with one micro-batch per step of bf16 / fp16
+  /// compute, kept as reduced), whole sub-groups in registration order while they fit, which
+  /// then never touch NVMe (those bytes read and written less per step; exact: the same
+  /// values). 0 (default): every gradient on NVMe, as DeepSpeed's ZeRO-Infinity. Needs
   /// offload_optimizer nvme when > 0. Pageable memory, outside pinned_budget_bytes.
   std::int64_t host_memory_budget = 0;
+  /// Storage of the CPU optimizer's exp_avg and exp_avg_sq: "fp32" (default, DeepSpeed's) or
+  /// "bf16" (2 bytes each instead of 4: 8 bytes of states per element instead of 12, on
+  /// whichever tier offload_optimizer names). The master weights stay fp32 and the AdamW math
+  /// fp32; after each step exp_avg and exp_avg_sq are rounded to nearest, ties to even (as
+  /// torch's .to(torch.bfloat16), so a run is deterministic and matches a torch reference). Not
+  /// exact: the update differs from fp32 states by that rounding (reported with no accuracy
+  /// change by DeepSpeed's CPU-offload bf16 states). Checkpoints hold fp32 states in every mode,
+  /// so one mode's checkpoint loads into the other (bf16 -> fp32 exactly, fp32 -> bf16 rounded
+  /// once). Needs offload_optimizer cpu or nvme with ratio 1 (the device's AdamW keeps fp32).
+  OptimizerStateDType optimizer_state_dtype = OptimizerStateDType::fp32;
   /// Overlap the CPU optimizer step with the next forward (results unchanged).
   bool overlap_step = true;
   /// ZeRO-Offload's one-step-delayed parameter update (Ren et al. 2021, §4.2): step k+1's

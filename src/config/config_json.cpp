@@ -192,6 +192,8 @@ void read_zoe(Section s, ZoeConfig& c) {
   s.boolean("require_direct_io", c.require_direct_io);
   s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
   s.integer("host_memory_budget", c.host_memory_budget);
+  s.choice("optimizer_state_dtype", c.optimizer_state_dtype,
+           {{"fp32", OptimizerStateDType::fp32}, {"bf16", OptimizerStateDType::bf16}});
   s.boolean("overlap_step", c.overlap_step);
   s.boolean("delayed_update", c.delayed_update);
   s.boolean("update_in_backward", c.update_in_backward);
@@ -423,6 +425,7 @@ std::string Config::to_json() const {
               {"require_direct_io", zoe.require_direct_io},
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
               {"host_memory_budget", zoe.host_memory_budget},
+              {"optimizer_state_dtype", zoe.optimizer_state_dtype == OptimizerStateDType::bf16 ? "bf16" : "fp32"},
               {"overlap_step", zoe.overlap_step},
               {"delayed_update", zoe.delayed_update},
               {"update_in_backward", zoe.update_in_backward},

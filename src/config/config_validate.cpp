@@ -162,6 +162,17 @@ void check_zoe(Checker& k, const Config& c) {
     k.fail("zoe.host_memory_budget", {"zero_optimization.offload_optimizer.device"},
            "> 0 needs zero_optimization.offload_optimizer.device \"nvme\" (it keeps the NVMe tier's gradients in "
            "host memory; with \"cpu\" they are there already), got ", z.host_memory_budget);
+  if (z.optimizer_state_dtype == OptimizerStateDType::bf16) {
+    const auto& oo = c.zero_optimization.offload_optimizer;
+    if (oo.device == OffloadDevice::none)
+      k.fail("zoe.optimizer_state_dtype", {"zero_optimization.offload_optimizer.device"},
+             "\"bf16\" needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (bf16 states are kept by "
+             "the CPU optimizer; the device's AdamW keeps fp32 states), got \"none\"");
+    else if (oo.ratio != 1.0)
+      k.fail("zoe.optimizer_state_dtype", {"zero_optimization.offload_optimizer.ratio"},
+             "\"bf16\" needs zero_optimization.offload_optimizer.ratio 1 (the sub-groups left on the device keep fp32 "
+             "states), got ", oo.ratio);
+  }
   if (z.delayed_update && c.zero_optimization.offload_optimizer.device == OffloadDevice::none)
     k.fail("zoe.delayed_update", {"zero_optimization.offload_optimizer.device"},
            "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it delays the "

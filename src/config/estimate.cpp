@@ -10,7 +10,6 @@
 namespace zoe::estimate {
 namespace {
 constexpr std::int64_t kOptimizerBytes = 12;  // K: fp32 master + exp_avg + exp_avg_sq
-constexpr std::int64_t kGradientBytes = 4;    // the offloaded fp32 gradient shard
 constexpr std::int64_t kAlign = 16;           // the engine's shard alignment (elements)
 constexpr std::int64_t kPage = 4096;          // pinned buffers are whole pages
 
@@ -80,24 +79,51 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const bool offloaded = stage.shards_optimizer && z.offload_optimizer.device != OffloadDevice::none;
   const std::int64_t state_elements = stage.shards_optimizer ? t : psi_t;
   const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(t)) : 0;
-  put(r.optimizer_states, z.offload_optimizer.device, kOptimizerBytes * off);
+  // The offloaded states: fp32 master plus exp_avg and exp_avg_sq of zoe.optimizer_state_dtype
+  // (12 or 8 bytes per element); the device keeps fp32 (kOptimizerBytes).
+  const std::int64_t offloaded_state_bytes =
+      4 + 2 * static_cast<std::int64_t>(optimizer_state_dtype_size(config.zoe.optimizer_state_dtype));
+  put(r.optimizer_states, z.offload_optimizer.device, offloaded_state_bytes * off);
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
   // Gradients, as the engine keeps them: on the device full at stages 0-1 (the trainer
   // accumulates there) and the shard at 2-3 (fp32 when micro-batches accumulate), unless
-  // every sub-group is offloaded; the offloaded elements' fp32 gradients on the offload tier.
+  // every sub-group is offloaded; the offloaded elements' gradients on the offload tier.
   const std::int64_t grad_bytes = stage.shards_grads && config.gradient_accumulation_steps > 1 ? 4 : B;
   if (!stage.shards_grads) {
     r.gradients.device = B * psi_t;
   } else if (off < t) {
     r.gradients.device = grad_bytes * t;
   }
-  // zoe.host_memory_budget keeps the NVMe tier's gradients in host memory while they fit (the
-  // engine places whole sub-groups, so it may keep up to one sub-group's less).
-  const std::int64_t grads_in_host =
-      z.offload_optimizer.device == OffloadDevice::nvme ? std::min(kGradientBytes * off, config.zoe.host_memory_budget) / kGradientBytes : 0;
-  put(r.gradients, z.offload_optimizer.device, kGradientBytes * (off - grads_in_host));
-  r.gradients.host += kGradientBytes * grads_in_host;
+  // The offloaded gradient shard: fp32 (micro-batches accumulate in it), or with one
+  // micro-batch per step the 16-bit shard as it arrives (exact, OptimizerStates::add_grad).
+  const std::int64_t kGradientBytes = config.gradient_accumulation_steps == 1 ? B : 4;
+  // zoe.update_in_backward on NVMe with one micro-batch: the gradients wait in recycled host
+  // buffers until their group's update, none on NVMe (OptimizerStates::recycle_gradient_slots):
+  // the most sub-groups of one group plus one, or what the budget holds, each the largest
+  // sub-group's gradient (at least a page). Otherwise zoe.host_memory_budget keeps the NVMe
+  // tier's gradients in host memory while they fit (the engine places whole sub-groups, so it
+  // may keep up to one sub-group's less).
+  const bool recycled = offloaded && z.offload_optimizer.device == OffloadDevice::nvme && config.zoe.update_in_backward &&
+                        config.gradient_accumulation_steps == 1;
+  std::int64_t grads_in_host = 0;
+  if (recycled) {
+    const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
+    const std::int64_t module_shard = model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : t;
+    const std::int64_t slot = std::max(kPage, kGradientBytes * std::min({sub_group, module_shard, off}));
+    // Sub-groups never span modules: those of one module's shard, and of all of them.
+    const std::int64_t group = std::min(module_shard, off), per_group = (group + sub_group - 1) / sub_group;
+    const std::int64_t slots = std::min(std::max(per_group + 1, config.zoe.host_memory_budget / slot),
+                                        (off + group - 1) / group * per_group);  // never more than there are sub-groups
+    grads_in_host = off;
+    r.gradients.host += slots * slot;
+  } else {
+    grads_in_host = z.offload_optimizer.device == OffloadDevice::nvme
+                        ? std::min(kGradientBytes * off, config.zoe.host_memory_budget) / kGradientBytes
+                        : 0;
+    put(r.gradients, z.offload_optimizer.device, kGradientBytes * (off - grads_in_host));
+    r.gradients.host += kGradientBytes * grads_in_host;
+  }
 
   r.model_states = r.params;
   r.model_states += r.gradients;
@@ -178,7 +204,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     // Each staging buffer holds a sub-group's states, page-aligned, then its fp32 gradient;
     // one more buffer stages gradient writes.
     r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} *
-                          round_up(round_up(std::max<std::int64_t>(kOptimizerBytes * largest, 1), kPage) +
+                          round_up(round_up(std::max<std::int64_t>(offloaded_state_bytes * largest, 1), kPage) +
                                        kGradientBytes * largest, kPage) +
                       round_up(std::max(kPage, kGradientBytes * largest), kPage);
   }
@@ -191,8 +217,8 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // NVMe traffic per step (the header's formula).
   const std::int64_t G = config.gradient_accumulation_steps;
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
-    r.nvme_traffic.read += 12 * off + 4 * G * (off - grads_in_host);
-    r.nvme_traffic.written += 12 * off + 4 * G * (off - grads_in_host);
+    r.nvme_traffic.read += offloaded_state_bytes * off + kGradientBytes * G * (off - grads_in_host);
+    r.nvme_traffic.written += offloaded_state_bytes * off + kGradientBytes * G * (off - grads_in_host);
   }
   if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme) {
     r.nvme_traffic.read += 2 * G * B * r.shard_elements;

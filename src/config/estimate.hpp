@@ -68,10 +68,12 @@ struct RankEstimate {
   /// shard at stage 3, on offload_param's tier). gradients: on the device, compute-dtype (full
   /// at stages 0-1, the shard at 2-3, fp32 at 2-3 with gradient_accumulation_steps > 1, none
   /// at 2-3 when every sub-group is offloaded); with offload_optimizer, 4 bytes per offloaded
-  /// element on its tier (the fp32 gradient shard; nvme: in host memory for the first
-  /// min(o, zoe.host_memory_budget / 4) of them). optimizer_states: 12 bytes per element of
+  /// element on its tier (the fp32 gradient shard; B with one micro-batch per step, the
+  /// compute-dtype shard; nvme: in host memory for the first min(o, zoe.host_memory_budget /
+  /// those bytes) of them). optimizer_states: 12 bytes per element of
   /// the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq; `ratio` of them
-  /// on offload_optimizer's tier, the rest on the device.
+  /// on offload_optimizer's tier, the rest on the device; 8 on the tier with
+  /// zoe.optimizer_state_dtype bf16 (exp_avg, exp_avg_sq 2 bytes each).
   TierBytes params, gradients, optimizer_states;
   /// params + gradients + optimizer_states: what Engine's MemoryReport calls model states.
   TierBytes model_states;
@@ -138,20 +140,23 @@ struct RankEstimate {
   /// elements of the trainable shard on offload_optimizer nvme (ratio of t), G =
   /// gradient_accumulation_steps, s = shard_elements, t = trainable_shard_elements, B =
   /// compute_bytes:
-  ///  offload_optimizer nvme: the update reads each sub-group's fp32 master, exp_avg,
-  ///    exp_avg_sq and gradient (16·o) and writes the three states (12·o); each micro-batch's
-  ///    reduced gradient is written in fp32 (4·o), every one after the first read first to add
-  ///    to (4·o): read 16·o + 4·(G-1)·o, written 12·o + 4·G·o; the h elements whose gradients
-  ///    zoe.host_memory_budget keeps in host memory (h = min(o, budget / 4)) move none of
-  ///    their gradient bytes: read 12·o + 4·G·(o-h) (the 4·(o-h) of the update's gradient read
-  ///    included), written 12·o + 4·G·(o-h);
+  ///  offload_optimizer nvme: with g the bytes of the tier's gradient (4: fp32, when
+  ///    micro-batches accumulate, G > 1; B with one micro-batch per step, the reduced shard
+  ///    kept as it arrives) and K the bytes of the states (12: fp32 master, exp_avg, exp_avg_sq;
+  ///    8 with zoe.optimizer_state_dtype bf16): the update reads each sub-group's states and
+  ///    gradient (K·o + g·o) and writes the states (K·o); each micro-batch's reduced gradient is
+  ///    written (g·o), every one after the first read first to add to (g·o): read K·o + g·G·o,
+  ///    written K·o + g·G·o; the h elements whose gradients zoe.host_memory_budget keeps in host
+  ///    memory (h = min(o, budget / g)) move none of their gradient bytes: read and written
+  ///    K·o + g·G·(o-h) each;
   ///  offload_param nvme (stage 3): each gather of a module reads its shard, at most once in
   ///    forward and once in backward per micro-batch (2·G·B·s: less where a shard is still in a
   ///    staging buffer or stays gathered within stage3_max_reuse_distance), and the update
   ///    writes the new trainable shard (B·t).
-  /// Everything on NVMe, 16-bit compute, one micro-batch, no frozen parameters: read 20·Ψ/Nd,
-  /// written 18·Ψ/Nd, 38 bytes per parameter (ZeRO-Infinity's own count; measured by
-  /// zoe-offload-bench --cases nvme-bytes and the scale demo).
+  /// Everything on NVMe, 16-bit compute, one micro-batch, no frozen parameters: read 18·Ψ/Nd,
+  /// written 16·Ψ/Nd, 34 bytes per parameter (ZeRO-Infinity's count, with its fp32 gradient,
+  /// is 38); 30 with every gradient in host memory (zoe.host_memory_budget), 22 with that and
+  /// bf16 optimizer states (measured by zoe-offload-bench --cases nvme-bytes and the scale demo).
   struct Traffic {
     std::int64_t read = 0, written = 0;
   } nvme_traffic;

@@ -81,15 +81,10 @@ void GradReducer::flush_bucket() {
     }
   if (gis.size() == 1) {
     reduce_group(model_.group(gis.front()));
+    start_update_if_final(gis.front());
   } else {
-    reduce_groups(gis);
+    reduce_groups(gis);  // starts each group's update as soon as its shard is absorbed
   }
-  // zoe.update_in_backward: the groups whose gradient of the step's last micro-batch this
-  // reduced start their update now (Updater::start_in_backward).
-  if (cx_.config.zoe.update_in_backward)
-    for (int gi : gis)
-      if (model_.group(gi).micro_batches == cx_.config.gradient_accumulation_steps)
-        updater_.start_in_backward(gi);
   if (!cx_.config.zero_optimization.overlap_comm) {
     // DeepSpeed without overlap_comm reduces on the compute stream: the trainer's next work
     // (the rest of backward) starts after the reduction.
@@ -145,8 +140,18 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
     Group& g = model_.group(gis[k]);
     absorb_shard(g, at(out.data(), offsets[k]));
     if (cx_.policy.shards_grads) cx_.frees.after_side(std::move(g.grad_full));
+    start_update_if_final(gis[k]);
   }
   cx_.frees.after_side(std::move(out));
+}
+
+void GradReducer::start_update_if_final(int gi) {
+  // zoe.update_in_backward: a group whose gradient of the step's last micro-batch is now in the
+  // tier's hands starts its update (Updater::start_in_backward) before the next group of the
+  // bucket is absorbed, so the tier's recycled gradient buffers need to hold one group, not a
+  // bucket (OptimizerStates::recycle_gradient_slots).
+  if (cx_.config.zoe.update_in_backward && model_.group(gi).micro_batches == cx_.config.gradient_accumulation_steps)
+    updater_.start_in_backward(gi);
 }
 
 void GradReducer::absorb_shard(Group& g, const void* reduced) {

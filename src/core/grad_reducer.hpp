@@ -58,6 +58,8 @@ class GradReducer {
   /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
   /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups.
   void absorb_shard(Group& g, const void* reduced);
+  /// zoe.update_in_backward: starts group gi's update if this was its step's last micro-batch.
+  void start_update_if_final(int gi);
 
   EngineContext& cx_;
   Model& model_;

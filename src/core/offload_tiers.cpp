@@ -30,6 +30,10 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
     so.adam = adam.get();
     so.host_grad_budget = c.zoe.host_memory_budget;
+    so.state_dtype = c.zoe.optimizer_state_dtype;
+    // One micro-batch of 16-bit compute per step: the reduced shard is the whole gradient, kept
+    // as it arrives (exact; half the bytes of the fp32 copy in host memory or over NVMe).
+    so.grad_dtype = c.gradient_accumulation_steps == 1 ? cx.grad_dtype() : DType::f32;
     states = std::make_unique<offload::OptimizerStates>(so);
   }
   const auto& op = c.zero_optimization.offload_param;

@@ -12,6 +12,7 @@
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/nvme_tier.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "kernels/half.hpp"
 
 namespace zoe::offload {
 
@@ -39,11 +40,19 @@ int OptimizerStates::add(std::int64_t numel) {
   AlignedBuffer g(cpu ? grad_bytes(id) : 0);
   if (g.data()) std::memset(g.data(), 0, grad_bytes(id));
   grads_.push_back(std::move(g));
+  home_.push_back(cpu ? GradientHome::host : GradientHome::nvme);  // nvme: finalize() decides
+  slot_of_.push_back(-1);
   grad_sum_squares_.push_back(0.0);
   grad_finite_.push_back(1);
   initialised_.push_back(0);
   ++uninitialised_;
   return id;
+}
+
+void OptimizerStates::recycle_gradient_slots(int count) {
+  ZOE_CHECK_USAGE(!finalized_, "OptimizerStates::recycle_gradient_slots after finalize");
+  ZOE_CHECK_USAGE(count >= 1, "OptimizerStates::recycle_gradient_slots: count must be >= 1, got ", count);
+  requested_slots_ = count;
 }
 
 void OptimizerStates::finalize() {
@@ -65,6 +74,29 @@ void OptimizerStates::finalize() {
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);
   store_ = std::move(tier.store);
+  if (requested_slots_ > 0) {
+    // Recycled buffers: no gradient on NVMe; the budget may add buffers beyond the request.
+    const auto count = std::min<std::int64_t>(
+        std::max<std::int64_t>(requested_slots_, options_.host_grad_budget / static_cast<std::int64_t>(largest_grad)),
+        static_cast<std::int64_t>(numels_.size()));  // never more than there are sub-groups
+    for (std::int64_t k = 0; k < count; ++k) {
+      slots_.emplace_back(largest_grad);
+      free_slots_.push_back(static_cast<int>(k));
+    }
+    zero_gradient_ = AlignedBuffer(largest_grad);
+    std::memset(zero_gradient_.data(), 0, largest_grad);
+    for (std::size_t i = 0; i < numels_.size(); ++i) {
+      store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes(static_cast<int>(i)), 1));
+      home_[i] = GradientHome::zeros;  // the initial gradient: 0
+    }
+    ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups (fp32 master, {} exp_avg / exp_avg_sq) on NVMe in {} "
+                 "({} MiB, {} x {} MiB staging, O_DIRECT {}); {} gradients in {} recycled host buffers of {} KiB "
+                 "(zoe.update_in_backward: none on NVMe)",
+                 options_.rank, numels_.size(), optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
+                 nvme_state_bytes() >> 20, pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(),
+                 dtype_name(options_.grad_dtype), slots_.size(), largest_grad >> 10);
+    return;
+  }
   // host_grad_budget: the first sub-groups' gradients, while they fit, stay in host memory.
   std::int64_t room = options_.host_grad_budget;
   std::size_t in_host = 0;
@@ -76,16 +108,19 @@ void OptimizerStates::finalize() {
       room -= gb;
       grads_[i] = AlignedBuffer(grad_bytes(id));
       std::memset(grads_[i].data(), 0, grad_bytes(id));
+      home_[i] = GradientHome::host;
       ++in_host;
     } else {
       room = 0;  // in order: a later, smaller sub-group does not overtake this one
       store_->register_tensor(grad_name(id), grad_bytes(id));
     }
   }
-  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups on NVMe in {} ({} MiB, {} x {} MiB staging, O_DIRECT {}); "
-               "gradients of {} in host memory ({} MiB, zoe.host_memory_budget)",
-               options_.rank, numels_.size(), store_->path(), nvme_state_bytes() >> 20, pool_->buffer_count(),
-               pool_->buffer_bytes() >> 20, store_->direct_io(), in_host, host_state_bytes() >> 20);
+  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups (fp32 master, {} exp_avg / exp_avg_sq) on NVMe in {} "
+               "({} MiB, {} x {} MiB staging, O_DIRECT {}); {} gradients of {} in host memory ({} MiB, "
+               "zoe.host_memory_budget)",
+               options_.rank, numels_.size(), optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
+               nvme_state_bytes() >> 20, pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(),
+               dtype_name(options_.grad_dtype), in_host, host_state_bytes() >> 20);
 }
 
 void OptimizerStates::write_initial(int id, std::span<const float> master) {
@@ -102,7 +137,7 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
   auto fill = [&](void* base) {
     float* p = static_cast<float*>(base);
     std::copy(master.begin(), master.end(), p);
-    std::fill(p + n, p + 3 * n, 0.0f);
+    std::memset(p + n, 0, bytes(id) - n * sizeof(float));  // exp_avg, exp_avg_sq: +0 in fp32 and bf16
   };
   if (options_.device == OffloadDevice::cpu) {
     fill(host_[id].data());
@@ -122,12 +157,12 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
   fill(b->data());
   std::byte* grad = static_cast<std::byte*>(b->data()) + grad_offset(id);
   std::memset(grad, 0, grad_bytes(id));
-  if (gradient_in_host(id)) std::memset(grads_[id].data(), 0, grad_bytes(id));
+  if (home_[id] == GradientHome::host) std::memset(grads_[id].data(), 0, grad_bytes(id));
   // Queued before the swaps start, so a failing second swap leaves the first one's buffer
   // leased until the store (destroyed first) has finished with it.
   InitialWrite& w = initial_writes_.emplace_back(InitialWrite{std::move(*b), {}, {}});
   w.states = store_->swap_out(name(id), w.buffer.data(), std::max<std::size_t>(bytes(id), 1));
-  if (!gradient_in_host(id)) w.grad = store_->swap_out(grad_name(id), grad, grad_bytes(id));
+  if (home_[id] == GradientHome::nvme) w.grad = store_->swap_out(grad_name(id), grad, grad_bytes(id));
 }
 
 void OptimizerStates::finish_initial() {
@@ -158,7 +193,10 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
   auto view = [&](int id, void* base, const void* grad) {
     float* p = static_cast<float*>(base);
     const std::int64_t n = numels_[id];
-    return SubGroupStates{id, n, p, p + n, p + 2 * n, static_cast<const float*>(grad)};
+    std::byte* m = reinterpret_cast<std::byte*>(p + n);
+    const std::size_t s = optimizer_state_dtype_size(options_.state_dtype);
+    return SubGroupStates{id, n, p, m, m + static_cast<std::size_t>(n) * s, options_.state_dtype, grad,
+                          options_.grad_dtype};
   };
   if (options_.device == OffloadDevice::cpu) {
     for (int id : ids) fn(view(id, host_[id].data(), grads_[id].data()));
@@ -184,8 +222,10 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
     if (!b) return false;
     const int id = ids[next++];
     SwapHandle h = store_->swap_in(name(id), b->data(), size_of(id));
-    SwapHandle g = gradient_in_host(id) ? SwapHandle{}
-                                        : store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
+    ZOE_CHECK(home_[id] != GradientHome::empty, "OptimizerStates::for_each: sub-group ", id,
+              " has no gradient since its last update (no add_grad or zero_grad)");
+    SwapHandle g = home_[id] != GradientHome::nvme ? SwapHandle{}
+                                                   : store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
     reads.push_back(Slot{id, std::move(*b), h, g});
     return true;
   };
@@ -201,9 +241,10 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
       reads.pop_front();
       cur.io.wait();
       cur.grad_io.wait();
-      const void* grad = gradient_in_host(cur.id) ? grads_[cur.id].data()
-                                                  : static_cast<std::byte*>(cur.buffer.data()) + grad_offset(cur.id);
+      const void* grad = home_[cur.id] != GradientHome::nvme ? host_gradient(cur.id)
+                                                             : static_cast<std::byte*>(cur.buffer.data()) + grad_offset(cur.id);
       fn(view(cur.id, cur.buffer.data(), grad));
+      if (home_[cur.id] == GradientHome::in_slot || home_[cur.id] == GradientHome::zeros) give_back_slot(cur.id);
       cur.io = store_->swap_out(name(cur.id), cur.buffer.data(), size_of(cur.id));
       writes.push_back(std::move(cur));  // write-behind; the buffer returns when it is done
     }
@@ -235,29 +276,59 @@ void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first,
   check_initialised();
   const auto n = static_cast<std::size_t>(numels_[id]);
   check_host_accessible_in_process(src, n * dtype_size(dtype), "OptimizerStates::add_grad (src)");
-  auto apply = [&](float* grad) {
+  const bool as_arrives = options_.grad_dtype != DType::f32;
+  ZOE_CHECK_USAGE(!as_arrives || (dtype == options_.grad_dtype && first && last),
+                  "OptimizerStates::add_grad: a ", dtype_name(options_.grad_dtype),
+                  " gradient tier takes one micro-batch of that dtype per step, got ", dtype_name(dtype),
+                  first ? "" : " (not the first micro-batch)", last ? "" : " (not the last micro-batch)");
+  auto apply = [&](void* grad) {
+    if (as_arrives) {  // kept as it arrives: the sums are those of the values the cast would store
+      std::memcpy(grad, src, n * dtype_size(dtype));
+      grad_sum_squares_[id] = adam_->sum_squares(grad, dtype, n);
+      grad_finite_[id] = adam_->all_finite(grad, dtype, n) ? 1 : 0;
+      return;
+    }
     // One pass: the cast or fp32 add, and its sum of squares and finiteness (kept on the last
     // micro-batch only; the earlier ones' cost nothing extra: they come from the same pass).
-    const optim::CpuAdam::GradStats st = adam_->add_grad(src, dtype, grad, n, first);
+    const optim::CpuAdam::GradStats st = adam_->add_grad(src, dtype, static_cast<float*>(grad), n, first);
     if (last) {
       grad_sum_squares_[id] = st.sum_squares;
       grad_finite_[id] = st.finite ? 1 : 0;
     }
   };
-  if (gradient_in_host(id)) {  // the cpu tier, or host_grad_budget's
-    apply(static_cast<float*>(grads_[id].data()));
+  if (home_[id] == GradientHome::host) {  // the cpu tier, or host_grad_budget's
+    apply(grads_[id].data());
+    return;
+  }
+  if (home_[id] != GradientHome::nvme) {  // recycled buffers: the step's first add takes one
+    if (first && home_[id] != GradientHome::in_slot) take_slot(id);
+    ZOE_CHECK(home_[id] == GradientHome::in_slot, "OptimizerStates::add_grad: sub-group ", id,
+              " has no gradient buffer (a later micro-batch before the first)");
+    apply(slots_[static_cast<std::size_t>(slot_of_[id])].data());
     return;
   }
   PinnedBuffer b = grad_pool_->acquire_wait();
   if (!first) store_->swap_in(grad_name(id), b.data(), grad_bytes(id)).wait();
-  apply(static_cast<float*>(b.data()));
+  apply(b.data());
   store_->swap_out(grad_name(id), b.data(), grad_bytes(id)).wait();
 }
 
+void OptimizerStates::discard_gradients(const std::vector<int>& ids) {
+  for (int id : ids)
+    if (home_[id] == GradientHome::in_slot || home_[id] == GradientHome::zeros) give_back_slot(id);
+}
+
 void OptimizerStates::zero_grad(int id) {
+  if (home_[id] == GradientHome::empty || home_[id] == GradientHome::in_slot || home_[id] == GradientHome::zeros) {
+    give_back_slot(id);  // a zero gradient needs no buffer of its own
+    home_[id] = GradientHome::zeros;
+    grad_sum_squares_[id] = 0.0;
+    grad_finite_[id] = 1;
+    return;
+  }
   const auto n = static_cast<std::size_t>(numels_[id]);
-  std::vector<float> zeros(n, 0.0f);
-  add_grad(id, zeros.data(), DType::f32, true, true);
+  std::vector<std::byte> zeros(n * dtype_size(options_.grad_dtype));  // +0 in every dtype
+  add_grad(id, zeros.data(), options_.grad_dtype, true, true);
 }
 
 void OptimizerStates::read_master(int id, float* dst) {
@@ -280,12 +351,12 @@ void OptimizerStates::read_all(int id, float* data) {
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::read_all (data)");
   if (options_.device == OffloadDevice::cpu) {
-    std::memcpy(data, host_[id].data(), bytes(id));
+    to_fp32(id, host_[id].data(), data);
     return;
   }
   PinnedBuffer b = pool_->acquire_wait();
   store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
-  std::memcpy(data, b.data(), bytes(id));
+  to_fp32(id, b.data(), data);
 }
 
 void OptimizerStates::write_all(int id, const float* data) {
@@ -294,28 +365,81 @@ void OptimizerStates::write_all(int id, const float* data) {
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::write_all (data)");
   if (options_.device == OffloadDevice::cpu) {
-    std::memcpy(host_[id].data(), data, bytes(id));
+    from_fp32(id, data, host_[id].data());
     return;
   }
   PinnedBuffer b = pool_->acquire_wait();
-  std::memcpy(b.data(), data, bytes(id));
+  from_fp32(id, data, b.data());
   store_->swap_out(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
 }
 
 std::int64_t OptimizerStates::host_state_bytes() const {
   std::int64_t total = 0;
   for (std::size_t i = 0; i < numels_.size(); ++i) {
-    if (options_.device == OffloadDevice::cpu) total += numels_[i] * 12;  // master, exp_avg, exp_avg_sq
-    if (grads_[i].data()) total += numels_[i] * 4;                      // the fp32 gradient
+    if (options_.device == OffloadDevice::cpu) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));  // master, exp_avg, exp_avg_sq
+    if (grads_[i].data()) total += numels_[i] * static_cast<std::int64_t>(dtype_size(options_.grad_dtype));  // the gradient
   }
+  for (const AlignedBuffer& b : slots_) total += static_cast<std::int64_t>(b.size());  // recycled gradient buffers
   return total;
 }
 
 std::int64_t OptimizerStates::nvme_state_bytes() const {
   if (options_.device != OffloadDevice::nvme) return 0;
   std::int64_t total = 0;
-  for (std::size_t i = 0; i < numels_.size(); ++i) total += numels_[i] * (grads_[i].data() ? 12 : 16);
+  for (std::size_t i = 0; i < numels_.size(); ++i)
+    total += static_cast<std::int64_t>(bytes(static_cast<int>(i))) + (home_[i] == GradientHome::nvme ? numels_[i] * static_cast<std::int64_t>(dtype_size(options_.grad_dtype)) : 0);
   return total;
+}
+
+void OptimizerStates::take_slot(int id) {
+  std::unique_lock lock(slot_mutex_);
+  slot_freed_.wait(lock, [&] { return !free_slots_.empty(); });
+  slot_of_[id] = free_slots_.back();
+  free_slots_.pop_back();
+  home_[id] = GradientHome::in_slot;
+}
+
+void OptimizerStates::give_back_slot(int id) {
+  if (slot_of_[id] >= 0) {
+    std::lock_guard lock(slot_mutex_);
+    free_slots_.push_back(slot_of_[id]);
+    slot_of_[id] = -1;
+  }
+  slot_freed_.notify_one();
+  home_[id] = GradientHome::empty;
+}
+
+const void* OptimizerStates::host_gradient(int id) const {
+  switch (home_[id]) {
+    case GradientHome::host: return grads_[id].data();
+    case GradientHome::in_slot: return slots_[static_cast<std::size_t>(slot_of_[id])].data();
+    case GradientHome::zeros: return zero_gradient_.data();
+    case GradientHome::nvme:
+    case GradientHome::empty: break;
+  }
+  return nullptr;
+}
+
+void OptimizerStates::to_fp32(int id, const void* stored, float* fp32) const {
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  if (options_.state_dtype == OptimizerStateDType::fp32) {
+    std::memcpy(fp32, stored, bytes(id));
+    return;
+  }
+  std::memcpy(fp32, stored, n * sizeof(float));
+  const auto* half = reinterpret_cast<const std::uint16_t*>(static_cast<const float*>(stored) + n);
+  for (std::size_t i = 0; i < 2 * n; ++i) fp32[n + i] = kernels::bf16_to_f32(half[i]);
+}
+
+void OptimizerStates::from_fp32(int id, const float* fp32, void* stored) const {
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  if (options_.state_dtype == OptimizerStateDType::fp32) {
+    std::memcpy(stored, fp32, bytes(id));
+    return;
+  }
+  std::memcpy(stored, fp32, n * sizeof(float));
+  auto* half = reinterpret_cast<std::uint16_t*>(static_cast<float*>(stored) + n);
+  for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(fp32[n + i]);
 }
 
 std::int64_t OptimizerStates::staging_bytes() const {

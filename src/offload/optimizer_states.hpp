@@ -1,7 +1,10 @@
 // Where a rank's optimizer states live: fp32 master weights, exp_avg and exp_avg_sq of
 // each sub-group, in host memory (offload_optimizer.device = cpu) or on NVMe (= nvme,
 // ZeRO-Infinity). A sub-group's three arrays are stored together ([master | exp_avg |
-// exp_avg_sq], 3 * numel floats) so one swap moves them.
+// exp_avg_sq]: numel floats, then two arrays of numel elements of the state dtype, fp32 or
+// bf16 (zoe.optimizer_state_dtype): 12 or 8 bytes per element) so one swap moves them.
+// Whatever the state dtype, the checkpoint view (read_all / write_all) is fp32: bf16 states
+// are widened exactly on the way out and rounded to nearest even on the way in.
 //
 // for_each() is the optimizer pipeline over sub-groups: on NVMe, reads of k+1, k+2, ... and
 // the write-back of k-1 run while the caller computes k (read-ahead as deep as the free
@@ -15,15 +18,24 @@
 // registers each sub-group's size, finalize() opens the tier, write_initial(id, master) then
 // writes each sub-group's initial states through the pinned staging buffers (write-behind).
 //
-// Gradients: each sub-group also keeps its fp32 gradient (ZeRO-Offload's fp32 gradient
-// partition): add_grad() writes or accumulates the reduced shard as soon as it is ready, in
-// host memory (cpu) or in its own NVMe tensor through a pinned gradient buffer (nvme), and
-// for_each hands it to the optimizer with the states. add_grad's last call of a step also
+// Gradients: each sub-group also keeps its gradient (ZeRO-Offload's fp32 gradient partition):
+// add_grad() writes or accumulates the reduced shard as soon as it is ready, in host memory
+// (cpu) or in its own NVMe tensor through a pinned gradient buffer (nvme), and for_each hands
+// it to the optimizer with the states. It is kept in fp32 (grad_dtype f32: micro-batches
+// accumulate in it) or, when a step has one micro-batch of 16-bit compute, as the reduced shard
+// arrives (grad_dtype bf16 / fp16: 2 bytes instead of 4, exact: the optimizer widens it to the
+// very fp32 value the cast would have stored, and its sum of squares is the same). add_grad's last call of a step also
 // records the gradient's sum of squares and finiteness, so the global norm needs no extra pass.
 // The gradient add is optim::CpuAdam::add_grad (cast or fp32 add, sum of squares and finiteness
 // in one pass over the CpuAdam's threads; bitwise what host_ops cast / accumulate, sum_squares
 // and all_finite give): the engine hands the tier its own CpuAdam (OptimizerStatesOptions::adam),
 // so the gradient add and the update share one oneTBB arena of zoe.optimizer_threads.
+//
+// Where a gradient waits (GradientHome): in a host buffer of its own (the cpu tier; on the nvme
+// tier the sub-groups zoe.host_memory_budget covers, whole, in id order), in its NVMe tensor
+// (the rest), or, once recycle_gradient_slots() asked for it (zoe.update_in_backward), in one
+// of a few recycled host buffers from the step's first add_grad until for_each has updated it:
+// then no gradient touches NVMe and host memory holds only those buffers.
 //
 // Units: elements (floats) unless named bytes. Thread-safety: one thread drives an
 // OptimizerStates, except that add_grad / zero_grad may run on a second thread (the gradient
@@ -36,10 +48,12 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,16 +89,28 @@ struct OptimizerStatesOptions {
   /// (zoe.host_memory_budget): whole sub-groups, in id order, while they fit; theirs never
   /// touch NVMe. 0: every gradient on NVMe. Ignored by the cpu tier (all in host memory).
   std::int64_t host_grad_budget = 0;
+  /// Storage of exp_avg and exp_avg_sq (zoe.optimizer_state_dtype); master weights are fp32.
+  OptimizerStateDType state_dtype = OptimizerStateDType::fp32;
+  /// Storage of the gradient: f32, or the compute dtype (bf16 / fp16) when every step has
+  /// exactly one micro-batch: add_grad then takes shards of that dtype with first = last = true
+  /// only (header comment).
+  DType grad_dtype = DType::f32;
 };
 
-/// The fp32 arrays of one sub-group, valid inside a for_each callback.
+/// The arrays of one sub-group, valid inside a for_each callback: numel elements each.
 struct SubGroupStates {
   int id;
   std::int64_t numel;
   float* master;
-  float* exp_avg;
-  float* exp_avg_sq;
-  const float* grad;  // the accumulated fp32 gradient (see add_grad)
+  void* exp_avg;     // float (fp32 states) or uint16 bf16 bits (bf16 states)
+  void* exp_avg_sq;  // likewise
+  OptimizerStateDType state_dtype;
+  const void* grad;  // the step's gradient (see add_grad), numel elements of grad_dtype
+  DType grad_dtype;
+  /// Bytes of master, exp_avg and exp_avg_sq together (contiguous from master).
+  std::size_t state_bytes() const {
+    return static_cast<std::size_t>(numel) * (4 + 2 * optimizer_state_dtype_size(state_dtype));
+  }
 };
 
 /// Host-access check: every pointer argument below must be host memory. write_initial,
@@ -100,6 +126,15 @@ class OptimizerStates {
   /// write_initial). Before finalize(). Returns its id (0, 1, ...). cpu tier: allocates its
   /// host arrays (16 bytes/element); nvme tier: nothing in host memory.
   int add(std::int64_t numel);
+  /// nvme tier, before finalize(): every gradient waits in one of `count` recycled host
+  /// buffers (the largest sub-group's gradient each) from the step's first add_grad until
+  /// for_each has updated its sub-group, and never touches NVMe; add_grad waits for a free
+  /// one. The caller guarantees progress: count must cover the sub-groups of any one update
+  /// wave's readiness (the engine: the most offloaded sub-groups of one group, plus one), since
+  /// a wave waits for all of its gradients before its update frees their buffers. Buffers
+  /// beyond that count come from host_grad_budget. cpu tier: no effect (every gradient is in
+  /// host memory). Throws UsageError after finalize() or for count < 1.
+  void recycle_gradient_slots(int count);
   /// Finishes registration: nvme tier: allocates the pinned staging buffers, opens the file
   /// and registers every sub-group's tensors. Writes nothing.
   void finalize();
@@ -117,7 +152,9 @@ class OptimizerStates {
   /// (written back). Rethrows the first error of fn or of the I/O, after draining I/O.
   void for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn);
   /// Gradient of sub-group `id` from a reduced shard slice: numel elements of `dtype` at `src`
-  /// (host memory), cast to fp32 (first micro-batch of a step) or added in fp32 (later ones),
+  /// (host memory), cast to fp32 (first micro-batch of a step) or added in fp32 (later ones);
+  /// with a 16-bit grad_dtype (one micro-batch) copied as it is (dtype must be grad_dtype and
+  /// first = last = true, else UsageError),
   /// exactly as Device::cast / Device::accumulate (bitwise; one exception, cpu_adam.hpp: an fp16
   /// signalling NaN arrives as a quiet NaN on the AVX-512 path). On the `last` micro-batch it also records
   /// grad_sum_squares / grad_finite. NVMe: read-modify-write through the gradient buffer.
@@ -125,6 +162,11 @@ class OptimizerStates {
   /// One thread at a time; may run beside for_each only on a sub-group for_each does not visit
   /// (the engine orders them by the sub-group's previous update, GroupDone).
   void add_grad(int id, const void* src, DType dtype, bool first, bool last);
+  /// Gives back the recycled gradient buffers of sub-groups `ids` that an update did not consume
+  /// (it failed); their gradients are gone (a later for_each of one of them, before its next
+  /// add_grad or zero_grad, throws). Other homes are untouched. Call it from the thread that
+  /// would have run for_each on them, after their add_grad.
+  void discard_gradients(const std::vector<int>& ids);
   /// Sets sub-group `id`'s gradient to zero (a step in which no backward reached it).
   void zero_grad(int id);
   /// Sum of squares (fp64, kernels::kSumSquaresChunk order) and finiteness of the gradient
@@ -135,31 +177,55 @@ class OptimizerStates {
   /// Copies sub-group `id`'s master weights (numel floats) into dst.
   void read_master(int id, float* dst);
   /// Copies all three arrays of sub-group `id` ([master | exp_avg | exp_avg_sq], 3 * numel
-  /// floats) into / from `data` (checkpoints).
+  /// floats, fp32 whatever the state dtype) into / from `data` (checkpoints). bf16 states:
+  /// read_all widens them (exact), write_all rounds them to nearest even (fp32 values that are
+  /// bf16 values, as a bf16-state checkpoint's, come back bit for bit).
   void read_all(int id, float* data);
   void write_all(int id, const float* data);
 
   std::int64_t numel(int id) const { return numels_[id]; }
   std::size_t count() const { return numels_.size(); }
+  /// Storage of exp_avg and exp_avg_sq.
+  OptimizerStateDType state_dtype() const { return options_.state_dtype; }
   /// Bytes of states (master, exp_avg, exp_avg_sq and the fp32 gradient) held in host memory
   /// (cpu tier) and on NVMe (nvme tier).
   std::int64_t host_state_bytes() const;
   std::int64_t nvme_state_bytes() const;
   /// Bytes of pinned staging buffers (nvme tier): buffer_count state buffers plus one gradient buffer.
   std::int64_t staging_bytes() const;
-  /// Whether sub-group `id`'s fp32 gradient lives in host memory (always on the cpu tier; on
-  /// the nvme tier, the sub-groups host_grad_budget covers). After finalize().
-  bool gradient_in_host(int id) const { return grads_[id].data() != nullptr; }
+  DType grad_dtype() const { return options_.grad_dtype; }
+  /// Whether sub-group `id`'s gradient never touches NVMe (the cpu tier; on the nvme tier the
+  /// sub-groups host_grad_budget covers, or all with recycled buffers). After finalize().
+  bool gradient_in_host(int id) const { return home_[id] != GradientHome::nvme; }
+  /// Recycled host buffers for gradients (0 unless recycle_gradient_slots()).
+  int gradient_slots() const { return static_cast<int>(slots_.size()); }
 
  private:
   /// Waits for the initial writes; throws UsageError if a sub-group was never written.
   void check_initialised();
   std::string name(int id) const { return "optim.sg" + std::to_string(id); }
   std::string grad_name(int id) const { return "optim.grad" + std::to_string(id); }
-  std::size_t bytes(int id) const { return static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float); }
-  std::size_t grad_bytes(int id) const { return std::max<std::size_t>(static_cast<std::size_t>(numels_[id]) * 4, 1); }
+  /// Bytes per element of master, exp_avg and exp_avg_sq: 12 (fp32 states) or 8 (bf16).
+  std::size_t state_element_bytes() const { return 4 + 2 * optimizer_state_dtype_size(options_.state_dtype); }
+  std::size_t bytes(int id) const { return static_cast<std::size_t>(numels_[id]) * state_element_bytes(); }
+  /// Converts between the stored layout at `stored` and the fp32 checkpoint view at `fp32`.
+  void to_fp32(int id, const void* stored, float* fp32) const;
+  void from_fp32(int id, const float* fp32, void* stored) const;
+  std::size_t grad_bytes(int id) const {
+    return std::max<std::size_t>(static_cast<std::size_t>(numels_[id]) * dtype_size(options_.grad_dtype), 1);
+  }
   /// Where the gradient sits in a staging buffer: after the states, page-aligned (bytes).
   std::size_t grad_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 4095) / 4096 * 4096; }
+
+  /// Where sub-group id's gradient is (header comment). host and nvme are fixed at finalize();
+  /// a recycled sub-group moves empty -> in_slot (first add_grad of a step) or zeros
+  /// (zero_grad) -> empty (its update in for_each has read it).
+  enum class GradientHome : std::uint8_t { host, nvme, empty, in_slot, zeros };
+  /// Recycled buffers: takes a free one for sub-group id (waits for one), gives it back.
+  void take_slot(int id);
+  void give_back_slot(int id);
+  /// The gradient for_each hands the update of sub-group id (null: on NVMe, in the staging buffer).
+  const void* host_gradient(int id) const;
 
   OptimizerStatesOptions options_;
   std::unique_ptr<optim::CpuAdam> own_adam_;  // when options_.adam is null
@@ -172,7 +238,17 @@ class OptimizerStates {
   };
 
   std::vector<AlignedBuffer> host_;  // cpu tier: one per sub-group ([master | exp_avg | exp_avg_sq])
-  std::vector<AlignedBuffer> grads_;  // fp32 gradients in host memory (cpu tier: all; nvme: host_grad_budget's)
+  std::vector<AlignedBuffer> grads_;  // gradients in host memory (cpu tier: all; nvme: host_grad_budget's)
+  std::vector<GradientHome> home_;
+  // Recycled gradient buffers (recycle_gradient_slots): the buffers, the free ones, which one
+  // each sub-group holds (-1: none), and a zero gradient of the largest sub-group for zeros.
+  std::vector<AlignedBuffer> slots_;
+  std::vector<int> free_slots_;
+  std::vector<int> slot_of_;
+  AlignedBuffer zero_gradient_;
+  int requested_slots_ = 0;
+  std::mutex slot_mutex_;
+  std::condition_variable slot_freed_;
   std::vector<double> grad_sum_squares_;
   std::vector<char> grad_finite_;
   std::unique_ptr<PinnedPool> pool_, grad_pool_;

@@ -56,8 +56,6 @@ std::string_view optimizer_state_dtype_name(OptimizerStateDType d) {
   return "unknown";
 }
 
-std::size_t optimizer_state_dtype_size(OptimizerStateDType d) { return d == OptimizerStateDType::bf16 ? 2 : 4; }
-
 OptimizerStateDType parse_optimizer_state_dtype(std::string_view text, const char* key) {
   for (OptimizerStateDType d : {OptimizerStateDType::fp32, OptimizerStateDType::bf16})
     if (text == optimizer_state_dtype_name(d)) return d;

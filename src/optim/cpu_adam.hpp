@@ -116,14 +116,13 @@ std::string_view store_policy_name(StorePolicy policy);
 /// Inverse of store_policy_name; throws zoe::ConfigError(key) naming the accepted values.
 StorePolicy parse_store_policy(std::string_view text, const char* key);
 
-/// Storage type of a step's optimizer states exp_avg and exp_avg_sq (the master weights are always
-/// fp32, the math always fp32). fp32: float arrays (the default). bf16: uint16 arrays of bf16
-/// bit patterns, widened exactly on load and rounded to nearest even on store (class comment).
-enum class OptimizerStateDType { fp32, bf16 };
+/// Storage type of a step's optimizer states exp_avg and exp_avg_sq (zoe/dtype.hpp): fp32 float
+/// arrays (the default) or uint16 arrays of bf16 bit patterns, widened exactly on load and rounded
+/// to nearest even on store (class comment). The master weights and the math are always fp32.
+using ::zoe::OptimizerStateDType;
+using ::zoe::optimizer_state_dtype_size;
 /// "fp32", "bf16".
 std::string_view optimizer_state_dtype_name(OptimizerStateDType dtype);
-/// Bytes of one element of one state array: 4 (fp32) or 2 (bf16).
-std::size_t optimizer_state_dtype_size(OptimizerStateDType dtype);
 /// Inverse of optimizer_state_dtype_name (exact, case-sensitive); throws zoe::ConfigError(key)
 /// naming the value and the accepted ones ("fp32", "bf16") for any other text.
 OptimizerStateDType parse_optimizer_state_dtype(std::string_view text, const char* key);

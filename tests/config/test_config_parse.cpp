@@ -312,7 +312,12 @@ Config non_default_config() {
   z.offload_optimizer = {OffloadDevice::nvme, "/x/y z", false, 9, 0.25};
   z.offload_param = {OffloadDevice::nvme, "/p\"q", false, 2, 3, 4};
   c.aio = {4096, 1, 3, true, false};
-  c.zoe = {0.001, 7, true, 123456789012345, false, true};
+  c.zoe.comm_timeout_s = 0.001;
+  c.zoe.optimizer_threads = 7;
+  c.zoe.require_direct_io = true;
+  c.zoe.pinned_budget_bytes = 123456789012345;
+  c.zoe.host_memory_budget = 0;
+  c.zoe.overlap_step = true;
   return c;
 }
 

@@ -95,6 +95,47 @@ TEST_F(EngineAccounting, ModelStatesEqualTheEstimateWithoutPadding) {
   }
 }
 
+// The byte-saving modes: bf16 optimizer states (8 bytes per element on the tier), gradients kept
+// in host memory by the budget, and the update in backward's recycled gradient buffers (none on
+// NVMe): the engine's report equals the estimate, tier by tier.
+TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
+  const int world = 4;
+  const std::vector<std::int64_t> numels(4, 4096);
+  const ModelShape shape{4 * 4096, 4096};
+  struct Case {
+    int stage;
+    OffloadDevice optimizer;
+    OptimizerStateDType states;
+    bool in_backward;
+    std::int64_t budget, sub_group;
+  };
+  const Case cases[] = {{2, OffloadDevice::nvme, OptimizerStateDType::bf16, false, 0, 1'000'000'000},
+                        {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 0, 1'000'000'000},
+                        {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 1 << 20, 1'000'000'000},
+                        {3, OffloadDevice::nvme, OptimizerStateDType::fp32, true, 0, 1'000'000'000},
+                        {3, OffloadDevice::nvme, OptimizerStateDType::bf16, true, 0, 256},
+                        {2, OffloadDevice::nvme, OptimizerStateDType::fp32, true, 64 << 10, 256}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "stage " << c.stage << ", offload_optimizer " << static_cast<int>(c.optimizer)
+                                      << ", states " << static_cast<int>(c.states) << ", in backward " << c.in_backward
+                                      << ", budget " << c.budget << ", sub-group " << c.sub_group);
+    Config cfg = config(c.stage, c.optimizer, dir_);
+    cfg.zoe.optimizer_state_dtype = c.states;
+    cfg.zoe.update_in_backward = c.in_backward;
+    cfg.zoe.host_memory_budget = c.budget;
+    cfg.zero_optimization.sub_group_size = c.sub_group;
+    const RankEstimate est = estimate::estimate_rank(shape, world, cfg);
+    const Built built = build_engine(cfg, world, numels);
+    for (int r = 0; r < world; ++r) {
+      const MemoryReport& m = built.reports[r];
+      EXPECT_EQ(m.device_model_states, est.model_states.device) << "rank " << r;
+      EXPECT_EQ(m.host_model_states, est.model_states.host) << "rank " << r;
+      EXPECT_EQ(m.nvme_model_states, est.model_states.nvme) << "rank " << r;
+      EXPECT_EQ(m.host_buffers, est.buffers.host) << "rank " << r;
+    }
+  }
+}
+
 TEST_F(EngineAccounting, FrozenParametersEqualTheEstimateExactly) {
   // 4 modules of a trainable 4096-element weight and a frozen 2048-element one on 4 ranks (no
   // padding): the estimate with frozen_parameters = 4 x 2048 is the engine's ledger exactly.

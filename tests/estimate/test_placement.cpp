@@ -13,20 +13,28 @@ constexpr std::int64_t kPsi = 1'000'000'000;
 constexpr int kNd = 8;
 constexpr std::int64_t kShard = 125'000'000;
 
-TEST(EstimatePlacement, OptimizerOffloadMovesTheStatesAndAnFp32GradientShard) {
+TEST(EstimatePlacement, OptimizerOffloadMovesTheStatesAndTheGradientShard) {
   for (auto dev : {OffloadDevice::cpu, OffloadDevice::nvme}) {
     SCOPED_TRACE(dev == OffloadDevice::cpu ? "cpu" : "nvme");
-    const auto r = estimate_rank({kPsi, 0}, kNd, knobs(2, dev));
+    auto c = knobs(2, dev);
+    const auto r = estimate_rank({kPsi, 0}, kNd, c);
     EXPECT_EQ(r.params, (TierBytes{2 * kPsi, 0, 0}));
-    // The fp32 gradient shard lives with the states; the device keeps no gradient shard.
-    const TierBytes grads = dev == OffloadDevice::cpu ? TierBytes{0, 4 * kShard, 0} : TierBytes{0, 0, 4 * kShard};
+    // The gradient shard lives with the states, as reduced (bf16, one micro-batch); the device
+    // keeps no gradient shard.
+    const TierBytes grads = dev == OffloadDevice::cpu ? TierBytes{0, 2 * kShard, 0} : TierBytes{0, 0, 2 * kShard};
     EXPECT_EQ(r.gradients, grads);
     const TierBytes opt = dev == OffloadDevice::cpu ? TierBytes{0, 12 * kShard, 0} : TierBytes{0, 0, 12 * kShard};
     EXPECT_EQ(r.optimizer_states, opt);
+    // Micro-batches accumulate in fp32 (4 bytes); bf16 exp_avg / exp_avg_sq take 8 of the 12.
+    c.gradient_accumulation_steps = 2;
+    c.zoe.optimizer_state_dtype = zoe::OptimizerStateDType::bf16;
+    const auto a = estimate_rank({kPsi, 0}, kNd, c);
+    EXPECT_EQ(a.gradients, dev == OffloadDevice::cpu ? (TierBytes{0, 4 * kShard, 0}) : (TierBytes{0, 0, 4 * kShard}));
+    EXPECT_EQ(a.optimizer_states, dev == OffloadDevice::cpu ? (TierBytes{0, 8 * kShard, 0}) : (TierBytes{0, 0, 8 * kShard}));
   }
   // Stage 1 keeps the full device gradients (the trainer accumulates there) as well.
   const auto s1 = estimate_rank({kPsi, 0}, kNd, knobs(1, OffloadDevice::cpu));
-  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 4 * kShard, 0}));
+  EXPECT_EQ(s1.gradients, (TierBytes{2 * kPsi, 2 * kShard, 0}));
   EXPECT_EQ(s1.optimizer_states, (TierBytes{0, 12 * kShard, 0}));
 }
 
@@ -40,13 +48,14 @@ TEST(EstimatePlacement, ParamOffloadMovesTheStage3ParameterShard) {
 
 // NVMe bytes per step, counted by hand from what each tier moves (the estimate's header).
 TEST(EstimatePlacement, NvmeTrafficPerStep) {
-  // Everything on NVMe, bf16, one micro-batch: ZeRO-Infinity's 20 read + 18 written per element.
+  // Everything on NVMe, bf16, one micro-batch: 18 read + 16 written per element (ZeRO-Infinity's
+  // fp32 gradient makes it 20 + 18; zoe keeps the bf16 reduced shard, the same values).
   auto all_nvme = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
   auto r = estimate_rank({kPsi, 0}, kNd, all_nvme);
-  EXPECT_EQ(r.nvme_traffic.read, 20 * kShard);     // states + fp32 gradient 16, the bf16 shard twice 4
-  EXPECT_EQ(r.nvme_traffic.written, 18 * kShard);  // states 12, fp32 gradient 4, the new bf16 shard 2
-  // Two micro-batches: the second gradient is read and written back (+4 +4), the shard read in
-  // both micro-batches' forward and backward (+4).
+  EXPECT_EQ(r.nvme_traffic.read, 18 * kShard);     // states 12 + bf16 gradient 2, the bf16 shard twice 4
+  EXPECT_EQ(r.nvme_traffic.written, 16 * kShard);  // states 12, bf16 gradient 2, the new bf16 shard 2
+  // Two micro-batches: the fp32 gradient, the second one read and written back (+4 +4), the
+  // shard read in both micro-batches' forward and backward (+4).
   all_nvme.gradient_accumulation_steps = 2;
   r = estimate_rank({kPsi, 0}, kNd, all_nvme);
   EXPECT_EQ(r.nvme_traffic.read, (16 + 4 + 8) * kShard);
@@ -55,21 +64,39 @@ TEST(EstimatePlacement, NvmeTrafficPerStep) {
   auto half = knobs(3, OffloadDevice::nvme);
   half.zero_optimization.offload_optimizer.ratio = 0.5;
   r = estimate_rank({kPsi, 0}, kNd, half);
-  EXPECT_EQ(r.nvme_traffic.read, 16 * (kShard / 2));
-  EXPECT_EQ(r.nvme_traffic.written, 16 * (kShard / 2));
+  EXPECT_EQ(r.nvme_traffic.read, 14 * (kShard / 2));
+  EXPECT_EQ(r.nvme_traffic.written, 14 * (kShard / 2));
   // zoe.host_memory_budget keeps gradients in host memory: all of them (12 read, 12 written
-  // for the states; the shard 4 and 2), or a quarter of them.
+  // for the states; the shard 4 and 2), or half of them.
   auto kept = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
-  kept.zoe.host_memory_budget = 4 * kShard;
+  kept.zoe.host_memory_budget = 2 * kShard;
   r = estimate_rank({kPsi, 0}, kNd, kept);
   EXPECT_EQ(r.nvme_traffic.read, (12 + 4) * kShard);
   EXPECT_EQ(r.nvme_traffic.written, (12 + 2) * kShard);
-  EXPECT_EQ(r.gradients, (TierBytes{0, 4 * kShard, 0}));
+  EXPECT_EQ(r.gradients, (TierBytes{0, 2 * kShard, 0}));
   kept.zoe.host_memory_budget = kShard;
   r = estimate_rank({kPsi, 0}, kNd, kept);
-  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard + 3 * kShard + 4 * kShard);
-  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard + 3 * kShard + 2 * kShard);
-  EXPECT_EQ(r.gradients, (TierBytes{0, kShard, 3 * kShard}));
+  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard + kShard + 4 * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard + kShard + 2 * kShard);
+  EXPECT_EQ(r.gradients, (TierBytes{0, kShard, kShard}));
+  // And bf16 optimizer states: 8 bytes each way instead of 12 (22 per element in all).
+  kept.zoe.host_memory_budget = 2 * kShard;
+  kept.zoe.optimizer_state_dtype = zoe::OptimizerStateDType::bf16;
+  r = estimate_rank({kPsi, 0}, kNd, kept);
+  EXPECT_EQ(r.nvme_traffic.read, (8 + 4) * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, (8 + 2) * kShard);
+  // The update in backward: gradients in recycled host buffers, none on NVMe, whatever the budget.
+  auto eager = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
+  eager.zoe.update_in_backward = true;
+  r = estimate_rank({kPsi, 0}, kNd, eager);
+  EXPECT_EQ(r.nvme_traffic.read, (12 + 4) * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, (12 + 2) * kShard);
+  EXPECT_EQ(r.gradients.nvme, 0);
+  // One group of the whole shard (no layer known): a buffer per sub-group of 1e7 elements.
+  EXPECT_EQ(r.gradients.host, 13 * 2 * 10'000'000);
+  // Layers of 5e7 elements: shards of 6,250,000, one sub-group each: two buffers.
+  r = estimate_rank({kPsi, 50'000'000}, kNd, eager);
+  EXPECT_EQ(r.gradients, (TierBytes{0, 2 * 2 * 6'250'000, 0}));
   // Host-memory tiers move nothing over NVMe.
   r = estimate_rank({kPsi, 0}, kNd, knobs(3, OffloadDevice::cpu, OffloadDevice::cpu));
   EXPECT_EQ(r.nvme_traffic.read, 0);
@@ -81,8 +108,8 @@ TEST(EstimatePlacement, RatioSplitsTheShard) {
   c.zero_optimization.offload_optimizer.ratio = 0.4;  // 50,000,000 of the 125,000,000 elements
   const auto r = estimate_rank({kPsi, 0}, kNd, c);
   EXPECT_EQ(r.optimizer_states, (TierBytes{12 * 75'000'000, 12 * 50'000'000, 0}));
-  // The device sub-groups keep the device gradient shard; the offloaded ones an fp32 copy.
-  EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 4 * 50'000'000, 0}));
+  // The device sub-groups keep the device gradient shard; the offloaded ones their bf16 copy.
+  EXPECT_EQ(r.gradients, (TierBytes{2 * kShard, 2 * 50'000'000, 0}));
 }
 
 TEST(EstimatePlacement, ShardsRoundUp) {
@@ -152,19 +179,20 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   c.zero_optimization.allgather_bucket_size = 1'000'000'000;
   EXPECT_EQ(estimate_rank({kPsi, L, 0, m}, kNd, c).buffers.device, 2 * (kPsi + kShard + 2 * kShard));
   // NVMe optimizer: buffer_count buffers of the largest sub-group's 12 bytes per element in
-  // whole pages (120,000,000 bytes -> 120,000,512), then its 4-byte gradient, in whole pages
-  // (160,002,048), plus one gradient buffer (40,000,000 -> 40,001,536).
+  // whole pages (120,000,000 bytes -> 120,000,512), then its 2-byte gradient (bf16, one
+  // micro-batch), in whole pages (140,001,280), plus one gradient buffer (20,000,000 ->
+  // 20,000,768).
   // The update pipeline stages one sub-group's bf16 gradient twice and its new bf16
   // parameters twice (20,000,000 bytes -> 20,000,768 each).
   c = knobs(3, OffloadDevice::nvme);
   c.zero_optimization.sub_group_size = 10'000'000;
   c.zero_optimization.offload_optimizer.buffer_count = 3;
-  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 160'002'048LL + 40'001'536LL + 4 * 20'000'768LL);
+  EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host, 3 * 140'001'280LL + 20'000'768LL + 4 * 20'000'768LL);
   // A known largest layer bounds the sub-group: ceil(8e6 / 8) = 1e6 elements: 12,000,000
-  // bytes -> 12,001,280, + 4,000,000 -> 16,003,072; gradient buffer 4,001,792; pipeline
+  // bytes -> 12,001,280, + 2,000,000 -> 14,004,224; gradient buffer 2,002,944; pipeline
   // 2,000,000 -> 2,002,944.
   EXPECT_EQ(estimate_rank({kPsi, 8'000'000}, kNd, c).buffers.host,
-            3 * 16'003'072LL + 4'001'792LL + 4 * 2'002'944LL);
+            3 * 14'004'224LL + 2'002'944LL + 4 * 2'002'944LL);
   // Tiny sub-groups: a page of states, the gradient on the next page, one gradient page, four
   // pipeline pages.
   c.zero_optimization.sub_group_size = 7;  // rounds to the 16-element alignment
@@ -181,7 +209,7 @@ TEST(EstimatePlacement, BuffersFollowTheDocumentedRules) {
   c.zero_optimization.offload_param.buffer_size = 1'000'000;
   c.zero_optimization.offload_param.max_in_cpu = 5'000'000;
   EXPECT_EQ(estimate_rank({kPsi, 0}, kNd, c).buffers.host,
-            3 * 160'002'048LL + 40'001'536LL + 2 * 2'002'944LL + 2 * 20'000'768LL);  // 2 MB in 489 pages
+            3 * 140'001'280LL + 20'000'768LL + 2 * 2'002'944LL + 2 * 20'000'768LL);  // 2 MB in 489 pages
 }
 
 TEST(EstimatePlacement, RejectsBadInputs) {

@@ -55,12 +55,12 @@ TEST(EstimateRecommend, RowsCoverEveryStageAndOffload) {
   // Optimizer offload takes the fp32 gradient shard along: the GPU keeps the parameter shard.
   EXPECT_EQ(p.rows[8].device_bytes, 2'451'562'500);
   EXPECT_EQ(p.rows[9].device_bytes, 2'217'187'500);
-  // 8 ranks x (12 + 4) bytes x s, plus the update pipeline's pinned staging of one 1e7-element
+  // 8 ranks x (12 + 2: the bf16 gradient of one micro-batch) bytes x s, plus the update pipeline's pinned staging of one 1e7-element
   // sub-group in bf16 (20,000,768 bytes in whole pages): four buffers, two with the parameters
   // offloaded too (their new values go into the parameter tier).
-  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 16 * 117'187'500 + 8LL * 4 * 20'000'768);
-  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 18 * 117'187'500 + 8LL * 2 * 20'000'768);
-  EXPECT_EQ(p.rows[10].nvme_bytes_per_node, 8LL * 16 * 117'187'500);
+  EXPECT_EQ(p.rows[8].host_bytes_per_node, 8LL * 14 * 117'187'500 + 8LL * 4 * 20'000'768);
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 8LL * 16 * 117'187'500 + 8LL * 2 * 20'000'768);
+  EXPECT_EQ(p.rows[10].nvme_bytes_per_node, 8LL * 14 * 117'187'500);
 }
 
 TEST(EstimateRecommend, StageOneWhenTheWholeStateFits) {
@@ -110,7 +110,7 @@ TEST(EstimateRecommend, FewerRanksThanGpusPerNodeShareOneNode) {
   const Plan p = plan({kPsi, 0}, c, mixed_precision_knobs());
   const std::int64_t s = kPsi / 4;
   // States and shards, plus two pinned pipeline buffers of one 1e7-element bf16 sub-group each.
-  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 18 * s + 4 * 2 * 20'000'768);
+  EXPECT_EQ(p.rows[9].host_bytes_per_node, 4 * 16 * s + 4 * 2 * 20'000'768);
 }
 
 TEST(EstimateRecommend, RejectsAnInvalidCluster) {

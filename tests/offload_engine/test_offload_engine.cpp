@@ -73,16 +73,17 @@ TEST(OptimizerOffload, StatesAreAccountedPerTier) {
   RunResult nvme = train(config(3, OffloadDevice::nvme, dir), kNet, world, 1, 16);
   for (int r = 0; r < world; ++r) {
     // Without offload the device holds 12 bytes/element of states and the 2-byte bf16
-    // gradient shard; with it, the tier holds the states and an fp32 gradient (16 bytes).
+    // gradient shard; with it, the tier holds the states and, one micro-batch per step, the
+    // bf16 gradient shard as reduced (14 bytes).
     const std::int64_t moved = none.memory[r].device_model_states - cpu.memory[r].device_model_states;
     ASSERT_EQ(moved % 14, 0);
     const std::int64_t elements = moved / 14;
     EXPECT_GT(elements, 0);
-    EXPECT_EQ(cpu.memory[r].host_model_states, 16 * elements);
-    EXPECT_EQ(nvme.memory[r].nvme_model_states, 16 * elements);
+    EXPECT_EQ(cpu.memory[r].host_model_states, 14 * elements);
+    EXPECT_EQ(nvme.memory[r].nvme_model_states, 14 * elements);
     EXPECT_EQ(nvme.memory[r].host_model_states, 0);
     // Host memory holds only the staging buffers: buffer_count x (the largest sub-group's
-    // states, 64 x 12 bytes in a page, then its fp32 gradient in the next page) plus one
+    // states, 64 x 12 bytes in a page, then its bf16 gradient in the next page) plus one
     // gradient page; the update pipeline's two pages for bf16 gradients on their way to the
     // tier and two for new bf16 parameters on their way to the device (64 x 2 bytes each).
     EXPECT_EQ(nvme.memory[r].host_buffers, 3 * 8192 + 4096 + 4 * 4096);
@@ -148,7 +149,7 @@ TEST(OptimizerOffload, PartialRatioSplitsSubGroupsAndKeepsTheBits) {
       EXPECT_TRUE(bitwise_equal(r, ref)) << "ratio 0.5, stage " << stage;
       for (int k = 0; k < world; ++k) {
         // The states of the device sub-groups stay on the device (12 bytes/element), the
-        // offloaded ones move with an fp32 gradient (16 bytes/element); at stages 2-3 a group
+        // offloaded ones move with their bf16 gradient (one micro-batch: 14 bytes/element); at stages 2-3 a group
         // with a device sub-group also keeps its 2-byte gradient shard on the device.
         const std::int64_t grad_shard = stage >= 2 ? 2 : 0;
         const std::int64_t moved = none.memory[k].device_model_states - full.memory[k].device_model_states;
@@ -156,8 +157,8 @@ TEST(OptimizerOffload, PartialRatioSplitsSubGroupsAndKeepsTheBits) {
         const std::int64_t shard = moved / (12 + grad_shard);
         const std::int64_t offloaded = d == OffloadDevice::cpu ? r.memory[k].host_model_states
                                                                 : r.memory[k].nvme_model_states;
-        ASSERT_EQ(offloaded % 16, 0);
-        const std::int64_t on_device = shard - offloaded / 16;  // elements
+        ASSERT_EQ(offloaded % 14, 0);
+        const std::int64_t on_device = shard - offloaded / 14;  // elements
         const std::int64_t device_extra = r.memory[k].device_model_states - full.memory[k].device_model_states;
         EXPECT_GT(on_device, 0) << "some sub-groups stay on the device";
         EXPECT_GT(offloaded, 0) << "some sub-groups are offloaded";

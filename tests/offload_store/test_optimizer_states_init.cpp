@@ -70,7 +70,7 @@ TEST(OptimizerStatesInit, WriteInitialSetsMasterAndZeroMomentsOnBothTiers) {
         EXPECT_EQ(s.id, ids[seen++]);
         for (std::int64_t i = 0; i < s.numel; ++i) {
           ASSERT_EQ(s.master[i], master_value(s.id, i));
-          ASSERT_EQ(s.grad[i], 0.0f);
+          ASSERT_EQ(static_cast<const float*>(s.grad)[i], 0.0f);
         }
       });
       EXPECT_EQ(seen, 5);

@@ -25,6 +25,22 @@ int Updater::device_sub_group_count() const {
 void Updater::place_sub_groups() {
   int device_left = device_sub_group_count();
   for (Group& g : model_.groups) place_sub_groups(g, device_left);
+  // zoe.update_in_backward on NVMe: a group's gradients wait in host memory only until its
+  // update, which starts in backward, so a few recycled buffers keep every gradient off NVMe.
+  // A wave waits for all of its group's gradients: the most sub-groups of one group, plus one
+  // so that the next group's first gradient need not wait for the update.
+  // With several micro-batches every gradient lives across the whole step (they accumulate), so
+  // host_memory_budget decides as at step().
+  if (tiers_.states && cx_.config.zoe.update_in_backward && cx_.config.gradient_accumulation_steps == 1 &&
+      cx_.config.zero_optimization.offload_optimizer.device == OffloadDevice::nvme) {
+    int most = 0;
+    for (const Group& g : model_.groups) {
+      int offloaded = 0;
+      for (const SubGroup& sg : g.subgroups) offloaded += sg.offloaded() ? 1 : 0;
+      most = std::max(most, offloaded);
+    }
+    tiers_.states->recycle_gradient_slots(most + 1);
+  }
 }
 
 void Updater::build_paths() {

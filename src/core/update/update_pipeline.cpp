@@ -131,8 +131,8 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
       ZOE_CHECK(st.numel == sg.numel, "update pipeline: sub-group ", sg.offload_id, " has ", st.numel,
                 " elements, expected ", sg.numel);
       const std::size_t n = static_cast<std::size_t>(st.numel), bytes = n * esz;
-      device_.check_host_accessible(st.master, 3 * n * sizeof(float), "the CPU optimizer's states");
-      device_.check_host_accessible(st.grad, n * sizeof(float), "the CPU optimizer's fp32 gradient");
+      device_.check_host_accessible(st.master, st.state_bytes(), "the CPU optimizer's states");
+      device_.check_host_accessible(st.grad, n * dtype_size(st.grad_dtype), "the CPU optimizer's gradient");
       offload::PinnedBuffer staging;
       void* const dst = static_cast<char*>(pg.out) + sg.out_offset;
       void* out = dst;
@@ -146,10 +146,13 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
       // Each run of equal per-parameter options with its own weight decay and lr (Adam is
       // elementwise: splitting the call changes no bit).
       const std::vector<OptimRun> whole{OptimRun{0, st.numel, plan.hyper.weight_decay, 1.0}};
+      const std::size_t state_size = optimizer_state_dtype_size(st.state_dtype);
       for (const OptimRun& r : sg.runs.empty() ? whole : sg.runs) {
         const auto b = static_cast<std::size_t>(r.begin);
-        adam_.step(hyper_for(plan.hyper, r), plan.step, plan.grad_scale, st.master + b, st.exp_avg + b,
-                   st.exp_avg_sq + b, st.grad + b, DType::f32, static_cast<std::size_t>(r.numel),
+        adam_.step(hyper_for(plan.hyper, r), plan.step, plan.grad_scale, st.master + b,
+                   static_cast<char*>(st.exp_avg) + b * state_size, static_cast<char*>(st.exp_avg_sq) + b * state_size,
+                   st.state_dtype, static_cast<const char*>(st.grad) + b * dtype_size(st.grad_dtype), st.grad_dtype,
+                   static_cast<std::size_t>(r.numel),
                    options_.out_dtype == DType::f32 ? nullptr : static_cast<char*>(out) + b * esz,
                    options_.out_dtype);
       }
@@ -178,6 +181,14 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
   }
   if (error) {
     failed_ = true;
+    // The gradients this wave did not consume give their host buffers back (recycled buffers,
+    // OptimizerStates::recycle_gradient_slots), once they have arrived, so that the gradient
+    // path never waits for a buffer only a failed wave held.
+    if (states_ && !ids.empty()) {
+      for (const PipelineGroup& pg : groups)
+        if (pg.ready) pg.ready->wait();
+      states_->discard_gradients(ids);
+    }
     // Every group not ended fails: its `after` learns it, and its waiters are released.
     for (; ended < groups.size(); ++ended) {
       PipelineGroup& pg = groups[ended];
