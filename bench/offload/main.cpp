@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--nvme-bytes-gas", bo.gas, "(nvme-bytes) gradient_accumulation_steps")->check(CLI::Range(1, 64));
   app.add_option("--host-memory-budget", bo.host_memory_budget,
-                 "(nvme-bytes) zoe.host_memory_budget in bytes of the modes that keep gradients in host memory (0: all of them)")
+                 "(nvme-bytes) zoe.host_memory_budget in bytes of the modes that have one (0: theirs, 2 or 4 bytes per parameter)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--construction-psi", construction_psi_m,
                  "(construction) model size in millions of elements (18 bytes each on NVMe, written twice)")

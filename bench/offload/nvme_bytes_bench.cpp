@@ -66,12 +66,16 @@ Config mode_config(const NvmeBytesBenchOptions& o, const Mode& mode, std::int64_
 void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
   const std::int64_t per_module = std::max<std::int64_t>(16, o.psi / o.modules / 16 * 16);
   const std::int64_t psi = per_module * o.modules;
-  const std::int64_t budget = o.host_memory_budget > 0 ? o.host_memory_budget : 4 * psi;
+  // zoe.host_memory_budget: the parameter shards first (2 bytes per parameter), then the
+  // gradients (2 more); --host-memory-budget replaces both figures.
+  const std::int64_t shards = o.host_memory_budget > 0 ? o.host_memory_budget : 2 * psi;
+  const std::int64_t shards_and_grads = o.host_memory_budget > 0 ? o.host_memory_budget : 4 * psi;
   const std::vector<Mode> modes{
       {"all on NVMe", 0, OptimizerStateDType::fp32},
-      {"gradients in host memory", budget, OptimizerStateDType::fp32},
+      {"host budget 4 B/param (shards, gradients)", shards_and_grads, OptimizerStateDType::fp32},
       {"update in backward", 0, OptimizerStateDType::fp32, true},
-      {"update in backward, bf16 states", 0, OptimizerStateDType::bf16, true},
+      {"update in backward, host budget 2 B/param (shards)", shards, OptimizerStateDType::fp32, true},
+      {"update in backward, host budget 2 B/param, bf16 states", shards, OptimizerStateDType::bf16, true},
   };
   struct Run {
     Config config;

@@ -1,7 +1,7 @@
 // Part (e) of zoe-offload-bench: the NVMe bytes a ZeRO-3 step moves per parameter in each mode
-// (everything on NVMe as ZeRO-Infinity; gradients in host memory by zoe.host_memory_budget;
-// the update in backward, whose gradients wait in a few host buffers; that with bf16 optimizer
-// states), measured by /proc/self/io against zoe-estimate's formula for the same config
+// (everything on NVMe as ZeRO-Infinity; zoe.host_memory_budget keeping the parameter shards and
+// the gradients in host memory; the update in backward, whose gradients wait in a few host
+// buffers; that with the shards in host memory, and with bf16 optimizer states), measured by /proc/self/io against zoe-estimate's formula for the same config
 // (RankEstimate::nvme_traffic), and each mode's step time against the first mode's, steps
 // taken in turn in one run. See nvme_bytes_bench.cpp.
 #pragma once
@@ -22,8 +22,8 @@ struct NvmeBytesBenchOptions {
   int gas = 1;
   /// Measured steps (after one unmeasured first step: construction and the first forward).
   int reps = 3;
-  /// zoe.host_memory_budget in bytes of the modes that keep gradients in host memory (0:
-  /// enough for every gradient, 4 bytes per element).
+  /// zoe.host_memory_budget in bytes of the modes that have one (0: theirs, 2 bytes per
+  /// parameter for the parameter shards, 4 for the shards and the gradients).
   std::int64_t host_memory_budget = 0;
   /// zoe.optimizer_threads (0 = all hardware threads).
   int threads = 0;

@@ -194,12 +194,15 @@ struct ZoeConfig {
   /// Pinned host memory budget in bytes for the offload tiers (0 = unlimited).
   std::int64_t pinned_budget_bytes = 0;
   /// Host memory (bytes, per rank) the NVMe tiers may use to keep what would otherwise move
-  /// over NVMe every step. Today: the reduced gradients of sub-groups on offload_optimizer
-  /// nvme (4 bytes per element in fp32; 2 with one micro-batch per step of bf16 / fp16
-  /// compute, kept as reduced), whole sub-groups in registration order while they fit, which
-  /// then never touch NVMe (those bytes read and written less per step; exact: the same
-  /// values). 0 (default): every gradient on NVMe, as DeepSpeed's ZeRO-Infinity. Needs
-  /// offload_optimizer nvme when > 0. Pageable memory, outside pinned_budget_bytes.
+  /// over NVMe every step, spent in the order that saves the most NVMe bytes per byte of host
+  /// memory: first the stage-3 parameter shards of offload_param nvme (each read twice a step
+  /// and written once: 3 bytes saved per byte), whole shards in group order while they fit;
+  /// then the reduced gradients of sub-groups on offload_optimizer nvme (4 bytes per element in
+  /// fp32; 2 with one micro-batch per step of bf16 / fp16 compute, kept as reduced; 2 bytes
+  /// saved per byte), whole sub-groups in registration order while they fit. What it keeps
+  /// never touches NVMe; exact (the same values). 0 (default): everything on NVMe, as
+  /// DeepSpeed's ZeRO-Infinity. Needs offload_optimizer nvme or (stage 3) offload_param nvme
+  /// when > 0. Pageable memory, outside pinned_budget_bytes.
   std::int64_t host_memory_budget = 0;
   /// Storage of the CPU optimizer's exp_avg and exp_avg_sq: "fp32" (default, DeepSpeed's) or
   /// "bf16" (2 bytes each instead of 4: 8 bytes of states per element instead of 12, on

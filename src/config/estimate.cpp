@@ -72,8 +72,21 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const std::int64_t t = r.trainable_shard_elements;
 
   // Parameters: full at stages 0-2, the shard at 3 (where offload_param may move it).
-  if (stage.shards_params) put(r.params, z.offload_param.device, B * r.shard_elements);
-  else r.params.device = B * psi;
+  // zoe.host_memory_budget keeps an NVMe parameter tier's shards in host memory first (whole
+  // shards in group order, so the engine may keep up to one shard's less); the gradients get
+  // what is left.
+  std::int64_t params_in_host = 0, budget_left = config.zoe.host_memory_budget;
+  if (stage.shards_params) {
+    put(r.params, z.offload_param.device, B * r.shard_elements);
+    if (z.offload_param.device == OffloadDevice::nvme) {
+      params_in_host = std::min(r.params.nvme, budget_left);
+      r.params.nvme -= params_in_host;
+      r.params.host += params_in_host;
+      budget_left -= params_in_host;
+    }
+  } else {
+    r.params.device = B * psi;
+  }
 
   // Optimizer states: the whole model at stage 0, else the shard; `ratio` of it offloaded.
   const bool offloaded = stage.shards_optimizer && z.offload_optimizer.device != OffloadDevice::none;
@@ -113,13 +126,13 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     const std::int64_t slot = std::max(kPage, kGradientBytes * std::min({sub_group, module_shard, off}));
     // Sub-groups never span modules: those of one module's shard, and of all of them.
     const std::int64_t group = std::min(module_shard, off), per_group = (group + sub_group - 1) / sub_group;
-    const std::int64_t slots = std::min(std::max(per_group + 1, config.zoe.host_memory_budget / slot),
+    const std::int64_t slots = std::min(std::max(per_group + 1, budget_left / slot),
                                         (off + group - 1) / group * per_group);  // never more than there are sub-groups
     grads_in_host = off;
     r.gradients.host += slots * slot;
   } else {
     grads_in_host = z.offload_optimizer.device == OffloadDevice::nvme
-                        ? std::min(kGradientBytes * off, config.zoe.host_memory_budget) / kGradientBytes
+                        ? std::min(kGradientBytes * off, budget_left) / kGradientBytes
                         : 0;
     put(r.gradients, z.offload_optimizer.device, kGradientBytes * (off - grads_in_host));
     r.gradients.host += kGradientBytes * grads_in_host;
@@ -221,8 +234,8 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     r.nvme_traffic.written += offloaded_state_bytes * off + kGradientBytes * G * (off - grads_in_host);
   }
   if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme) {
-    r.nvme_traffic.read += 2 * G * B * r.shard_elements;
-    r.nvme_traffic.written += B * t;
+    r.nvme_traffic.read += 2 * G * (B * r.shard_elements - params_in_host);
+    r.nvme_traffic.written += std::max<std::int64_t>(B * t - params_in_host, 0);
   }
 
   r.traffic_elements = stage.shards_params ? 2 * psi + psi_t : 2 * psi_t;

@@ -65,7 +65,8 @@ struct RankEstimate {
   /// Model states, each by tier. Gradients and optimizer states are of the trainable
   /// parameters (Ψt, its shard t = trainable_shard_elements; Ψ and s without frozen ones).
   /// params: compute-dtype parameters, frozen ones included (full at stages 0-2, the
-  /// shard at stage 3, on offload_param's tier). gradients: on the device, compute-dtype (full
+  /// shard at stage 3, on offload_param's tier; nvme: in host memory for the first min(B·s,
+  /// zoe.host_memory_budget) bytes). gradients: on the device, compute-dtype (full
   /// at stages 0-1, the shard at 2-3, fp32 at 2-3 with gradient_accumulation_steps > 1, none
   /// at 2-3 when every sub-group is offloaded); with offload_optimizer, 4 bytes per offloaded
   /// element on its tier (the fp32 gradient shard; B with one micro-batch per step, the
@@ -152,7 +153,9 @@ struct RankEstimate {
   ///  offload_param nvme (stage 3): each gather of a module reads its shard, at most once in
   ///    forward and once in backward per micro-batch (2·G·B·s: less where a shard is still in a
   ///    staging buffer or stays gathered within stage3_max_reuse_distance), and the update
-  ///    writes the new trainable shard (B·t).
+  ///    writes the new trainable shard (B·t); the p bytes of shards zoe.host_memory_budget
+  ///    keeps in host memory (it spends itself there first: p = min(B·s, budget), the
+  ///    gradients' h then from what is left) move none: read 2·G·(B·s - p), written B·t - p;
   /// Everything on NVMe, 16-bit compute, one micro-batch, no frozen parameters: read 18·Ψ/Nd,
   /// written 16·Ψ/Nd, 34 bytes per parameter (ZeRO-Infinity's count, with its fp32 gradient,
   /// is 38); 30 with every gradient in host memory (zoe.host_memory_budget), 22 with that and

@@ -6,6 +6,7 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
   const Config& c = cx.config;
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
+  host_memory_budget_ = c.zoe.host_memory_budget;
   // What both tiers take alike: the config's offload block, the rank, the pinned budget, the
   // aio settings, and registration of their pinned buffers with the device (their copies are
   // then the pinned kind).
@@ -29,6 +30,8 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
     // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
     so.adam = adam.get();
+    // zoe.host_memory_budget goes to the parameter shards first (finalize()): the gradients
+    // get what they leave.
     so.host_grad_budget = c.zoe.host_memory_budget;
     so.state_dtype = c.zoe.optimizer_state_dtype;
     // One micro-batch of 16-bit compute per step: the reduced shard is the whole gradient, kept
@@ -41,22 +44,31 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     offload::ParamShardsOptions po;
     common(po, op);
     po.buffer_bytes = static_cast<std::size_t>(op.buffer_size) * dtype_size(cx.dtype);
+    // Host memory first: a shard kept in host memory saves its bytes read twice a step and
+    // written once, more NVMe traffic per byte of RAM than a gradient or the states save.
+    po.host_budget = c.zoe.host_memory_budget;
+    params_on_nvme_ = op.device == OffloadDevice::nvme;
     params = std::make_unique<offload::ParamShards>(po);
   }
 }
 
 void OffloadTiers::finalize(MemoryLedger& ledger) {
+  // The parameter shards take zoe.host_memory_budget first (the most NVMe bytes saved per byte
+  // of host memory: read twice a step, written once); the gradients get what is left.
+  std::int64_t budget_left = host_memory_budget_;
+  if (params) {
+    params->finalize();
+    if (params_on_nvme_) budget_left -= params->host_bytes();
+    ledger.add(Tier::host, MemKind::model_state, params->host_bytes());
+    ledger.add(Tier::nvme, MemKind::model_state, params->nvme_bytes());
+    ledger.add(Tier::host, MemKind::buffer, params->staging_bytes());
+  }
   if (states) {
+    states->set_host_grad_budget(std::max<std::int64_t>(budget_left, 0));
     states->finalize();
     ledger.add(Tier::host, MemKind::model_state, states->host_state_bytes());
     ledger.add(Tier::nvme, MemKind::model_state, states->nvme_state_bytes());
     ledger.add(Tier::host, MemKind::buffer, states->staging_bytes());
-  }
-  if (params) {
-    params->finalize();
-    ledger.add(Tier::host, MemKind::model_state, params->host_bytes());
-    ledger.add(Tier::nvme, MemKind::model_state, params->nvme_bytes());
-    ledger.add(Tier::host, MemKind::buffer, params->staging_bytes());
   }
 }
 

@@ -32,6 +32,10 @@ struct OffloadTiers {
   void finalize(MemoryLedger& ledger);
   /// Pinned staging bytes of both tiers.
   std::int64_t staging_bytes() const;
+
+ private:
+  std::int64_t host_memory_budget_ = 0;  // zoe.host_memory_budget: parameter shards first, then gradients
+  bool params_on_nvme_ = false;          // the budget's shards are those of an NVMe parameter tier
 };
 
 }  // namespace zoe::core

@@ -55,6 +55,12 @@ void OptimizerStates::recycle_gradient_slots(int count) {
   requested_slots_ = count;
 }
 
+void OptimizerStates::set_host_grad_budget(std::int64_t bytes) {
+  ZOE_CHECK_USAGE(!finalized_, "OptimizerStates::set_host_grad_budget after finalize");
+  ZOE_CHECK_USAGE(bytes >= 0, "OptimizerStates::set_host_grad_budget: negative budget ", bytes);
+  options_.host_grad_budget = bytes;
+}
+
 void OptimizerStates::finalize() {
   if (finalized_) return;
   finalized_ = true;

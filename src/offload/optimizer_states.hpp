@@ -135,6 +135,10 @@ class OptimizerStates {
   /// beyond that count come from host_grad_budget. cpu tier: no effect (every gradient is in
   /// host memory). Throws UsageError after finalize() or for count < 1.
   void recycle_gradient_slots(int count);
+  /// Before finalize(): replaces OptimizerStatesOptions::host_grad_budget (the engine gives
+  /// the gradients what the parameter shards left of zoe.host_memory_budget). Throws
+  /// UsageError after finalize() or for a negative budget.
+  void set_host_grad_budget(std::int64_t bytes);
   /// Finishes registration: nvme tier: allocates the pinned staging buffers, opens the file
   /// and registers every sub-group's tensors. Writes nothing.
   void finalize();

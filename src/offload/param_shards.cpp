@@ -76,10 +76,25 @@ void ParamShards::finalize() {
   read_pool_ = std::move(tier.pool);
   write_pool_ = std::move(tier.extra);
   store_ = std::move(tier.store);
-  for (std::size_t i = 0; i < bytes_.size(); ++i)
-    store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes_[i], 1));
-  ZOE_LOG_INFO("rank {}: {} parameter shards on NVMe in {} ({} MiB; {} x {} MiB pinned buffers)", options_.rank,
-               bytes_.size(), store_->path(), nvme_bytes() >> 20, options_.buffer_count, read_pool_->buffer_bytes() >> 20);
+  // host_budget: the first shards, while they fit, stay in host memory (in order: a later,
+  // smaller shard does not overtake one that did not fit).
+  std::int64_t room = options_.host_budget;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < bytes_.size(); ++i) {
+    const auto b = static_cast<std::int64_t>(std::max<std::size_t>(bytes_[i], 1));
+    if (room >= b) {
+      room -= b;
+      host_[i] = AlignedBuffer(static_cast<std::size_t>(b));
+      ++kept;
+    } else {
+      room = 0;
+      store_->register_tensor(name(static_cast<int>(i)), static_cast<std::size_t>(b));
+    }
+  }
+  ZOE_LOG_INFO("rank {}: {} parameter shards on NVMe in {} ({} MiB; {} x {} MiB pinned buffers), {} in host memory "
+               "({} MiB, zoe.host_memory_budget)",
+               options_.rank, bytes_.size() - kept, store_->path(), nvme_bytes() >> 20, options_.buffer_count,
+               read_pool_->buffer_bytes() >> 20, kept, host_bytes() >> 20);
 }
 
 std::optional<std::shared_ptr<ShardRead>> ParamShards::try_begin_read(int id, bool issue_now) {
@@ -87,7 +102,7 @@ std::optional<std::shared_ptr<ShardRead>> ParamShards::try_begin_read(int id, bo
   auto r = std::make_shared<ShardRead>();
   r->owner = this;
   r->id = id;
-  if (options_.device == OffloadDevice::cpu) {
+  if (in_host(id)) {
     r->home = host_[id].data();
     return r;
   }
@@ -108,14 +123,14 @@ void ParamShards::issue(ShardRead& read) {
 
 void* ParamShards::write_buffer(int id) {
   ZOE_CHECK_USAGE(finalized_, "ParamShards::write_buffer before finalize");
-  if (options_.device == OffloadDevice::cpu) return host_[id].data();
+  if (in_host(id)) return host_[id].data();
   ZOE_CHECK_USAGE(!writing_, "ParamShards: one write-back at a time");
   writing_ = write_pool_->acquire();
   return writing_->data();
 }
 
 void ParamShards::commit(int id) {
-  if (options_.device == OffloadDevice::cpu) return;
+  if (in_host(id)) return;
   ZOE_CHECK_USAGE(writing_.has_value(), "ParamShards::commit without write_buffer");
   SwapHandle h = store_->swap_out(name(id), writing_->data(), std::max<std::size_t>(bytes_[id], 1));
   try {
@@ -130,7 +145,7 @@ void ParamShards::commit(int id) {
 void ParamShards::read(int id, void* dst) {
   ZOE_CHECK_USAGE(finalized_, "ParamShards: read/write before finalize");
   check_host_accessible_in_process(dst, bytes_[id], "ParamShards::read (dst)");
-  if (options_.device == OffloadDevice::cpu) {
+  if (in_host(id)) {
     std::memcpy(dst, host_[id].data(), bytes_[id]);
     return;
   }
@@ -142,7 +157,7 @@ void ParamShards::read(int id, void* dst) {
 void ParamShards::write(int id, const void* src) {
   ZOE_CHECK_USAGE(finalized_, "ParamShards: read/write before finalize");
   check_host_accessible_in_process(src, bytes_[id], "ParamShards::write (src)");
-  if (options_.device == OffloadDevice::cpu) {
+  if (in_host(id)) {
     std::memcpy(host_[id].data(), src, bytes_[id]);
     return;
   }
@@ -152,16 +167,17 @@ void ParamShards::write(int id, const void* src) {
 }
 
 std::int64_t ParamShards::host_bytes() const {
-  if (options_.device != OffloadDevice::cpu) return 0;
   std::int64_t total = 0;
-  for (std::size_t b : bytes_) total += static_cast<std::int64_t>(b);
+  for (std::size_t i = 0; i < bytes_.size(); ++i)
+    if (in_host(static_cast<int>(i))) total += static_cast<std::int64_t>(bytes_[i]);
   return total;
 }
 
 std::int64_t ParamShards::nvme_bytes() const {
   if (options_.device != OffloadDevice::nvme) return 0;
   std::int64_t total = 0;
-  for (std::size_t b : bytes_) total += static_cast<std::int64_t>(b);
+  for (std::size_t i = 0; i < bytes_.size(); ++i)
+    if (!in_host(static_cast<int>(i))) total += static_cast<std::int64_t>(bytes_[i]);
   return total;
 }
 

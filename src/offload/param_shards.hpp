@@ -9,6 +9,11 @@
 // Pinned bytes are exactly buffer_count × buffer_bytes (rounded up to 4 KiB); no other host
 // copy of a shard is kept (max_in_cpu is therefore always respected).
 //
+// Host memory first: on the nvme tier the shards host_budget covers (whole shards, in id order,
+// while they fit) live in host memory as on the cpu tier and never touch NVMe: each saves its
+// bytes read twice a step (forward, backward) and written once, the most NVMe bytes per byte of
+// host memory of anything the engine keeps (zoe.host_memory_budget spends itself here first).
+//
 // Construction: add() registers sizes, finalize() opens the tier, then the engine writes each
 // shard's initial bytes through write_buffer/commit (NVMe: the one write-back buffer, so no
 // host copy of a shard exists at any time).
@@ -51,6 +56,9 @@ struct ParamShardsOptions {
   /// (e.g. Device::register_host_memory, cudaHostRegister); null: not registered.
   std::function<bool(void*, std::size_t)> register_fn;
   std::function<void(void*)> unregister_fn;
+  /// nvme tier: bytes of host memory (pageable) for shards kept off NVMe, whole shards in id
+  /// order while they fit (zoe.host_memory_budget). 0: every shard on NVMe. Ignored by cpu.
+  std::int64_t host_budget = 0;
 };
 
 /// A shard on its way in: after wait(), data() holds its bytes. Owns its pinned buffer
@@ -107,12 +115,14 @@ class ParamShards {
   /// number (INT_MAX: a read is the shard's home itself).
   int read_slots() const;
   std::size_t bytes(int id) const { return bytes_[id]; }
-  std::int64_t host_bytes() const;     // shards in host memory (cpu tier)
+  std::int64_t host_bytes() const;     // shards in host memory (cpu tier; nvme: host_budget's)
   std::int64_t nvme_bytes() const;     // shards on NVMe
   std::int64_t staging_bytes() const;  // pinned buffers (nvme tier)
 
  private:
   std::string name(int id) const { return "param.g" + std::to_string(id); }
+  /// Whether shard id lives in host memory (cpu tier, or host_budget's on nvme).
+  bool in_host(int id) const { return host_[id].data() != nullptr; }
 
   ParamShardsOptions options_;
   std::vector<std::size_t> bytes_;

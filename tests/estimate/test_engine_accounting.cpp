@@ -108,22 +108,29 @@ TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
     OptimizerStateDType states;
     bool in_backward;
     std::int64_t budget, sub_group;
+    OffloadDevice param = OffloadDevice::none;
   };
   const Case cases[] = {{2, OffloadDevice::nvme, OptimizerStateDType::bf16, false, 0, 1'000'000'000},
                         {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 0, 1'000'000'000},
                         {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 1 << 20, 1'000'000'000},
                         {3, OffloadDevice::nvme, OptimizerStateDType::fp32, true, 0, 1'000'000'000},
                         {3, OffloadDevice::nvme, OptimizerStateDType::bf16, true, 0, 256},
-                        {2, OffloadDevice::nvme, OptimizerStateDType::fp32, true, 64 << 10, 256}};
+                        {2, OffloadDevice::nvme, OptimizerStateDType::fp32, true, 64 << 10, 256},
+                        // The budget keeps the parameter shards first, then the gradients.
+                        {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 1 << 30, 1'000'000'000, OffloadDevice::nvme},
+                        {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 1 << 30, 1'000'000'000, OffloadDevice::nvme}};
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << "stage " << c.stage << ", offload_optimizer " << static_cast<int>(c.optimizer)
                                       << ", states " << static_cast<int>(c.states) << ", in backward " << c.in_backward
-                                      << ", budget " << c.budget << ", sub-group " << c.sub_group);
+                                      << ", budget " << c.budget << ", sub-group " << c.sub_group << ", offload_param "
+                                      << static_cast<int>(c.param));
     Config cfg = config(c.stage, c.optimizer, dir_);
     cfg.zoe.optimizer_state_dtype = c.states;
     cfg.zoe.update_in_backward = c.in_backward;
     cfg.zoe.host_memory_budget = c.budget;
     cfg.zero_optimization.sub_group_size = c.sub_group;
+    cfg.zero_optimization.offload_param.device = c.param;
+    cfg.zero_optimization.offload_param.nvme_path = dir_;
     const RankEstimate est = estimate::estimate_rank(shape, world, cfg);
     const Built built = build_engine(cfg, world, numels);
     for (int r = 0; r < world; ++r) {

@@ -66,25 +66,43 @@ TEST(EstimatePlacement, NvmeTrafficPerStep) {
   r = estimate_rank({kPsi, 0}, kNd, half);
   EXPECT_EQ(r.nvme_traffic.read, 14 * (kShard / 2));
   EXPECT_EQ(r.nvme_traffic.written, 14 * (kShard / 2));
-  // zoe.host_memory_budget keeps gradients in host memory: all of them (12 read, 12 written
-  // for the states; the shard 4 and 2), or half of them.
-  auto kept = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
+  // zoe.host_memory_budget keeps gradients in host memory (parameters on the device): all of
+  // them (12 read, 12 written for the states), or half of them.
+  auto kept = knobs(3, OffloadDevice::nvme);
   kept.zoe.host_memory_budget = 2 * kShard;
   r = estimate_rank({kPsi, 0}, kNd, kept);
-  EXPECT_EQ(r.nvme_traffic.read, (12 + 4) * kShard);
-  EXPECT_EQ(r.nvme_traffic.written, (12 + 2) * kShard);
+  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard);
   EXPECT_EQ(r.gradients, (TierBytes{0, 2 * kShard, 0}));
   kept.zoe.host_memory_budget = kShard;
   r = estimate_rank({kPsi, 0}, kNd, kept);
-  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard + kShard + 4 * kShard);
-  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard + kShard + 2 * kShard);
+  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard + kShard);
+  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard + kShard);
   EXPECT_EQ(r.gradients, (TierBytes{0, kShard, kShard}));
-  // And bf16 optimizer states: 8 bytes each way instead of 12 (22 per element in all).
+  // And bf16 optimizer states: 8 bytes each way instead of 12.
   kept.zoe.host_memory_budget = 2 * kShard;
   kept.zoe.optimizer_state_dtype = zoe::OptimizerStateDType::bf16;
   r = estimate_rank({kPsi, 0}, kNd, kept);
-  EXPECT_EQ(r.nvme_traffic.read, (8 + 4) * kShard);
-  EXPECT_EQ(r.nvme_traffic.written, (8 + 2) * kShard);
+  EXPECT_EQ(r.nvme_traffic.read, 8 * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, 8 * kShard);
+  // With the parameter shards on NVMe too the budget keeps them first (read twice, written
+  // once): 2 bytes per element take the shard off NVMe (12 + 2 read, 12 + 2 written); 4 take
+  // the gradients as well (12 and 12); bf16 states then leave 8 and 8.
+  auto both = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
+  both.zoe.host_memory_budget = 2 * kShard;
+  r = estimate_rank({kPsi, 0}, kNd, both);
+  EXPECT_EQ(r.params, (TierBytes{0, 2 * kShard, 0}));
+  EXPECT_EQ(r.gradients, (TierBytes{0, 0, 2 * kShard}));
+  EXPECT_EQ(r.nvme_traffic.read, (12 + 2) * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, (12 + 2) * kShard);
+  both.zoe.host_memory_budget = 4 * kShard;
+  r = estimate_rank({kPsi, 0}, kNd, both);
+  EXPECT_EQ(r.gradients, (TierBytes{0, 2 * kShard, 0}));
+  EXPECT_EQ(r.nvme_traffic.read, 12 * kShard);
+  EXPECT_EQ(r.nvme_traffic.written, 12 * kShard);
+  both.zoe.optimizer_state_dtype = zoe::OptimizerStateDType::bf16;
+  r = estimate_rank({kPsi, 0}, kNd, both);
+  EXPECT_EQ(r.nvme_traffic.read + r.nvme_traffic.written, 16 * kShard);
   // The update in backward: gradients in recycled host buffers, none on NVMe, whatever the budget.
   auto eager = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
   eager.zoe.update_in_backward = true;

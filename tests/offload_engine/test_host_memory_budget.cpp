@@ -1,4 +1,4 @@
-// zoe.host_memory_budget: the NVMe tier's fp32 gradients kept in host memory (whole sub-groups
+// zoe.host_memory_budget: the NVMe tier's gradients kept in host memory (whole sub-groups
 // in order while they fit) change no bit: the same parameters and losses as every gradient on
 // NVMe, at stages 2-3, 1 and 2 ranks, one and two micro-batches, with all of them or a few in
 // host memory; the bytes move from the NVMe tier to host memory in the memory report.
@@ -66,6 +66,46 @@ TEST(HostMemoryBudget, GradientsInHostMemoryChangeNoBit) {
   std::filesystem::remove_all(dir);
 }
 
+// The budget goes to an NVMe parameter tier's shards first (each read twice a step and written
+// once), then to the gradients: the same bits as everything on NVMe, the bytes moved from the
+// NVMe tier to host memory in the memory report, at 1 and 2 ranks, 1 and 2 micro-batches.
+TEST(HostMemoryBudget, ParameterShardsFirstChangeNoBit) {
+  const std::string dir = zoe::test::temp_dir("host-budget-params");
+  for (int world : {1, 2})
+    for (int gas : {1, 2}) {
+      SCOPED_TRACE("world " + std::to_string(world) + " gas " + std::to_string(gas));
+      auto cfg = [&](std::int64_t budget) {
+        Config c = config(3, gas, budget, dir);
+        c.zero_optimization.offload_param.device = OffloadDevice::nvme;
+        c.zero_optimization.offload_param.nvme_path = dir;
+        c.zero_optimization.stage3_param_persistence_threshold = 0;  // every shard on the tier
+        return c;
+      };
+      const RunResult ref = train(cfg(0), kNet, world, 6, 16);
+      const RunResult all = train(cfg(std::int64_t{1} << 30), kNet, world, 6, 16);
+      const RunResult first = train(cfg(2048), kNet, world, 6, 16);  // the first shard or two, no gradient
+      EXPECT_TRUE(bitwise_equal(all, ref)) << "every shard and gradient in host memory";
+      EXPECT_TRUE(bitwise_equal(first, ref)) << "the first shards in host memory";
+      EXPECT_EQ(all.losses, ref.losses);
+      for (int k = 0; k < world; ++k) {
+        // Everything the budget keeps leaves the NVMe tier for host memory, byte for byte; with
+        // all of it kept, the NVMe tier holds the optimizer states alone (12 bytes per element).
+        const std::int64_t to_host = all.memory[k].host_model_states - ref.memory[k].host_model_states;
+        EXPECT_EQ(ref.memory[k].nvme_model_states - all.memory[k].nvme_model_states, to_host) << "rank " << k;
+        EXPECT_EQ(all.memory[k].nvme_model_states % 12, 0) << "rank " << k;
+        const std::int64_t elements = all.memory[k].nvme_model_states / 12;
+        const std::int64_t g = gas == 1 ? 2 : 4;
+        EXPECT_EQ(to_host, (2 + g) * elements) << "rank " << k << ": the bf16 shard and the gradient";
+        const std::int64_t kept = first.memory[k].host_model_states - ref.memory[k].host_model_states;
+        EXPECT_GT(kept, 0) << "rank " << k;
+        EXPECT_LE(kept, 2048) << "rank " << k;
+        EXPECT_EQ(ref.memory[k].nvme_model_states - first.memory[k].nvme_model_states, kept) << "rank " << k;
+      }
+    }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(HostMemoryBudget, NeedsTheNvmeTier) {
   Config c;
   c.zero_optimization.stage = 2;
@@ -77,6 +117,12 @@ TEST(HostMemoryBudget, NeedsTheNvmeTier) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("zoe.host_memory_budget"), std::string::npos) << e.what();
   }
+  // An NVMe parameter tier alone has bytes to spare too.
+  c.zero_optimization.stage = 3;
+  c.zero_optimization.offload_param.device = OffloadDevice::nvme;
+  c.zero_optimization.offload_param.nvme_path = zoe::test::temp_dir("host-budget-valid");
+  EXPECT_NO_THROW(Engine(c, make_local_ranks(1)[0]));
+  std::filesystem::remove_all(c.zero_optimization.offload_param.nvme_path);
   c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
   c.zoe.host_memory_budget = -1;
   EXPECT_THROW(Engine(c, make_local_ranks(1)[0]), ConfigError);
