@@ -57,6 +57,19 @@ Config config(int stage, OffloadDevice optimizer, const std::string& nvme_dir) {
   return c;
 }
 
+/// Every rank's model states equal the estimate tier by tier, and so do the host buffers (the
+/// pinned NVMe staging); device buffers are working memory released after the step (at most).
+void expect_reports_equal_the_estimate(const Built& built, const RankEstimate& est, int world) {
+  for (int r = 0; r < world; ++r) {
+    const MemoryReport& m = built.reports[r];
+    EXPECT_EQ(m.device_model_states, est.model_states.device) << "rank " << r;
+    EXPECT_EQ(m.host_model_states, est.model_states.host) << "rank " << r;
+    EXPECT_EQ(m.nvme_model_states, est.model_states.nvme) << "rank " << r;
+    EXPECT_EQ(m.host_buffers, est.buffers.host) << "rank " << r;
+    EXPECT_LE(m.device_buffers, est.buffers.device) << "rank " << r;
+  }
+}
+
 class EngineAccounting : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -80,18 +93,7 @@ TEST_F(EngineAccounting, ModelStatesEqualTheEstimateWithoutPadding) {
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << "stage " << c.stage << ", offload_optimizer " << static_cast<int>(c.optimizer));
     const Config cfg = config(c.stage, c.optimizer, dir_);
-    const RankEstimate est = estimate::estimate_rank(shape, world, cfg);
-    const Built built = build_engine(cfg, world, numels);
-    for (int r = 0; r < world; ++r) {
-      const MemoryReport& m = built.reports[r];
-      EXPECT_EQ(m.device_model_states, est.model_states.device) << "rank " << r;
-      EXPECT_EQ(m.host_model_states, est.model_states.host) << "rank " << r;
-      EXPECT_EQ(m.nvme_model_states, est.model_states.nvme) << "rank " << r;
-      // Pinned NVMe staging is the documented host buffer; device buffers are working memory
-      // released after the step.
-      EXPECT_EQ(m.host_buffers, est.buffers.host) << "rank " << r;
-      EXPECT_LE(m.device_buffers, est.buffers.device) << "rank " << r;
-    }
+    expect_reports_equal_the_estimate(build_engine(cfg, world, numels), estimate::estimate_rank(shape, world, cfg), world);
   }
 }
 
@@ -131,15 +133,7 @@ TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
     cfg.zero_optimization.sub_group_size = c.sub_group;
     cfg.zero_optimization.offload_param.device = c.param;
     cfg.zero_optimization.offload_param.nvme_path = dir_;
-    const RankEstimate est = estimate::estimate_rank(shape, world, cfg);
-    const Built built = build_engine(cfg, world, numels);
-    for (int r = 0; r < world; ++r) {
-      const MemoryReport& m = built.reports[r];
-      EXPECT_EQ(m.device_model_states, est.model_states.device) << "rank " << r;
-      EXPECT_EQ(m.host_model_states, est.model_states.host) << "rank " << r;
-      EXPECT_EQ(m.nvme_model_states, est.model_states.nvme) << "rank " << r;
-      EXPECT_EQ(m.host_buffers, est.buffers.host) << "rank " << r;
-    }
+    expect_reports_equal_the_estimate(build_engine(cfg, world, numels), estimate::estimate_rank(shape, world, cfg), world);
   }
 }
 

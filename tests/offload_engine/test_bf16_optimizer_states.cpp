@@ -167,23 +167,19 @@ TEST(Bf16OptimizerStates, CheckpointsLoadIntoEitherMode) {
     run(fp32, nvme, 0, 3, {}, c32);
     run(bf16, nvme, 0, 3, {}, c16);
 
-    // fp32 states -> bf16 states: the moments rounded once at the load.
-    Reference a;
-    a.fp32_steps(3);
-    a.to_bf16();
-    a.bf16_steps(3);
-    const std::vector<float> got_a = run(bf16, nvme, 3, 3, c32);
-    EXPECT_TRUE(same_bits(got_a, a.p)) << "fp32 checkpoint into bf16 states: first difference at "
-                                       << first_difference(got_a, a.p);
-
-    // bf16 states -> fp32 states: widened exactly.
-    Reference b;
-    b.bf16_steps(3);
-    b.to_fp32();
-    b.fp32_steps(3);
-    const std::vector<float> got_b = run(fp32, nvme, 3, 3, c16);
-    EXPECT_TRUE(same_bits(got_b, b.p)) << "bf16 checkpoint into fp32 states: first difference at "
-                                       << first_difference(got_b, b.p);
+    // fp32 states -> bf16 states: the moments rounded once at the load; bf16 -> fp32: widened
+    // exactly.
+    for (bool from_fp32 : {true, false}) {
+      Reference ref;
+      if (from_fp32) {
+        ref.fp32_steps(3), ref.to_bf16(), ref.bf16_steps(3);
+      } else {
+        ref.bf16_steps(3), ref.to_fp32(), ref.fp32_steps(3);
+      }
+      const std::vector<float> got = run(from_fp32 ? bf16 : fp32, nvme, 3, 3, from_fp32 ? c32 : c16);
+      EXPECT_TRUE(same_bits(got, ref.p)) << (from_fp32 ? "fp32 checkpoint into bf16 states" : "bf16 checkpoint into fp32 states")
+                                         << ": first difference at " << first_difference(got, ref.p);
+    }
 
     // bf16 -> bf16, through the other tier: the unbroken run's bits.
     const std::vector<float> unbroken = run(bf16, nvme, 0, 6);
