@@ -357,12 +357,12 @@ void OptimizerStates::read_all(int id, float* data) {
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::read_all (data)");
   if (options_.device == OffloadDevice::cpu) {
-    to_fp32(id, host_[id].data(), data);
+    convert_states(id, host_[id].data(), data, true);
     return;
   }
   PinnedBuffer b = pool_->acquire_wait();
   store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
-  to_fp32(id, b.data(), data);
+  convert_states(id, b.data(), data, true);
 }
 
 void OptimizerStates::write_all(int id, const float* data) {
@@ -371,11 +371,11 @@ void OptimizerStates::write_all(int id, const float* data) {
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::write_all (data)");
   if (options_.device == OffloadDevice::cpu) {
-    from_fp32(id, data, host_[id].data());
+    convert_states(id, data, host_[id].data(), false);
     return;
   }
   PinnedBuffer b = pool_->acquire_wait();
-  from_fp32(id, data, b.data());
+  convert_states(id, data, b.data(), false);
   store_->swap_out(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
 }
 
@@ -426,26 +426,21 @@ const void* OptimizerStates::host_gradient(int id) const {
   return nullptr;
 }
 
-void OptimizerStates::to_fp32(int id, const void* stored, float* fp32) const {
+void OptimizerStates::convert_states(int id, const void* src, void* dst, bool to_fp32) const {
   const auto n = static_cast<std::size_t>(numels_[id]);
-  if (options_.state_dtype == OptimizerStateDType::fp32) {
-    std::memcpy(fp32, stored, bytes(id));
-    return;
+  // The master weights are fp32 in both layouts, and so are the moments with fp32 states.
+  const bool all_fp32 = options_.state_dtype == OptimizerStateDType::fp32;
+  std::memcpy(dst, src, all_fp32 ? bytes(id) : n * sizeof(float));
+  if (all_fp32) return;
+  if (to_fp32) {
+    const auto* half = reinterpret_cast<const std::uint16_t*>(static_cast<const float*>(src) + n);
+    float* out = static_cast<float*>(dst) + n;
+    for (std::size_t i = 0; i < 2 * n; ++i) out[i] = kernels::bf16_to_f32(half[i]);
+  } else {
+    const float* in = static_cast<const float*>(src) + n;
+    auto* half = reinterpret_cast<std::uint16_t*>(static_cast<float*>(dst) + n);
+    for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(in[i]);
   }
-  std::memcpy(fp32, stored, n * sizeof(float));
-  const auto* half = reinterpret_cast<const std::uint16_t*>(static_cast<const float*>(stored) + n);
-  for (std::size_t i = 0; i < 2 * n; ++i) fp32[n + i] = kernels::bf16_to_f32(half[i]);
-}
-
-void OptimizerStates::from_fp32(int id, const float* fp32, void* stored) const {
-  const auto n = static_cast<std::size_t>(numels_[id]);
-  if (options_.state_dtype == OptimizerStateDType::fp32) {
-    std::memcpy(stored, fp32, bytes(id));
-    return;
-  }
-  std::memcpy(stored, fp32, n * sizeof(float));
-  auto* half = reinterpret_cast<std::uint16_t*>(static_cast<float*>(stored) + n);
-  for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(fp32[n + i]);
 }
 
 std::int64_t OptimizerStates::staging_bytes() const {

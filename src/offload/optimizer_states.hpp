@@ -212,9 +212,9 @@ class OptimizerStates {
   /// Bytes per element of master, exp_avg and exp_avg_sq: 12 (fp32 states) or 8 (bf16).
   std::size_t state_element_bytes() const { return 4 + 2 * optimizer_state_dtype_size(options_.state_dtype); }
   std::size_t bytes(int id) const { return static_cast<std::size_t>(numels_[id]) * state_element_bytes(); }
-  /// Converts between the stored layout at `stored` and the fp32 checkpoint view at `fp32`.
-  void to_fp32(int id, const void* stored, float* fp32) const;
-  void from_fp32(int id, const float* fp32, void* stored) const;
+  /// Copies sub-group id's states from `src` to `dst`: the stored layout to the fp32 checkpoint
+  /// view (to_fp32: bf16 moments widened) or back (bf16 moments rounded to nearest even).
+  void convert_states(int id, const void* src, void* dst, bool to_fp32) const;
   std::size_t grad_bytes(int id) const {
     return std::max<std::size_t>(static_cast<std::size_t>(numels_[id]) * dtype_size(options_.grad_dtype), 1);
   }
