@@ -30,9 +30,8 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
     // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
     so.adam = adam.get();
-    // zoe.host_memory_budget goes to the parameter shards first (finalize()): the gradients
-    // get what they leave.
-    so.host_grad_budget = c.zoe.host_memory_budget;
+    // so.host_grad_budget: finalize() gives the gradients what the parameter shards leave of
+    // zoe.host_memory_budget.
     so.state_dtype = c.zoe.optimizer_state_dtype;
     // One micro-batch of 16-bit compute per step: the reduced shard is the whole gradient, kept
     // as it arrives (exact; half the bytes of the fp32 copy in host memory or over NVMe).
