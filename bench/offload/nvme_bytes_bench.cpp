@@ -1,6 +1,7 @@
 // NVMe bytes per parameter per step, per mode: a real Engine for each (one rank on the host
 // device, bf16 compute, ZeRO-3, optimizer states and parameter shards on NVMe; the modes differ
-// in zoe.host_memory_budget and zoe.optimizer_state_dtype) with `modules` modules of one
+// in zoe.host_memory_budget, zoe.update_in_backward, zoe.optimizer_state_dtype and
+// zoe.split_master_weights) with `modules` modules of one
 // parameter each; each micro-batch runs the forward, then the backward (a constant written into
 // every gradient buffer), and each step ends with step() + synchronize(), so a step's record
 // holds all of its update's I/O. Bytes are /proc/self/io's read_bytes / write_bytes of the
@@ -37,6 +38,7 @@ struct Mode {
   std::int64_t host_memory_budget;
   OptimizerStateDType state_dtype;
   bool update_in_backward = false;
+  bool split_master = false;
 };
 
 Config mode_config(const NvmeBytesBenchOptions& o, const Mode& mode, std::int64_t per_module) {
@@ -58,6 +60,7 @@ Config mode_config(const NvmeBytesBenchOptions& o, const Mode& mode, std::int64_
   c.zoe.host_memory_budget = mode.host_memory_budget;
   c.zoe.optimizer_state_dtype = mode.state_dtype;
   c.zoe.update_in_backward = mode.update_in_backward;
+  c.zoe.split_master_weights = mode.split_master;
   return c;
 }
 
@@ -76,6 +79,10 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
       {"update in backward", 0, OptimizerStateDType::fp32, true},
       {"update in backward, host budget 2 B/param (shards)", shards, OptimizerStateDType::fp32, true},
       {"update in backward, host budget 2 B/param, bf16 states", shards, OptimizerStateDType::bf16, true},
+      {"split masters", 0, OptimizerStateDType::fp32, false, true},
+      {"update in backward, host budget 2 B/param, split masters", shards, OptimizerStateDType::fp32, true, true},
+      {"update in backward, host budget 2 B/param, bf16 states, split masters", shards, OptimizerStateDType::bf16, true,
+       true},
   };
   struct Run {
     Config config;

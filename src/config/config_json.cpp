@@ -194,6 +194,7 @@ void read_zoe(Section s, ZoeConfig& c) {
   s.integer("host_memory_budget", c.host_memory_budget);
   s.choice("optimizer_state_dtype", c.optimizer_state_dtype,
            {{"fp32", OptimizerStateDType::fp32}, {"bf16", OptimizerStateDType::bf16}});
+  s.boolean("split_master_weights", c.split_master_weights);
   s.boolean("overlap_step", c.overlap_step);
   s.boolean("delayed_update", c.delayed_update);
   s.boolean("update_in_backward", c.update_in_backward);
@@ -426,6 +427,7 @@ std::string Config::to_json() const {
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
               {"host_memory_budget", zoe.host_memory_budget},
               {"optimizer_state_dtype", zoe.optimizer_state_dtype == OptimizerStateDType::bf16 ? "bf16" : "fp32"},
+              {"split_master_weights", zoe.split_master_weights},
               {"overlap_step", zoe.overlap_step},
               {"delayed_update", zoe.delayed_update},
               {"update_in_backward", zoe.update_in_backward},

@@ -175,6 +175,24 @@ void check_zoe(Checker& k, const Config& c) {
              "\"bf16\" needs zero_optimization.offload_optimizer.ratio 1 (the sub-groups left on the device keep fp32 "
              "states), got ", oo.ratio);
   }
+  if (z.split_master_weights) {
+    // The high halves are the bf16 parameter shards of a parameter tier; the saving is NVMe bytes.
+    const auto& zo = c.zero_optimization;
+    if (zo.stage != 3 || zo.offload_param.device == OffloadDevice::none)
+      k.fail("zoe.split_master_weights", {"zero_optimization.stage", "zero_optimization.offload_param.device"},
+             "true needs zero_optimization.stage 3 with zero_optimization.offload_param.device \"cpu\" or \"nvme\" "
+             "(the master weights' high halves are the bf16 parameter shards that tier keeps), got stage ", zo.stage,
+             " with offload_param.device \"", device_name(zo.offload_param.device), "\"");
+    else if (zo.offload_optimizer.device != OffloadDevice::nvme)
+      k.fail("zoe.split_master_weights", {"zero_optimization.offload_optimizer.device"},
+             "true needs zero_optimization.offload_optimizer.device \"nvme\" (it saves NVMe bytes; with \"",
+             device_name(zo.offload_optimizer.device), "\" the master weights are not on NVMe), got \"",
+             device_name(zo.offload_optimizer.device), "\"");
+    else if (c.compute_dtype() != DType::bf16)
+      k.fail("zoe.split_master_weights", {"bf16.enabled", "fp16.enabled"},
+             "true needs bf16 compute (bf16.enabled true): the bf16 parameters are the master weights' high halves, "
+             "an fp16 or fp32 copy is not; got ", dtype_name(c.compute_dtype()));
+  }
   if (z.delayed_update && c.zero_optimization.offload_optimizer.device == OffloadDevice::none)
     k.fail("zoe.delayed_update", {"zero_optimization.offload_optimizer.device"},
            "true needs zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\" (it delays the "

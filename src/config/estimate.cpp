@@ -92,11 +92,15 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const bool offloaded = stage.shards_optimizer && z.offload_optimizer.device != OffloadDevice::none;
   const std::int64_t state_elements = stage.shards_optimizer ? t : psi_t;
   const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(t)) : 0;
-  // The offloaded states: fp32 master plus exp_avg and exp_avg_sq of zoe.optimizer_state_dtype
-  // (12 or 8 bytes per element); the device keeps fp32 (kOptimizerBytes).
-  const std::int64_t offloaded_state_bytes =
-      4 + 2 * static_cast<std::int64_t>(optimizer_state_dtype_size(config.zoe.optimizer_state_dtype));
-  put(r.optimizer_states, z.offload_optimizer.device, offloaded_state_bytes * off);
+  // The offloaded states of n elements: the fp32 master plus exp_avg and exp_avg_sq of
+  // zoe.optimizer_state_dtype (12 or 8 bytes per element), or with zoe.split_master_weights the
+  // master's low halves and rounded-up bits (2 bytes and 1 bit per element, whole bytes per
+  // sub-group: the engine's sub-groups hold multiples of 16 elements); the device keeps fp32
+  // (kOptimizerBytes).
+  const bool split = config.zoe.split_master_weights;
+  const std::int64_t moment_bytes = 2 * static_cast<std::int64_t>(optimizer_state_dtype_size(config.zoe.optimizer_state_dtype));
+  auto offloaded_state_bytes = [&](std::int64_t n) { return split ? (moment_bytes + 2) * n + (n + 7) / 8 : (4 + moment_bytes) * n; };
+  put(r.optimizer_states, z.offload_optimizer.device, offloaded_state_bytes(off));
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
   // Gradients, as the engine keeps them: on the device full at stages 0-1 (the trainer
@@ -214,11 +218,13 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     r.buffers.host += (outputs_to_param_tier ? 2 : 4) * round_up(B * largest, kPage);
   }
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
-    // Each staging buffer holds a sub-group's states, page-aligned, then its fp32 gradient;
-    // one more buffer stages gradient writes.
+    // Each staging buffer holds a sub-group's states (split masters: then, 64-byte aligned,
+    // the fp32 master scratch), page-aligned, then its gradient; one more buffer stages
+    // gradient writes.
+    const std::int64_t staged = split ? round_up(offloaded_state_bytes(largest), 64) + 4 * largest
+                                      : std::max<std::int64_t>(offloaded_state_bytes(largest), 1);
     r.buffers.host += std::int64_t{z.offload_optimizer.buffer_count} *
-                          round_up(round_up(std::max<std::int64_t>(offloaded_state_bytes * largest, 1), kPage) +
-                                       kGradientBytes * largest, kPage) +
+                          round_up(round_up(staged, kPage) + kGradientBytes * largest, kPage) +
                       round_up(std::max(kPage, kGradientBytes * largest), kPage);
   }
   if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme)
@@ -230,12 +236,14 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // NVMe traffic per step (the header's formula).
   const std::int64_t G = config.gradient_accumulation_steps;
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
-    r.nvme_traffic.read += offloaded_state_bytes * off + kGradientBytes * G * (off - grads_in_host);
-    r.nvme_traffic.written += offloaded_state_bytes * off + kGradientBytes * G * (off - grads_in_host);
+    r.nvme_traffic.read += offloaded_state_bytes(off) + kGradientBytes * G * (off - grads_in_host);
+    r.nvme_traffic.written += offloaded_state_bytes(off) + kGradientBytes * G * (off - grads_in_host);
   }
   if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme) {
     r.nvme_traffic.read += 2 * G * (B * r.shard_elements - params_in_host);
     r.nvme_traffic.written += std::max<std::int64_t>(B * t - params_in_host, 0);
+    // Split masters: the update reads the shard it rewrites (the masters' high halves).
+    if (split) r.nvme_traffic.read += std::max<std::int64_t>(B * t - params_in_host, 0);
   }
 
   r.traffic_elements = stage.shards_params ? 2 * psi + psi_t : 2 * psi_t;

@@ -74,7 +74,8 @@ struct RankEstimate {
   /// those bytes) of them). optimizer_states: 12 bytes per element of
   /// the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq; `ratio` of them
   /// on offload_optimizer's tier, the rest on the device; 8 on the tier with
-  /// zoe.optimizer_state_dtype bf16 (exp_avg, exp_avg_sq 2 bytes each).
+  /// zoe.optimizer_state_dtype bf16 (exp_avg, exp_avg_sq 2 bytes each); the master 2 bytes and
+  /// 1 bit instead of 4 with zoe.split_master_weights.
   TierBytes params, gradients, optimizer_states;
   /// params + gradients + optimizer_states: what Engine's MemoryReport calls model states.
   TierBytes model_states;
@@ -156,10 +157,15 @@ struct RankEstimate {
   ///    writes the new trainable shard (B·t); the p bytes of shards zoe.host_memory_budget
   ///    keeps in host memory (it spends itself there first: p = min(B·s, budget), the
   ///    gradients' h then from what is left) move none: read 2·G·(B·s - p), written B·t - p;
+  ///  zoe.split_master_weights: K counts the master as 2 bytes and 1 bit (K = 10.125, 6.125
+  ///    with bf16 states; the bits in whole bytes per sub-group), and the update also reads the
+  ///    shard it rewrites: read B·t - p more;
   /// Everything on NVMe, 16-bit compute, one micro-batch, no frozen parameters: read 18·Ψ/Nd,
   /// written 16·Ψ/Nd, 34 bytes per parameter (ZeRO-Infinity's count, with its fp32 gradient,
   /// is 38); 30 with every gradient in host memory (zoe.host_memory_budget), 22 with that and
-  /// bf16 optimizer states (measured by zoe-offload-bench --cases nvme-bytes and the scale demo).
+  /// bf16 optimizer states; split master weights take 1.875 bytes from each of the master's read
+  /// and write and add the shard's read: 32.25 (measured by zoe-offload-bench --cases nvme-bytes
+  /// and the scale demo).
   struct Traffic {
     std::int64_t read = 0, written = 0;
   } nvme_traffic;

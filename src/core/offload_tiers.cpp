@@ -33,6 +33,9 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     // so.host_grad_budget: finalize() gives the gradients what the parameter shards leave of
     // zoe.host_memory_budget.
     so.state_dtype = c.zoe.optimizer_state_dtype;
+    // The masters' high halves are the bf16 shards of the parameter tier (config validation
+    // refuses the key without one).
+    so.split_master = c.zoe.split_master_weights;
     // One micro-batch of 16-bit compute per step: the reduced shard is the whole gradient, kept
     // as it arrives (exact; half the bytes of the fp32 copy in host memory or over NVMe).
     so.grad_dtype = c.gradient_accumulation_steps == 1 ? cx.grad_dtype() : DType::f32;

@@ -143,11 +143,12 @@ void StateAccess::read_stored_part(std::size_t gi, const std::function<void(cons
     return;
   }
   std::vector<float> chunk;
+  const std::vector<std::uint16_t> high = e_.updater.master_high_halves(g);
   for (const SubGroup& sg : g.subgroups) {
     const std::size_t n = static_cast<std::size_t>(sg.numel);
     chunk.resize(3 * n);
     if (sg.offloaded()) {
-      e_.tiers.states->read_all(sg.offload_id, chunk.data());
+      e_.tiers.states->read_all(sg.offload_id, chunk.data(), high.empty() ? nullptr : high.data() + sg.begin);
     } else {
       cx.device.copy(chunk.data(), sg.device_states.data(), 3 * n * sizeof(float), *cx.side);
       cx.device.synchronize(*cx.side);
@@ -160,7 +161,8 @@ void StateAccess::read_master(std::size_t gi, std::size_t sg_index, float* dst) 
   EngineContext& cx = e_.cx;
   const SubGroup& sg = e_.model.groups[gi].subgroups[sg_index];
   if (sg.offloaded()) {
-    e_.tiers.states->read_master(sg.offload_id, dst);
+    const std::vector<std::uint16_t> high = e_.updater.master_high_halves(e_.model.groups[gi]);
+    e_.tiers.states->read_master(sg.offload_id, dst, high.empty() ? nullptr : high.data() + sg.begin);
     return;
   }
   cx.device.copy(dst, sg.master(), static_cast<std::size_t>(sg.numel) * sizeof(float), *cx.side);

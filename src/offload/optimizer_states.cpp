@@ -12,6 +12,7 @@
 #include "src/offload/nvme_store.hpp"
 #include "src/offload/nvme_tier.hpp"
 #include "src/offload/pinned_pool.hpp"
+#include "src/optim/split_master.hpp"
 #include "kernels/half.hpp"
 
 namespace zoe::offload {
@@ -21,6 +22,8 @@ OptimizerStates::OptimizerStates(const OptimizerStatesOptions& options)
       own_adam_(options.adam ? nullptr : std::make_unique<optim::CpuAdam>(1)),
       adam_(options.adam ? options.adam : own_adam_.get()) {
   ZOE_CHECK_USAGE(options.device != OffloadDevice::none, "OptimizerStates needs offload device cpu or nvme");
+  ZOE_CHECK_USAGE(!options.split_master || options.device == OffloadDevice::nvme,
+                  "OptimizerStates: split master weights need the nvme tier");
   if (options.device == OffloadDevice::nvme) {
     if (options.buffer_count < 2)
       ZOE_THROW_CONFIG("zero_optimization.offload_optimizer.buffer_count",
@@ -80,6 +83,7 @@ void OptimizerStates::finalize() {
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);
   store_ = std::move(tier.store);
+  const char* master_kind = options_.split_master ? "split (low halves and rounded-up bits beside the bf16 shards)" : "fp32";
   if (requested_slots_ > 0) {
     // Recycled buffers: no gradient on NVMe; the budget may add buffers beyond the request.
     const auto count = std::min<std::int64_t>(
@@ -95,10 +99,10 @@ void OptimizerStates::finalize() {
       store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes(static_cast<int>(i)), 1));
       home_[i] = GradientHome::zeros;  // the initial gradient: 0
     }
-    ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups (fp32 master, {} exp_avg / exp_avg_sq) on NVMe in {} "
+    ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups ({} master, {} exp_avg / exp_avg_sq) on NVMe in {} "
                  "({} MiB, {} x {} MiB staging, O_DIRECT {}); {} gradients in {} recycled host buffers of {} KiB "
                  "(zoe.update_in_backward: none on NVMe)",
-                 options_.rank, numels_.size(), optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
+                 options_.rank, numels_.size(), master_kind, optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
                  nvme_state_bytes() >> 20, pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(),
                  dtype_name(options_.grad_dtype), slots_.size(), largest_grad >> 10);
     return;
@@ -121,10 +125,10 @@ void OptimizerStates::finalize() {
       store_->register_tensor(grad_name(id), grad_bytes(id));
     }
   }
-  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups (fp32 master, {} exp_avg / exp_avg_sq) on NVMe in {} "
+  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups ({} master, {} exp_avg / exp_avg_sq) on NVMe in {} "
                "({} MiB, {} x {} MiB staging, O_DIRECT {}); {} gradients of {} in host memory ({} MiB, "
                "zoe.host_memory_budget)",
-               options_.rank, numels_.size(), optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
+               options_.rank, numels_.size(), master_kind, optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
                nvme_state_bytes() >> 20, pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(),
                dtype_name(options_.grad_dtype), in_host, host_state_bytes() >> 20);
 }
@@ -140,11 +144,7 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
     initialised_[id] = 1;
     --uninitialised_;
   }
-  auto fill = [&](void* base) {
-    float* p = static_cast<float*>(base);
-    std::copy(master.begin(), master.end(), p);
-    std::memset(p + n, 0, bytes(id) - n * sizeof(float));  // exp_avg, exp_avg_sq: +0 in fp32 and bf16
-  };
+  auto fill = [&](void* base) { convert_states(id, nullptr, base, false, nullptr, master.data()); };
   if (options_.device == OffloadDevice::cpu) {
     fill(host_[id].data());
     return;
@@ -196,16 +196,8 @@ void OptimizerStates::check_initialised() {
 void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<void(const SubGroupStates&)>& fn) {
   ZOE_CHECK_USAGE(finalized_, "OptimizerStates::for_each before finalize");
   check_initialised();
-  auto view = [&](int id, void* base, const void* grad) {
-    float* p = static_cast<float*>(base);
-    const std::int64_t n = numels_[id];
-    std::byte* m = reinterpret_cast<std::byte*>(p + n);
-    const std::size_t s = optimizer_state_dtype_size(options_.state_dtype);
-    return SubGroupStates{id, n, p, m, m + static_cast<std::size_t>(n) * s, options_.state_dtype, grad,
-                          options_.grad_dtype};
-  };
   if (options_.device == OffloadDevice::cpu) {
-    for (int id : ids) fn(view(id, host_[id].data(), grads_[id].data()));
+    for (int id : ids) fn(view(id, host_[id].data(), grads_[id].data()));  // never split (nvme only)
     return;
   }
   struct Slot {
@@ -337,32 +329,41 @@ void OptimizerStates::zero_grad(int id) {
   add_grad(id, zeros.data(), options_.grad_dtype, true, true);
 }
 
-void OptimizerStates::read_master(int id, float* dst) {
+void OptimizerStates::read_master(int id, float* dst, const std::uint16_t* high) {
   check_initialised();
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
-  check_host_accessible_in_process(dst, static_cast<std::size_t>(numels_[id]) * sizeof(float),
-                                   "OptimizerStates::read_master (dst)");
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  check_host_accessible_in_process(dst, n * sizeof(float), "OptimizerStates::read_master (dst)");
+  ZOE_CHECK_USAGE(!options_.split_master || high, "OptimizerStates::read_master: split master weights need the "
+                  "sub-group's bf16 parameters (the high halves)");
   if (options_.device == OffloadDevice::cpu) {
-    std::memcpy(dst, host_[id].data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
+    std::memcpy(dst, host_[id].data(), n * sizeof(float));
     return;
   }
   PinnedBuffer b = pool_->acquire_wait();
   store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
-  std::memcpy(dst, b.data(), static_cast<std::size_t>(numels_[id]) * sizeof(float));
+  if (options_.split_master) {
+    const SubGroupStates st = view(id, b.data(), nullptr);
+    optim::join_master(high, st.master_low, st.master_rounded_up, dst, n);
+    return;
+  }
+  std::memcpy(dst, b.data(), n * sizeof(float));
 }
 
-void OptimizerStates::read_all(int id, float* data) {
+void OptimizerStates::read_all(int id, float* data, const std::uint16_t* high) {
   check_initialised();
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::read_all (data)");
+  ZOE_CHECK_USAGE(!options_.split_master || high, "OptimizerStates::read_all: split master weights need the "
+                  "sub-group's bf16 parameters (the high halves)");
   if (options_.device == OffloadDevice::cpu) {
     convert_states(id, host_[id].data(), data, true);
     return;
   }
   PinnedBuffer b = pool_->acquire_wait();
   store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
-  convert_states(id, b.data(), data, true);
+  convert_states(id, b.data(), data, true, high);
 }
 
 void OptimizerStates::write_all(int id, const float* data) {
@@ -426,20 +427,76 @@ const void* OptimizerStates::host_gradient(int id) const {
   return nullptr;
 }
 
-void OptimizerStates::convert_states(int id, const void* src, void* dst, bool to_fp32) const {
+std::size_t OptimizerStates::bytes(int id) const {
   const auto n = static_cast<std::size_t>(numels_[id]);
-  // The master weights are fp32 in both layouts, and so are the moments with fp32 states.
-  const bool all_fp32 = options_.state_dtype == OptimizerStateDType::fp32;
-  std::memcpy(dst, src, all_fp32 ? bytes(id) : n * sizeof(float));
-  if (all_fp32) return;
+  const std::size_t moments = 2 * n * optimizer_state_dtype_size(options_.state_dtype);
+  return options_.split_master ? moments + n * sizeof(std::uint16_t) + optim::split_master_bit_bytes(n)
+                               : n * sizeof(float) + moments;
+}
+
+SubGroupStates OptimizerStates::view(int id, void* base, const void* grad) const {
+  const std::int64_t n = numels_[id];
+  const std::size_t un = static_cast<std::size_t>(n);
+  const std::size_t s = optimizer_state_dtype_size(options_.state_dtype);
+  auto* b = static_cast<std::byte*>(base);
+  if (!options_.split_master) {  // [master | exp_avg | exp_avg_sq]
+    std::byte* m = b + un * sizeof(float);
+    return SubGroupStates{id, n, reinterpret_cast<float*>(b), m, m + un * s, options_.state_dtype, grad,
+                          options_.grad_dtype};
+  }
+  // [exp_avg | exp_avg_sq | low halves | rounded-up bits], the fp32 master scratch after them.
+  SubGroupStates st{id, n, reinterpret_cast<float*>(b + scratch_offset(id)), b, b + un * s, options_.state_dtype,
+                    grad, options_.grad_dtype};
+  st.master_low = reinterpret_cast<std::uint16_t*>(b + 2 * un * s);
+  st.master_rounded_up = reinterpret_cast<std::uint8_t*>(b + 2 * un * s + un * sizeof(std::uint16_t));
+  return st;
+}
+
+void OptimizerStates::convert_states(int id, const void* src, void* dst, bool to_fp32, const std::uint16_t* high,
+                                     const float* initial_master) const {
+  const auto n = static_cast<std::size_t>(numels_[id]);
+  if (n == 0) return;  // nothing stored (and the pointers may be null)
+  const bool bf16 = options_.state_dtype == OptimizerStateDType::bf16;
+  if (!options_.split_master) {
+    // The master weights are fp32 in both layouts, and so are the moments with fp32 states.
+    if (initial_master) {
+      std::memcpy(dst, initial_master, n * sizeof(float));
+      std::memset(static_cast<float*>(dst) + n, 0, bytes(id) - n * sizeof(float));  // +0 in fp32 and bf16
+      return;
+    }
+    std::memcpy(dst, src, bf16 ? n * sizeof(float) : bytes(id));
+    if (!bf16) return;
+  }
+  // The stored layout's arrays, and the checkpoint view's [master | exp_avg | exp_avg_sq].
+  const SubGroupStates st = view(id, const_cast<void*>(to_fp32 ? src : dst), nullptr);
+  if (options_.split_master) {
+    if (to_fp32) {
+      optim::join_master(high, st.master_low, st.master_rounded_up, static_cast<float*>(dst), n);
+    } else {
+      const float* master = initial_master ? initial_master : static_cast<const float*>(src);
+      std::vector<std::uint16_t> rounded(n);
+      for (std::size_t i = 0; i < n; ++i) rounded[i] = kernels::f32_to_bf16(master[i]);
+      optim::split_master(master, rounded.data(), st.master_low, st.master_rounded_up, n);
+      if (initial_master) {
+        std::memset(st.exp_avg, 0, st.moment_bytes());  // +0 in fp32 and bf16
+        return;
+      }
+    }
+  }
+  float* view_moments = static_cast<float*>(to_fp32 ? dst : const_cast<void*>(src)) + n;
+  if (!bf16) {
+    if (to_fp32) {
+      std::memcpy(view_moments, st.exp_avg, st.moment_bytes());
+    } else {
+      std::memcpy(st.exp_avg, view_moments, st.moment_bytes());
+    }
+    return;
+  }
+  auto* half = static_cast<std::uint16_t*>(st.exp_avg);  // exp_avg_sq follows it
   if (to_fp32) {
-    const auto* half = reinterpret_cast<const std::uint16_t*>(static_cast<const float*>(src) + n);
-    float* out = static_cast<float*>(dst) + n;
-    for (std::size_t i = 0; i < 2 * n; ++i) out[i] = kernels::bf16_to_f32(half[i]);
+    for (std::size_t i = 0; i < 2 * n; ++i) view_moments[i] = kernels::bf16_to_f32(half[i]);
   } else {
-    const float* in = static_cast<const float*>(src) + n;
-    auto* half = reinterpret_cast<std::uint16_t*>(static_cast<float*>(dst) + n);
-    for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(in[i]);
+    for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(view_moments[i]);
   }
 }
 

@@ -6,6 +6,17 @@
 // Whatever the state dtype, the checkpoint view (read_all / write_all) is fp32: bf16 states
 // are widened exactly on the way out and rounded to nearest even on the way in.
 //
+// Split master weights (OptimizerStatesOptions::split_master, zoe.split_master_weights; nvme
+// tier only): the stored layout is [exp_avg | exp_avg_sq | master low halves (numel uint16) |
+// rounded-up bits (ceil(numel / 8) bytes)], 2 + 1/8 bytes of master per element instead of 4
+// (src/optim/split_master.hpp says why that is exact). The high halves are the bf16 parameter
+// shard, which the caller owns (the parameter tier): for_each hands the callback an fp32 master
+// scratch array next to the stored bytes (SubGroupStates::master, undefined on entry) with the
+// stored halves; the callback joins the master from the shard's current values before the
+// update and splits it against the new ones after it. read_master / read_all take the high
+// halves; write_initial / write_all compute them (kernels::f32_to_bf16, the rounding every
+// parameter write of the engine uses).
+//
 // for_each() is the optimizer pipeline over sub-groups: on NVMe, reads of k+1, k+2, ... and
 // the write-back of k-1 run while the caller computes k (read-ahead as deep as the free
 // buffers allow and write-behind, through `buffer_count` pinned staging buffers of the largest
@@ -95,22 +106,30 @@ struct OptimizerStatesOptions {
   /// exactly one micro-batch: add_grad then takes shards of that dtype with first = last = true
   /// only (header comment).
   DType grad_dtype = DType::f32;
+  /// Store the master weights split (header comment): nvme tier only, for bf16 parameters kept
+  /// by a parameter tier; false: fp32 masters.
+  bool split_master = false;
 };
 
 /// The arrays of one sub-group, valid inside a for_each callback: numel elements each.
 struct SubGroupStates {
   int id;
   std::int64_t numel;
+  /// fp32 master weights; with split masters a scratch array, undefined on entry: join it from
+  /// master_low / master_rounded_up and the parameter shard before use, split it after.
   float* master;
   void* exp_avg;     // float (fp32 states) or uint16 bf16 bits (bf16 states)
   void* exp_avg_sq;  // likewise
   OptimizerStateDType state_dtype;
   const void* grad;  // the step's gradient (see add_grad), numel elements of grad_dtype
   DType grad_dtype;
-  /// Bytes of master, exp_avg and exp_avg_sq together (contiguous from master).
-  std::size_t state_bytes() const {
-    return static_cast<std::size_t>(numel) * (4 + 2 * optimizer_state_dtype_size(state_dtype));
-  }
+  /// Split master weights only (else null): the stored low halves (numel uint16) and rounded-up
+  /// bits (split_master_bit_bytes(numel) bytes), src/optim/split_master.hpp.
+  std::uint16_t* master_low = nullptr;
+  std::uint8_t* master_rounded_up = nullptr;
+  bool split_master() const { return master_low != nullptr; }
+  /// Bytes of exp_avg and exp_avg_sq together (contiguous from exp_avg).
+  std::size_t moment_bytes() const { return static_cast<std::size_t>(numel) * 2 * optimizer_state_dtype_size(state_dtype); }
 };
 
 /// Host-access check: every pointer argument below must be host memory. write_initial,
@@ -178,19 +197,25 @@ class OptimizerStates {
   double grad_sum_squares(int id) const { return grad_sum_squares_[id]; }
   bool grad_finite(int id) const { return grad_finite_[id]; }
 
-  /// Copies sub-group `id`'s master weights (numel floats) into dst.
-  void read_master(int id, float* dst);
+  /// Copies sub-group `id`'s master weights (numel floats) into dst. Split masters: `high` is
+  /// the sub-group's bf16 parameters (numel uint16, the high halves); required then (else
+  /// UsageError), ignored otherwise.
+  void read_master(int id, float* dst, const std::uint16_t* high = nullptr);
   /// Copies all three arrays of sub-group `id` ([master | exp_avg | exp_avg_sq], 3 * numel
   /// floats, fp32 whatever the state dtype) into / from `data` (checkpoints). bf16 states:
   /// read_all widens them (exact), write_all rounds them to nearest even (fp32 values that are
-  /// bf16 values, as a bf16-state checkpoint's, come back bit for bit).
-  void read_all(int id, float* data);
+  /// bf16 values, as a bf16-state checkpoint's, come back bit for bit). Split masters: read_all
+  /// takes `high` as read_master; write_all splits against the masters' own bf16 rounding,
+  /// which the caller then stores as the parameters.
+  void read_all(int id, float* data, const std::uint16_t* high = nullptr);
   void write_all(int id, const float* data);
 
   std::int64_t numel(int id) const { return numels_[id]; }
   std::size_t count() const { return numels_.size(); }
   /// Storage of exp_avg and exp_avg_sq.
   OptimizerStateDType state_dtype() const { return options_.state_dtype; }
+  /// Whether the master weights are stored split (OptimizerStatesOptions::split_master).
+  bool split_master() const { return options_.split_master; }
   /// Bytes of states (master, exp_avg, exp_avg_sq and the fp32 gradient) held in host memory
   /// (cpu tier) and on NVMe (nvme tier).
   std::int64_t host_state_bytes() const;
@@ -209,17 +234,31 @@ class OptimizerStates {
   void check_initialised();
   std::string name(int id) const { return "optim.sg" + std::to_string(id); }
   std::string grad_name(int id) const { return "optim.grad" + std::to_string(id); }
-  /// Bytes per element of master, exp_avg and exp_avg_sq: 12 (fp32 states) or 8 (bf16).
-  std::size_t state_element_bytes() const { return 4 + 2 * optimizer_state_dtype_size(options_.state_dtype); }
-  std::size_t bytes(int id) const { return static_cast<std::size_t>(numels_[id]) * state_element_bytes(); }
+  /// Stored bytes of sub-group id: master (4, or split 2 + 1/8), exp_avg and exp_avg_sq (4 or 2
+  /// each) per element.
+  std::size_t bytes(int id) const;
+  /// Where a staging buffer holds the fp32 master scratch of split masters: after the stored
+  /// bytes, 64-byte aligned (bytes; unused without split masters).
+  std::size_t scratch_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 63) / 64 * 64; }
+  /// The stored bytes' end in a staging buffer: with split masters, the scratch's end.
+  std::size_t staged_end(int id) const {
+    return options_.split_master ? scratch_offset(id) + static_cast<std::size_t>(numels_[id]) * sizeof(float)
+                                 : std::max<std::size_t>(bytes(id), 1);
+  }
+  /// The view of sub-group id's states in a buffer of the stored layout at `base` (the master
+  /// scratch, with split masters, at base + scratch_offset(id)).
+  SubGroupStates view(int id, void* base, const void* grad) const;
   /// Copies sub-group id's states from `src` to `dst`: the stored layout to the fp32 checkpoint
-  /// view (to_fp32: bf16 moments widened) or back (bf16 moments rounded to nearest even).
-  void convert_states(int id, const void* src, void* dst, bool to_fp32) const;
+  /// view (to_fp32: bf16 moments widened, split masters joined with `high`) or back (bf16
+  /// moments rounded to nearest even, masters split against their bf16 rounding). With
+  /// `initial_master` (write_initial: numel floats), src is unused and the moments are zeros.
+  void convert_states(int id, const void* src, void* dst, bool to_fp32, const std::uint16_t* high = nullptr,
+                      const float* initial_master = nullptr) const;
   std::size_t grad_bytes(int id) const {
     return std::max<std::size_t>(static_cast<std::size_t>(numels_[id]) * dtype_size(options_.grad_dtype), 1);
   }
   /// Where the gradient sits in a staging buffer: after the states, page-aligned (bytes).
-  std::size_t grad_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 4095) / 4096 * 4096; }
+  std::size_t grad_offset(int id) const { return (staged_end(id) + 4095) / 4096 * 4096; }
 
   /// Where sub-group id's gradient is (header comment). host and nvme are fixed at finalize();
   /// a recycled sub-group moves empty -> in_slot (first add_grad of a step) or zeros

@@ -121,11 +121,19 @@ void ParamShards::issue(ShardRead& read) {
   read.io = store_->swap_in(name(read.id), read.buffer.data(), std::max<std::size_t>(bytes_[read.id], 1));
 }
 
-void* ParamShards::write_buffer(int id) {
+void* ParamShards::write_buffer(int id, bool with_stored_bytes) {
   ZOE_CHECK_USAGE(finalized_, "ParamShards::write_buffer before finalize");
   if (in_host(id)) return host_[id].data();
   ZOE_CHECK_USAGE(!writing_, "ParamShards: one write-back at a time");
   writing_ = write_pool_->acquire();
+  if (with_stored_bytes) {
+    try {
+      store_->swap_in(name(id), writing_->data(), std::max<std::size_t>(bytes_[id], 1)).wait();
+    } catch (...) {
+      writing_.reset();
+      throw;
+    }
+  }
   return writing_->data();
 }
 

@@ -99,8 +99,10 @@ class ParamShards {
   /// The write of a shard's new bytes (initial values, the optimizer's update), after
   /// finalize(): write_buffer(id) is where the new bytes go, all bytes(id) of them (cpu:
   /// the shard itself; nvme: the reserved pinned buffer, leased until commit), commit(id)
-  /// stores them (nvme: swap-out, waited). One write at a time.
-  void* write_buffer(int id);
+  /// stores them (nvme: swap-out, waited). One write at a time. `with_stored_bytes`: the buffer
+  /// starts with the shard's stored bytes (nvme: read into it and waited, bytes(id) more NVMe
+  /// reads; split master weights rebuild the masters from them); otherwise its bytes are undefined.
+  void* write_buffer(int id, bool with_stored_bytes = false);
   void commit(int id);
   /// Gives the write buffer back without storing it (an update failed).
   void abort_write() { writing_.reset(); }

@@ -5,7 +5,6 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -21,6 +20,7 @@
 #include "src/common/sanitizers.hpp"
 #include "src/optim/adam_kernels.hpp"
 #include "src/optim/isa_detect.hpp"
+#include "src/optim/split_master.hpp"
 #include "src/optim/store_pick.hpp"
 
 namespace zoe::optim {
@@ -321,6 +321,26 @@ void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, 
     a.stream_out = !a.stream && st.half_out == StoreKind::nontemporal && can_stream_out;
     a.prefetch = st.prefetch;
     impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) { adam(a, begin, end); });
+  });
+}
+
+static_assert(CpuAdam::kChunk % 8 == 0, "a chunk of split masters starts on a whole byte of bits");
+
+void CpuAdam::join_master(const std::uint16_t* high, const std::uint16_t* low, const std::uint8_t* rounded_up,
+                          float* master, std::size_t n) {
+  if (n == 0) return;
+  ZOE_CHECK_USAGE(high && low && rounded_up && master, "CpuAdam::join_master: null array for n = ", n);
+  impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) {
+    optim::join_master(high + begin, low + begin, rounded_up + begin / 8, master + begin, end - begin);
+  });
+}
+
+void CpuAdam::split_master(const float* master, const std::uint16_t* high, std::uint16_t* low,
+                           std::uint8_t* rounded_up, std::size_t n) {
+  if (n == 0) return;
+  ZOE_CHECK_USAGE(high && low && rounded_up && master, "CpuAdam::split_master: null array for n = ", n);
+  impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) {
+    optim::split_master(master + begin, high + begin, low + begin, rounded_up + begin / 8, end - begin);
   });
 }
 

@@ -246,6 +246,15 @@ class CpuAdam {
   /// non-temporal only where grad is 64-byte aligned. Throws zoe::UsageError for a null array with n > 0.
   GradStats add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first);
 
+  /// Split master weights (src/optim/split_master.hpp: arrays, layout and why it is exact) on
+  /// this CpuAdam's threads, in kChunk-element pieces (whole bytes of bits each): the same bytes
+  /// as the free functions. Thread-safety: as step (one call at a time with step, sum_squares and
+  /// all_finite). Throws zoe::UsageError for a null array with n > 0.
+  void join_master(const std::uint16_t* high, const std::uint16_t* low, const std::uint8_t* rounded_up, float* master,
+                   std::size_t n);
+  void split_master(const float* master, const std::uint16_t* high, std::uint16_t* low, std::uint8_t* rounded_up,
+                    std::size_t n);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

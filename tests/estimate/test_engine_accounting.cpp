@@ -111,6 +111,7 @@ TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
     bool in_backward;
     std::int64_t budget, sub_group;
     OffloadDevice param = OffloadDevice::none;
+    bool split_master = false;
   };
   const Case cases[] = {{2, OffloadDevice::nvme, OptimizerStateDType::bf16, false, 0, 1'000'000'000},
                         {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 0, 1'000'000'000},
@@ -120,12 +121,15 @@ TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
                         {2, OffloadDevice::nvme, OptimizerStateDType::fp32, true, 64 << 10, 256},
                         // The budget keeps the parameter shards first, then the gradients.
                         {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 1 << 30, 1'000'000'000, OffloadDevice::nvme},
-                        {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 1 << 30, 1'000'000'000, OffloadDevice::nvme}};
+                        {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 1 << 30, 1'000'000'000, OffloadDevice::nvme},
+                        // Split master weights: 2 bytes and a bit of master per element.
+                        {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 0, 1'000'000'000, OffloadDevice::nvme, true},
+                        {3, OffloadDevice::nvme, OptimizerStateDType::bf16, true, 1 << 30, 256, OffloadDevice::cpu, true}};
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << "stage " << c.stage << ", offload_optimizer " << static_cast<int>(c.optimizer)
                                       << ", states " << static_cast<int>(c.states) << ", in backward " << c.in_backward
                                       << ", budget " << c.budget << ", sub-group " << c.sub_group << ", offload_param "
-                                      << static_cast<int>(c.param));
+                                      << static_cast<int>(c.param) << ", split masters " << c.split_master);
     Config cfg = config(c.stage, c.optimizer, dir_);
     cfg.zoe.optimizer_state_dtype = c.states;
     cfg.zoe.update_in_backward = c.in_backward;
@@ -133,6 +137,7 @@ TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
     cfg.zero_optimization.sub_group_size = c.sub_group;
     cfg.zero_optimization.offload_param.device = c.param;
     cfg.zero_optimization.offload_param.nvme_path = dir_;
+    cfg.zoe.split_master_weights = c.split_master;
     expect_reports_equal_the_estimate(build_engine(cfg, world, numels), estimate::estimate_rank(shape, world, cfg), world);
   }
 }

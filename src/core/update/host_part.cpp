@@ -29,7 +29,9 @@ PipelineGroup Updater::host_part(Group& g, int gi, void* out, std::shared_ptr<De
   Event* device_part = g.update_done.get();
   const int id = g.param_id;
   pg.before = [this, &g, id, esz, device_part, device_out](PipelineGroup& self) {
-    void* home = tiers_.params->write_buffer(id);
+    // Split master weights rebuild the masters from the shard's current values (read first:
+    // the device sub-groups' output below overwrites only their own ranges).
+    void* home = tiers_.params->write_buffer(id, tiers_.states && tiers_.states->split_master());
     self.out = home;
     if (!device_out || !*device_out) return;
     Stream& copies = pipeline_->copy_stream();

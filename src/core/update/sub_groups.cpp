@@ -6,6 +6,7 @@
 #include <cmath>
 #include <span>
 
+#include "src/common/check.hpp"
 #include "src/core/update/updater.hpp"
 
 namespace zoe::core {
@@ -92,11 +93,22 @@ void Updater::place_sub_groups(Group& g, int& device_left) {
   }
 }
 
+std::vector<std::uint16_t> Updater::master_high_halves(const Group& g) {
+  if (!tiers_.states || !tiers_.states->split_master() || g.subgroups.empty()) return {};
+  ZOE_CHECK(tiers_.params && cx_.dtype == DType::bf16 && tiers_.params->bytes(g.param_id) >=
+                static_cast<std::size_t>(g.opt_numel) * sizeof(std::uint16_t),
+            "split master weights: group ", g.name, " has no bf16 parameter shard of ", g.opt_numel, " elements");
+  std::vector<std::uint16_t> shard((tiers_.params->bytes(g.param_id) + 1) / sizeof(std::uint16_t));
+  tiers_.params->read(g.param_id, shard.data());
+  return shard;
+}
+
 std::vector<float> Updater::master_range(Group& g) {
   std::vector<float> range(static_cast<std::size_t>(g.opt_numel));
+  const std::vector<std::uint16_t> high = master_high_halves(g);
   for (const SubGroup& sg : g.subgroups) {
     if (sg.offloaded()) {
-      tiers_.states->read_master(sg.offload_id, range.data() + sg.begin);
+      tiers_.states->read_master(sg.offload_id, range.data() + sg.begin, high.empty() ? nullptr : high.data() + sg.begin);
     } else {
       cx_.device.copy(range.data() + sg.begin, sg.master(), static_cast<std::size_t>(sg.numel) * sizeof(float), *cx_.side);
     }
@@ -108,11 +120,12 @@ std::vector<float> Updater::master_range(Group& g) {
 std::vector<float> Updater::read_states(Group& g) {
   const std::size_t n = static_cast<std::size_t>(g.opt_numel);
   std::vector<float> all(3 * n), sub;
+  const std::vector<std::uint16_t> high = master_high_halves(g);
   for (const SubGroup& sg : g.subgroups) {
     const std::size_t len = static_cast<std::size_t>(sg.numel);
     sub.resize(3 * len);
     if (sg.offloaded()) {
-      tiers_.states->read_all(sg.offload_id, sub.data());
+      tiers_.states->read_all(sg.offload_id, sub.data(), high.empty() ? nullptr : high.data() + sg.begin);
     } else {
       cx_.device.copy(sub.data(), sg.device_states.data(), 3 * len * sizeof(float), *cx_.side);
       cx_.device.synchronize(*cx_.side);

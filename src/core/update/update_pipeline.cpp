@@ -131,7 +131,8 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
       ZOE_CHECK(st.numel == sg.numel, "update pipeline: sub-group ", sg.offload_id, " has ", st.numel,
                 " elements, expected ", sg.numel);
       const std::size_t n = static_cast<std::size_t>(st.numel), bytes = n * esz;
-      device_.check_host_accessible(st.master, st.state_bytes(), "the CPU optimizer's states");
+      device_.check_host_accessible(st.master, n * sizeof(float), "the CPU optimizer's master weights");
+      device_.check_host_accessible(st.exp_avg, st.moment_bytes(), "the CPU optimizer's exp_avg and exp_avg_sq");
       device_.check_host_accessible(st.grad, n * dtype_size(st.grad_dtype), "the CPU optimizer's gradient");
       offload::PinnedBuffer staging;
       void* const dst = static_cast<char*>(pg.out) + sg.out_offset;
@@ -142,6 +143,15 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
         out = staging.data();
       } else {
         device_.check_host_accessible(out, bytes, "the CPU optimizer's parameter output");
+      }
+      // Split master weights: the masters are rebuilt from the shard's current bf16 values (the
+      // parameter tier's write buffer holds them, PipelineGroup::before) and split again against
+      // the new ones below; elements no run updates keep both halves, so they split as they were.
+      auto* const high = static_cast<std::uint16_t*>(out);
+      if (st.split_master()) {
+        ZOE_CHECK(!pg.out_on_device && options_.out_dtype == DType::bf16,
+                  "update pipeline: split master weights need bf16 parameters in a parameter tier");
+        adam_.join_master(high, st.master_low, st.master_rounded_up, st.master, n);
       }
       // Each run of equal per-parameter options with its own weight decay and lr (Adam is
       // elementwise: splitting the call changes no bit).
@@ -157,6 +167,7 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
                    options_.out_dtype);
       }
       if (options_.out_dtype == DType::f32) std::memcpy(out, st.master, bytes);
+      if (st.split_master()) adam_.split_master(st.master, high, st.master_low, st.master_rounded_up, n);
       if (pg.out_on_device) {
         device_.copy(dst, out, bytes, *copy_);
         auto copied = std::shared_ptr<Event>(device_.create_event());

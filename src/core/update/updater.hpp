@@ -133,6 +133,10 @@ class Updater {
   std::vector<float> read_states(Group& g);
   /// Writes all three states of the range from `all` ([3 x opt_numel] floats).
   void write_states(Group& g, const std::vector<float>& all);
+  /// Split master weights (zoe.split_master_weights): the group's bf16 parameter shard, the
+  /// masters' high halves (opt_numel values from the parameter tier; sub-group sg's at
+  /// sg.begin), which read_master / read_all of OptimizerStates need; empty otherwise.
+  std::vector<std::uint16_t> master_high_halves(const Group& g);
   /// Pinned staging bytes of the pipeline and the gradient sink.
   std::int64_t staging_bytes() const;
 
