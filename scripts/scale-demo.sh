@@ -21,7 +21,10 @@
 #      branches; 3e-5 took the 32-layer model's loss from 11.19 to 14.67 in one step),
 #      ZOE_SCALE_MIN_PARAMS (3.0e9: refuse a smaller model unless set lower, for a trial run),
 #      ZOE_SCALE_UPDATE_IN_BACKWARD (1: zoe.update_in_backward; 0: the update starts at step()),
-#      ZOE_SCALE_STATE_DTYPE (fp32, or bf16: zoe.optimizer_state_dtype, exp_avg / exp_avg_sq in bf16).
+#      ZOE_SCALE_STATE_DTYPE (fp32, or bf16: zoe.optimizer_state_dtype, exp_avg / exp_avg_sq in bf16),
+#      ZOE_SCALE_SPLIT_MASTER (0; 1: zoe.split_master_weights, masters as low halves + a bit on NVMe),
+#      ZOE_SCALE_HOST_BUDGET (0: zoe.host_memory_budget in bytes, e.g. 2 per parameter keeps the
+#      bf16 shards in host memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L=${ZOE_SCALE_LAYERS:-32} C=${ZOE_SCALE_WIDTH:-2816} H=${ZOE_SCALE_HEADS:-22} T=${ZOE_SCALE_CONTEXT:-256}
@@ -93,6 +96,9 @@ echo "scale-demo: dd bound at $nvme: write $(gb $write_bw)/s, read $(gb $read_bw
 UIB=true
 [[ "${ZOE_SCALE_UPDATE_IN_BACKWARD:-1}" == 0 ]] && UIB=false
 SDT=${ZOE_SCALE_STATE_DTYPE:-fp32}
+SPLIT=false
+[[ "${ZOE_SCALE_SPLIT_MASTER:-0}" == 1 ]] && SPLIT=true
+BUDGET=${ZOE_SCALE_HOST_BUDGET:-0}
 buffer_size=$(( V*C + T*C + 4096 ))
 cfg=$run/ds_config.json
 cat >"$cfg" <<EOF
@@ -101,7 +107,8 @@ cat >"$cfg" <<EOF
   "gradient_accumulation_steps": 1,
   "bf16": {"enabled": true},
   "gradient_clipping": 0,
-  "zoe": {"update_in_backward": $UIB, "optimizer_state_dtype": "$SDT"},
+  "zoe": {"update_in_backward": $UIB, "optimizer_state_dtype": "$SDT", "split_master_weights": $SPLIT,
+          "host_memory_budget": $BUDGET},
   "zero_optimization": {
     "stage": 3,
     "reduce_bucket_size": 0,
@@ -134,10 +141,10 @@ t0=$(date +%s)
 echo "scale-demo: zoe-gpt wall time $(( $(date +%s) - t0 )) s"
 
 # --- 6. The figures ----------------------------------------------------------------------------
-python3 - "$log" "$build/scale-estimate.json" "$psi" "$write_bw" "$read_bw" "$build/scale-metrics.csv" "$(nproc)" "$UIB" "$SDT" <<'EOF'
+python3 - "$log" "$build/scale-estimate.json" "$psi" "$write_bw" "$read_bw" "$build/scale-metrics.csv" "$(nproc)" "$UIB" "$SDT" "$SPLIT" "$BUDGET" <<'EOF'
 import csv, json, re, sys
 log, est, psi, wbw, rbw, metrics, cores = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6], sys.argv[7]
-uib, sdt = sys.argv[8], sys.argv[9]
+uib, sdt, split, budget = sys.argv[8], sys.argv[9], sys.argv[10], int(sys.argv[11])
 text = open(log).read()
 steps = [tuple(map(float, m)) for m in re.findall(
     r"step-report: step \d+: ([0-9.]+) s; trainer compute ([0-9.]+) s, in engine calls ([0-9.]+) s; NVMe read ([0-9.]+) GB, written ([0-9.]+) GB", text)]
@@ -169,7 +176,8 @@ GB = 1e9
 print("\n==== scale-demo summary ====")
 print(f"parameters: {psi:,} ({psi/1e9:.3f} B)")
 print(f"loss per step: {' '.join(f'{x:.3f}' for x in losses)} (ln V = 10.825)")
-print(f"mode: zoe.update_in_backward {uib}, zoe.optimizer_state_dtype {sdt}")
+print(f"mode: zoe.update_in_backward {uib}, zoe.optimizer_state_dtype {sdt}, zoe.split_master_weights {split}, "
+      f"zoe.host_memory_budget {budget/2**30:.2f} GiB ({budget/psi:.2f} B per parameter)")
 print(f"NVMe bytes per step (/proc/self/io, mean of {len(steps)} steps): read {read/GB:.2f} GB, written {written/GB:.2f} GB; "
       f"formula read {f_read/GB:.2f} GB, written {f_write/GB:.2f} GB; measured/formula {read/f_read:.3f} / {written/f_write:.3f}")
 print(f"NVMe bytes per parameter per step: read {read/psi:.3f}, written {written/psi:.3f}, moved {(read+written)/psi:.3f} "

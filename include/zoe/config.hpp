@@ -199,9 +199,12 @@ struct ZoeConfig {
   /// and written once: 3 bytes saved per byte), whole shards in group order while they fit;
   /// then the reduced gradients of sub-groups on offload_optimizer nvme (4 bytes per element in
   /// fp32; 2 with one micro-batch per step of bf16 / fp16 compute, kept as reduced; 2 bytes
-  /// saved per byte), whole sub-groups in registration order while they fit. What it keeps
-  /// never touches NVMe; exact (the same values). 0 (default): everything on NVMe, as
-  /// DeepSpeed's ZeRO-Infinity. Needs offload_optimizer nvme or (stage 3) offload_param nvme
+  /// saved per byte), whole sub-groups in registration order while they fit (with
+  /// zoe.update_in_backward and one micro-batch they need none: they wait in recycled buffers);
+  /// then, once no gradient is on NVMe, the optimizer states of those sub-groups (master,
+  /// exp_avg and exp_avg_sq, updated in place, fp32 masters: 2 bytes saved per byte), likewise
+  /// whole sub-groups in order. What it keeps never touches NVMe; exact (the same values). 0
+  /// (default): everything on NVMe, as DeepSpeed's ZeRO-Infinity. Needs offload_optimizer nvme or (stage 3) offload_param nvme
   /// when > 0. Pageable memory, outside pinned_budget_bytes.
   std::int64_t host_memory_budget = 0;
   /// Storage of the CPU optimizer's exp_avg and exp_avg_sq: "fp32" (default, DeepSpeed's) or

@@ -100,7 +100,6 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const bool split = config.zoe.split_master_weights;
   const std::int64_t moment_bytes = 2 * static_cast<std::int64_t>(optimizer_state_dtype_size(config.zoe.optimizer_state_dtype));
   auto offloaded_state_bytes = [&](std::int64_t n) { return split ? (moment_bytes + 2) * n + (n + 7) / 8 : (4 + moment_bytes) * n; };
-  put(r.optimizer_states, z.offload_optimizer.device, offloaded_state_bytes(off));
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
   // Gradients, as the engine keeps them: on the device full at stages 0-1 (the trainer
@@ -117,10 +116,11 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const std::int64_t kGradientBytes = config.gradient_accumulation_steps == 1 ? B : 4;
   // zoe.update_in_backward on NVMe with one micro-batch: the gradients wait in recycled host
   // buffers until their group's update, none on NVMe (OptimizerStates::recycle_gradient_slots):
-  // the most sub-groups of one group plus one, or what the budget holds, each the largest
+  // the most sub-groups of one group plus one (at most one per sub-group), each the largest
   // sub-group's gradient (at least a page). Otherwise zoe.host_memory_budget keeps the NVMe
   // tier's gradients in host memory while they fit (the engine places whole sub-groups, so it
-  // may keep up to one sub-group's less).
+  // may keep up to one sub-group's less). Once no gradient is on NVMe, what is left of the
+  // budget keeps states in host memory (fp32 masters; likewise whole sub-groups).
   const bool recycled = offloaded && z.offload_optimizer.device == OffloadDevice::nvme && config.zoe.update_in_backward &&
                         config.gradient_accumulation_steps == 1;
   std::int64_t grads_in_host = 0;
@@ -130,8 +130,7 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     const std::int64_t slot = std::max(kPage, kGradientBytes * std::min({sub_group, module_shard, off}));
     // Sub-groups never span modules: those of one module's shard, and of all of them.
     const std::int64_t group = std::min(module_shard, off), per_group = (group + sub_group - 1) / sub_group;
-    const std::int64_t slots = std::min(std::max(per_group + 1, budget_left / slot),
-                                        (off + group - 1) / group * per_group);  // never more than there are sub-groups
+    const std::int64_t slots = std::min(per_group + 1, (off + group - 1) / group * per_group);  // at most one per sub-group
     grads_in_host = off;
     r.gradients.host += slots * slot;
   } else {
@@ -140,7 +139,15 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
                         : 0;
     put(r.gradients, z.offload_optimizer.device, kGradientBytes * (off - grads_in_host));
     r.gradients.host += kGradientBytes * grads_in_host;
+    budget_left -= kGradientBytes * grads_in_host;
   }
+  std::int64_t states_in_host = 0;  // elements
+  if (z.offload_optimizer.device == OffloadDevice::nvme && grads_in_host == off && off > 0) {
+    const std::int64_t host_element_bytes = 4 + moment_bytes;  // fp32 masters in host memory
+    states_in_host = std::min(off, std::max<std::int64_t>(budget_left, 0) / host_element_bytes);
+    r.optimizer_states.host += host_element_bytes * states_in_host;
+  }
+  put(r.optimizer_states, z.offload_optimizer.device, offloaded_state_bytes(off - states_in_host));
 
   r.model_states = r.params;
   r.model_states += r.gradients;
@@ -236,14 +243,15 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // NVMe traffic per step (the header's formula).
   const std::int64_t G = config.gradient_accumulation_steps;
   if (offloaded && z.offload_optimizer.device == OffloadDevice::nvme) {
-    r.nvme_traffic.read += offloaded_state_bytes(off) + kGradientBytes * G * (off - grads_in_host);
-    r.nvme_traffic.written += offloaded_state_bytes(off) + kGradientBytes * G * (off - grads_in_host);
+    r.nvme_traffic.read += offloaded_state_bytes(off - states_in_host) + kGradientBytes * G * (off - grads_in_host);
+    r.nvme_traffic.written += offloaded_state_bytes(off - states_in_host) + kGradientBytes * G * (off - grads_in_host);
   }
   if (stage.shards_params && z.offload_param.device == OffloadDevice::nvme) {
     r.nvme_traffic.read += 2 * G * (B * r.shard_elements - params_in_host);
     r.nvme_traffic.written += std::max<std::int64_t>(B * t - params_in_host, 0);
-    // Split masters: the update reads the shard it rewrites (the masters' high halves).
-    if (split) r.nvme_traffic.read += std::max<std::int64_t>(B * t - params_in_host, 0);
+    // Split masters: the update reads the shard it rewrites (the masters' high halves), except
+    // the first groups' whose shards or states are in host memory (both are kept in order).
+    if (split) r.nvme_traffic.read += std::max<std::int64_t>(B * t - std::max(params_in_host, B * states_in_host), 0);
   }
 
   r.traffic_elements = stage.shards_params ? 2 * psi + psi_t : 2 * psi_t;

@@ -73,7 +73,8 @@ struct RankEstimate {
   /// compute-dtype shard; nvme: in host memory for the first min(o, zoe.host_memory_budget /
   /// those bytes) of them). optimizer_states: 12 bytes per element of
   /// the shard (the full model at stage 0): fp32 master, exp_avg, exp_avg_sq; `ratio` of them
-  /// on offload_optimizer's tier, the rest on the device; 8 on the tier with
+  /// on offload_optimizer's tier (nvme: once every gradient is off NVMe, in host memory for the
+  /// first of them what is left of zoe.host_memory_budget covers), the rest on the device; 8 on the tier with
   /// zoe.optimizer_state_dtype bf16 (exp_avg, exp_avg_sq 2 bytes each); the master 2 bytes and
   /// 1 bit instead of 4 with zoe.split_master_weights.
   TierBytes params, gradients, optimizer_states;
@@ -149,8 +150,9 @@ struct RankEstimate {
   ///    gradient (K·o + g·o) and writes the states (K·o); each micro-batch's reduced gradient is
   ///    written (g·o), every one after the first read first to add to (g·o): read K·o + g·G·o,
   ///    written K·o + g·G·o; the h elements whose gradients zoe.host_memory_budget keeps in host
-  ///    memory (h = min(o, budget / g)) move none of their gradient bytes: read and written
-  ///    K·o + g·G·(o-h) each;
+  ///    memory (h = min(o, budget / g)) move none of their gradient bytes, and once h = o the
+  ///    q elements whose states what is left keeps in host memory (q = min(o, left / K) with K
+  ///    of fp32 masters) move none of theirs: read and written K·(o-q) + g·G·(o-h) each;
   ///  offload_param nvme (stage 3): each gather of a module reads its shard, at most once in
   ///    forward and once in backward per micro-batch (2·G·B·s: less where a shard is still in a
   ///    staging buffer or stays gathered within stage3_max_reuse_distance), and the update

@@ -30,7 +30,7 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     // The tier's gradient add (on the gradient sink's I/O worker) runs in the optimizer's own
     // arena: together with the update pipeline's step at most zoe.optimizer_threads threads.
     so.adam = adam.get();
-    // so.host_grad_budget: finalize() gives the gradients what the parameter shards leave of
+    // so.host_budget: finalize() gives the gradients and states what the parameter shards leave of
     // zoe.host_memory_budget.
     so.state_dtype = c.zoe.optimizer_state_dtype;
     // The masters' high halves are the bf16 shards of the parameter tier (config validation
@@ -56,7 +56,7 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
 
 void OffloadTiers::finalize(MemoryLedger& ledger) {
   // The parameter shards take zoe.host_memory_budget first (the most NVMe bytes saved per byte
-  // of host memory: read twice a step, written once); the gradients get what is left.
+  // of host memory: read twice a step, written once); the gradients, then the optimizer states, get what is left.
   std::int64_t budget_left = host_memory_budget_;
   if (params) {
     params->finalize();
@@ -66,7 +66,7 @@ void OffloadTiers::finalize(MemoryLedger& ledger) {
     ledger.add(Tier::host, MemKind::buffer, params->staging_bytes());
   }
   if (states) {
-    states->set_host_grad_budget(std::max<std::int64_t>(budget_left, 0));
+    states->set_host_budget(std::max<std::int64_t>(budget_left, 0));
     states->finalize();
     ledger.add(Tier::host, MemKind::model_state, states->host_state_bytes());
     ledger.add(Tier::nvme, MemKind::model_state, states->nvme_state_bytes());

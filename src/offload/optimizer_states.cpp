@@ -39,6 +39,7 @@ int OptimizerStates::add(std::int64_t numel) {
   const int id = static_cast<int>(numels_.size());
   numels_.push_back(numel);
   const bool cpu = options_.device == OffloadDevice::cpu;
+  states_home_.push_back(cpu ? StatesHome::host : StatesHome::nvme);  // nvme: finalize() decides
   host_.push_back(cpu ? AlignedBuffer(std::max<std::size_t>(bytes(id), 1)) : AlignedBuffer());
   AlignedBuffer g(cpu ? grad_bytes(id) : 0);
   if (g.data()) std::memset(g.data(), 0, grad_bytes(id));
@@ -58,10 +59,10 @@ void OptimizerStates::recycle_gradient_slots(int count) {
   requested_slots_ = count;
 }
 
-void OptimizerStates::set_host_grad_budget(std::int64_t bytes) {
-  ZOE_CHECK_USAGE(!finalized_, "OptimizerStates::set_host_grad_budget after finalize");
-  ZOE_CHECK_USAGE(bytes >= 0, "OptimizerStates::set_host_grad_budget: negative budget ", bytes);
-  options_.host_grad_budget = bytes;
+void OptimizerStates::set_host_budget(std::int64_t bytes) {
+  ZOE_CHECK_USAGE(!finalized_, "OptimizerStates::set_host_budget after finalize");
+  ZOE_CHECK_USAGE(bytes >= 0, "OptimizerStates::set_host_budget: negative budget ", bytes);
+  options_.host_budget = bytes;
 }
 
 void OptimizerStates::finalize() {
@@ -83,54 +84,68 @@ void OptimizerStates::finalize() {
   pool_ = std::move(tier.pool);
   grad_pool_ = std::move(tier.extra);
   store_ = std::move(tier.store);
-  const char* master_kind = options_.split_master ? "split (low halves and rounded-up bits beside the bf16 shards)" : "fp32";
+  place_in_host_memory(largest_grad);
+  std::size_t grads_in_host = 0, states_in_host = 0;
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    grads_in_host += home_[i] != GradientHome::nvme ? 1 : 0;
+    states_in_host += states_home_[i] == StatesHome::host ? 1 : 0;
+  }
+  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups ({} master, {} exp_avg / exp_avg_sq) on NVMe in {} "
+               "({} MiB, {} x {} MiB staging, O_DIRECT {}); in host memory ({} MiB, zoe.host_memory_budget): "
+               "{} gradients of {}{}, the states of {}",
+               options_.rank, numels_.size(),
+               options_.split_master ? "split (low halves and rounded-up bits beside the bf16 shards)" : "fp32",
+               optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(), nvme_state_bytes() >> 20,
+               pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(), host_state_bytes() >> 20,
+               dtype_name(options_.grad_dtype), grads_in_host,
+               slots_.empty() ? std::string() : " (" + std::to_string(slots_.size()) + " recycled buffers, zoe.update_in_backward)",
+               states_in_host);
+}
+
+void OptimizerStates::place_in_host_memory(std::size_t largest_grad) {
+  const std::size_t n_groups = numels_.size();
+  std::int64_t room = options_.host_budget;
   if (requested_slots_ > 0) {
-    // Recycled buffers: no gradient on NVMe; the budget may add buffers beyond the request.
-    const auto count = std::min<std::int64_t>(
-        std::max<std::int64_t>(requested_slots_, options_.host_grad_budget / static_cast<std::int64_t>(largest_grad)),
-        static_cast<std::int64_t>(numels_.size()));  // never more than there are sub-groups
-    for (std::int64_t k = 0; k < count; ++k) {
+    // Recycled buffers (zoe.update_in_backward): no gradient on NVMe, and none needs the budget.
+    const std::size_t count = std::min(static_cast<std::size_t>(requested_slots_), n_groups);
+    for (std::size_t k = 0; k < count; ++k) {
       slots_.emplace_back(largest_grad);
       free_slots_.push_back(static_cast<int>(k));
     }
     zero_gradient_ = AlignedBuffer(largest_grad);
     std::memset(zero_gradient_.data(), 0, largest_grad);
-    for (std::size_t i = 0; i < numels_.size(); ++i) {
-      store_->register_tensor(name(static_cast<int>(i)), std::max<std::size_t>(bytes(static_cast<int>(i)), 1));
-      home_[i] = GradientHome::zeros;  // the initial gradient: 0
-    }
-    ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups ({} master, {} exp_avg / exp_avg_sq) on NVMe in {} "
-                 "({} MiB, {} x {} MiB staging, O_DIRECT {}); {} gradients in {} recycled host buffers of {} KiB "
-                 "(zoe.update_in_backward: none on NVMe)",
-                 options_.rank, numels_.size(), master_kind, optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
-                 nvme_state_bytes() >> 20, pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(),
-                 dtype_name(options_.grad_dtype), slots_.size(), largest_grad >> 10);
-    return;
-  }
-  // host_grad_budget: the first sub-groups' gradients, while they fit, stay in host memory.
-  std::int64_t room = options_.host_grad_budget;
-  std::size_t in_host = 0;
-  for (std::size_t i = 0; i < numels_.size(); ++i) {
-    const int id = static_cast<int>(i);
-    store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
-    const auto gb = static_cast<std::int64_t>(grad_bytes(id));
-    if (room >= gb) {
+    for (std::size_t i = 0; i < n_groups; ++i) home_[i] = GradientHome::zeros;  // the initial gradient: 0
+  } else {
+    // The first sub-groups' gradients, while they fit (each byte saves two of NVMe traffic a
+    // step: written, then read by the update; more with micro-batches that accumulate).
+    for (std::size_t i = 0; i < n_groups; ++i) {
+      const int id = static_cast<int>(i);
+      const auto gb = static_cast<std::int64_t>(grad_bytes(id));
+      if (room < gb) {
+        room = -1;  // in order: a later, smaller sub-group does not overtake this one
+        break;
+      }
       room -= gb;
       grads_[i] = AlignedBuffer(grad_bytes(id));
       std::memset(grads_[i].data(), 0, grad_bytes(id));
       home_[i] = GradientHome::host;
-      ++in_host;
-    } else {
-      room = 0;  // in order: a later, smaller sub-group does not overtake this one
-      store_->register_tensor(grad_name(id), grad_bytes(id));
     }
   }
-  ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups ({} master, {} exp_avg / exp_avg_sq) on NVMe in {} "
-               "({} MiB, {} x {} MiB staging, O_DIRECT {}); {} gradients of {} in host memory ({} MiB, "
-               "zoe.host_memory_budget)",
-               options_.rank, numels_.size(), master_kind, optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(),
-               nvme_state_bytes() >> 20, pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(),
-               dtype_name(options_.grad_dtype), in_host, host_state_bytes() >> 20);
+  // Then, once every gradient is off NVMe, the first sub-groups' states (read and written each
+  // step: two bytes saved per byte too), with fp32 masters.
+  const std::size_t state_element_bytes = sizeof(float) + 2 * optimizer_state_dtype_size(options_.state_dtype);
+  for (std::size_t i = 0; i < n_groups && room >= 0; ++i) {
+    const auto sb = static_cast<std::int64_t>(static_cast<std::size_t>(numels_[i]) * state_element_bytes);
+    if (room < sb) break;
+    room -= sb;
+    states_home_[i] = StatesHome::host;
+    host_[i] = AlignedBuffer(std::max<std::size_t>(static_cast<std::size_t>(sb), 1));
+  }
+  for (std::size_t i = 0; i < n_groups; ++i) {
+    const int id = static_cast<int>(i);
+    if (states_home_[i] == StatesHome::nvme) store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
+    if (home_[i] == GradientHome::nvme) store_->register_tensor(grad_name(id), grad_bytes(id));
+  }
 }
 
 void OptimizerStates::write_initial(int id, std::span<const float> master) {
@@ -145,8 +160,9 @@ void OptimizerStates::write_initial(int id, std::span<const float> master) {
     --uninitialised_;
   }
   auto fill = [&](void* base) { convert_states(id, nullptr, base, false, nullptr, master.data()); };
-  if (options_.device == OffloadDevice::cpu) {
+  if (states_in_host(id)) {  // the cpu tier, or host_budget's; its gradient is in host memory too
     fill(host_[id].data());
+    if (home_[id] == GradientHome::host) std::memset(grads_[id].data(), 0, grad_bytes(id));
     return;
   }
   // A free staging buffer, reclaiming the oldest write in flight if there is none.
@@ -211,6 +227,12 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
   // Issues the next read if a staging buffer is free, reclaiming finished writes first.
   auto issue_read = [&](bool must) {
     if (next >= ids.size()) return false;
+    ZOE_CHECK(home_[ids[next]] != GradientHome::empty, "OptimizerStates::for_each: sub-group ", ids[next],
+              " has no gradient since its last update (no add_grad or zero_grad)");
+    if (states_in_host(ids[next])) {  // updated in place: nothing to read (its gradient is in host memory)
+      reads.push_back(Slot{ids[next++], PinnedBuffer{}, {}, {}});
+      return true;
+    }
     std::optional<PinnedBuffer> b = pool_->try_acquire();
     while (!b && !writes.empty() && (must || writes.front().io.ready())) {
       writes.front().io.wait();
@@ -220,8 +242,6 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
     if (!b) return false;
     const int id = ids[next++];
     SwapHandle h = store_->swap_in(name(id), b->data(), size_of(id));
-    ZOE_CHECK(home_[id] != GradientHome::empty, "OptimizerStates::for_each: sub-group ", id,
-              " has no gradient since its last update (no add_grad or zero_grad)");
     SwapHandle g = home_[id] != GradientHome::nvme ? SwapHandle{}
                                                    : store_->swap_in(grad_name(id), static_cast<std::byte*>(b->data()) + grad_offset(id), grad_bytes(id));
     reads.push_back(Slot{id, std::move(*b), h, g});
@@ -241,8 +261,10 @@ void OptimizerStates::for_each(const std::vector<int>& ids, const std::function<
       cur.grad_io.wait();
       const void* grad = home_[cur.id] != GradientHome::nvme ? host_gradient(cur.id)
                                                              : static_cast<std::byte*>(cur.buffer.data()) + grad_offset(cur.id);
-      fn(view(cur.id, cur.buffer.data(), grad));
+      const bool in_host = states_in_host(cur.id);
+      fn(view(cur.id, in_host ? host_[cur.id].data() : cur.buffer.data(), grad));
       if (home_[cur.id] == GradientHome::in_slot || home_[cur.id] == GradientHome::zeros) give_back_slot(cur.id);
+      if (in_host) continue;  // updated in place
       cur.io = store_->swap_out(name(cur.id), cur.buffer.data(), size_of(cur.id));
       writes.push_back(std::move(cur));  // write-behind; the buffer returns when it is done
     }
@@ -334,20 +356,16 @@ void OptimizerStates::read_master(int id, float* dst, const std::uint16_t* high)
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   const auto n = static_cast<std::size_t>(numels_[id]);
   check_host_accessible_in_process(dst, n * sizeof(float), "OptimizerStates::read_master (dst)");
-  ZOE_CHECK_USAGE(!options_.split_master || high, "OptimizerStates::read_master: split master weights need the "
+  ZOE_CHECK_USAGE(!split_master(id) || high, "OptimizerStates::read_master: split master weights need the "
                   "sub-group's bf16 parameters (the high halves)");
-  if (options_.device == OffloadDevice::cpu) {
-    std::memcpy(dst, host_[id].data(), n * sizeof(float));
-    return;
-  }
-  PinnedBuffer b = pool_->acquire_wait();
-  store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
-  if (options_.split_master) {
-    const SubGroupStates st = view(id, b.data(), nullptr);
-    optim::join_master(high, st.master_low, st.master_rounded_up, dst, n);
-    return;
-  }
-  std::memcpy(dst, b.data(), n * sizeof(float));
+  with_stored(id, [&](const void* stored) {
+    if (split_master(id)) {
+      const SubGroupStates st = view(id, const_cast<void*>(stored), nullptr);
+      optim::join_master(high, st.master_low, st.master_rounded_up, dst, n);
+    } else {
+      std::memcpy(dst, stored, n * sizeof(float));
+    }
+  });
 }
 
 void OptimizerStates::read_all(int id, float* data, const std::uint16_t* high) {
@@ -355,15 +373,9 @@ void OptimizerStates::read_all(int id, float* data, const std::uint16_t* high) {
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::read_all (data)");
-  ZOE_CHECK_USAGE(!options_.split_master || high, "OptimizerStates::read_all: split master weights need the "
+  ZOE_CHECK_USAGE(!split_master(id) || high, "OptimizerStates::read_all: split master weights need the "
                   "sub-group's bf16 parameters (the high halves)");
-  if (options_.device == OffloadDevice::cpu) {
-    convert_states(id, host_[id].data(), data, true);
-    return;
-  }
-  PinnedBuffer b = pool_->acquire_wait();
-  store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
-  convert_states(id, b.data(), data, true, high);
+  with_stored(id, [&](const void* stored) { convert_states(id, stored, data, true, high); });
 }
 
 void OptimizerStates::write_all(int id, const float* data) {
@@ -371,7 +383,7 @@ void OptimizerStates::write_all(int id, const float* data) {
   if (numels_[id] == 0) return;  // nothing to copy (and `data` may be null)
   check_host_accessible_in_process(data, static_cast<std::size_t>(numels_[id]) * 3 * sizeof(float),
                                    "OptimizerStates::write_all (data)");
-  if (options_.device == OffloadDevice::cpu) {
+  if (states_in_host(id)) {
     convert_states(id, data, host_[id].data(), false);
     return;
   }
@@ -380,10 +392,20 @@ void OptimizerStates::write_all(int id, const float* data) {
   store_->swap_out(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
 }
 
+void OptimizerStates::with_stored(int id, const std::function<void(const void*)>& fn) {
+  if (states_in_host(id)) {
+    fn(host_[id].data());
+    return;
+  }
+  PinnedBuffer b = pool_->acquire_wait();
+  store_->swap_in(name(id), b.data(), std::max<std::size_t>(bytes(id), 1)).wait();
+  fn(b.data());
+}
+
 std::int64_t OptimizerStates::host_state_bytes() const {
   std::int64_t total = 0;
   for (std::size_t i = 0; i < numels_.size(); ++i) {
-    if (options_.device == OffloadDevice::cpu) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));  // master, exp_avg, exp_avg_sq
+    if (states_home_[i] == StatesHome::host) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));  // master, exp_avg, exp_avg_sq
     if (grads_[i].data()) total += numels_[i] * static_cast<std::int64_t>(dtype_size(options_.grad_dtype));  // the gradient
   }
   for (const AlignedBuffer& b : slots_) total += static_cast<std::int64_t>(b.size());  // recycled gradient buffers
@@ -393,8 +415,10 @@ std::int64_t OptimizerStates::host_state_bytes() const {
 std::int64_t OptimizerStates::nvme_state_bytes() const {
   if (options_.device != OffloadDevice::nvme) return 0;
   std::int64_t total = 0;
-  for (std::size_t i = 0; i < numels_.size(); ++i)
-    total += static_cast<std::int64_t>(bytes(static_cast<int>(i))) + (home_[i] == GradientHome::nvme ? numels_[i] * static_cast<std::int64_t>(dtype_size(options_.grad_dtype)) : 0);
+  for (std::size_t i = 0; i < numels_.size(); ++i) {
+    if (states_home_[i] == StatesHome::nvme) total += static_cast<std::int64_t>(bytes(static_cast<int>(i)));
+    if (home_[i] == GradientHome::nvme) total += numels_[i] * static_cast<std::int64_t>(dtype_size(options_.grad_dtype));
+  }
   return total;
 }
 
@@ -430,8 +454,8 @@ const void* OptimizerStates::host_gradient(int id) const {
 std::size_t OptimizerStates::bytes(int id) const {
   const auto n = static_cast<std::size_t>(numels_[id]);
   const std::size_t moments = 2 * n * optimizer_state_dtype_size(options_.state_dtype);
-  return options_.split_master ? moments + n * sizeof(std::uint16_t) + optim::split_master_bit_bytes(n)
-                               : n * sizeof(float) + moments;
+  return split_master(id) ? moments + n * sizeof(std::uint16_t) + optim::split_master_bit_bytes(n)
+                          : n * sizeof(float) + moments;
 }
 
 SubGroupStates OptimizerStates::view(int id, void* base, const void* grad) const {
@@ -439,7 +463,7 @@ SubGroupStates OptimizerStates::view(int id, void* base, const void* grad) const
   const std::size_t un = static_cast<std::size_t>(n);
   const std::size_t s = optimizer_state_dtype_size(options_.state_dtype);
   auto* b = static_cast<std::byte*>(base);
-  if (!options_.split_master) {  // [master | exp_avg | exp_avg_sq]
+  if (!split_master(id)) {  // [master | exp_avg | exp_avg_sq]
     std::byte* m = b + un * sizeof(float);
     return SubGroupStates{id, n, reinterpret_cast<float*>(b), m, m + un * s, options_.state_dtype, grad,
                           options_.grad_dtype};
@@ -457,7 +481,7 @@ void OptimizerStates::convert_states(int id, const void* src, void* dst, bool to
   const auto n = static_cast<std::size_t>(numels_[id]);
   if (n == 0) return;  // nothing stored (and the pointers may be null)
   const bool bf16 = options_.state_dtype == OptimizerStateDType::bf16;
-  if (!options_.split_master) {
+  if (!split_master(id)) {
     // The master weights are fp32 in both layouts, and so are the moments with fp32 states.
     if (initial_master) {
       std::memcpy(dst, initial_master, n * sizeof(float));
@@ -469,7 +493,7 @@ void OptimizerStates::convert_states(int id, const void* src, void* dst, bool to
   }
   // The stored layout's arrays, and the checkpoint view's [master | exp_avg | exp_avg_sq].
   const SubGroupStates st = view(id, const_cast<void*>(to_fp32 ? src : dst), nullptr);
-  if (options_.split_master) {
+  if (split_master(id)) {
     if (to_fp32) {
       optim::join_master(high, st.master_low, st.master_rounded_up, static_cast<float*>(dst), n);
     } else {

@@ -48,6 +48,11 @@
 // of a few recycled host buffers from the step's first add_grad until for_each has updated it:
 // then no gradient touches NVMe and host memory holds only those buffers.
 //
+// Where a sub-group's states live (StatesHome): host memory (the cpu tier; on the nvme tier the
+// sub-groups whose states what is left of host_budget covers once no gradient is on NVMe,
+// whole, in id order) or NVMe. States in host memory are updated in place, never staged, and
+// keep fp32 masters (split masters save NVMe bytes only).
+//
 // Units: elements (floats) unless named bytes. Thread-safety: one thread drives an
 // OptimizerStates, except that add_grad / zero_grad may run on a second thread (the gradient
 // sink's I/O worker) while the driving thread runs for_each on other sub-groups: add_grad
@@ -96,10 +101,13 @@ struct OptimizerStatesOptions {
   /// OptimizerStates. Null: the OptimizerStates makes its own CpuAdam of one thread (tests,
   /// benches; same results bitwise, cpu_adam.hpp).
   optim::CpuAdam* adam = nullptr;
-  /// nvme tier: bytes of host memory (pageable) for fp32 gradients kept off NVMe
-  /// (zoe.host_memory_budget): whole sub-groups, in id order, while they fit; theirs never
-  /// touch NVMe. 0: every gradient on NVMe. Ignored by the cpu tier (all in host memory).
-  std::int64_t host_grad_budget = 0;
+  /// nvme tier: bytes of host memory (pageable) for what would otherwise move over NVMe every
+  /// step (zoe.host_memory_budget), in the order that saves the most per byte: first the
+  /// gradients (whole sub-groups, in id order, while they fit; none needed with recycled
+  /// buffers), then, once no gradient is on NVMe, the states (likewise; master, exp_avg and
+  /// exp_avg_sq, fp32 masters). What it keeps never touches NVMe. 0: everything on NVMe.
+  /// Ignored by the cpu tier (all in host memory).
+  std::int64_t host_budget = 0;
   /// Storage of exp_avg and exp_avg_sq (zoe.optimizer_state_dtype); master weights are fp32.
   OptimizerStateDType state_dtype = OptimizerStateDType::fp32;
   /// Storage of the gradient: f32, or the compute dtype (bf16 / fp16) when every step has
@@ -150,14 +158,14 @@ class OptimizerStates {
   /// for_each has updated its sub-group, and never touches NVMe; add_grad waits for a free
   /// one. The caller guarantees progress: count must cover the sub-groups of any one update
   /// wave's readiness (the engine: the most offloaded sub-groups of one group, plus one), since
-  /// a wave waits for all of its gradients before its update frees their buffers. Buffers
-  /// beyond that count come from host_grad_budget. cpu tier: no effect (every gradient is in
-  /// host memory). Throws UsageError after finalize() or for count < 1.
+  /// a wave waits for all of its gradients before its update frees their buffers (at most one
+  /// per sub-group). cpu tier: no effect (every gradient is in host memory). Throws UsageError
+  /// after finalize() or for count < 1.
   void recycle_gradient_slots(int count);
-  /// Before finalize(): replaces OptimizerStatesOptions::host_grad_budget (the engine gives
-  /// the gradients what the parameter shards left of zoe.host_memory_budget). Throws
+  /// Before finalize(): replaces OptimizerStatesOptions::host_budget (the engine gives the
+  /// gradients and states what the parameter shards left of zoe.host_memory_budget). Throws
   /// UsageError after finalize() or for a negative budget.
-  void set_host_grad_budget(std::int64_t bytes);
+  void set_host_budget(std::int64_t bytes);
   /// Finishes registration: nvme tier: allocates the pinned staging buffers, opens the file
   /// and registers every sub-group's tensors. Writes nothing.
   void finalize();
@@ -214,8 +222,12 @@ class OptimizerStates {
   std::size_t count() const { return numels_.size(); }
   /// Storage of exp_avg and exp_avg_sq.
   OptimizerStateDType state_dtype() const { return options_.state_dtype; }
-  /// Whether the master weights are stored split (OptimizerStatesOptions::split_master).
+  /// Whether the master weights are stored split (OptimizerStatesOptions::split_master): of any
+  /// sub-group, or of sub-group `id` (its states on NVMe; after finalize()).
   bool split_master() const { return options_.split_master; }
+  bool split_master(int id) const { return options_.split_master && states_home_[id] == StatesHome::nvme; }
+  /// Whether sub-group `id`'s states live in host memory (the cpu tier, or host_budget's).
+  bool states_in_host(int id) const { return states_home_[id] == StatesHome::host; }
   /// Bytes of states (master, exp_avg, exp_avg_sq and the fp32 gradient) held in host memory
   /// (cpu tier) and on NVMe (nvme tier).
   std::int64_t host_state_bytes() const;
@@ -224,7 +236,7 @@ class OptimizerStates {
   std::int64_t staging_bytes() const;
   DType grad_dtype() const { return options_.grad_dtype; }
   /// Whether sub-group `id`'s gradient never touches NVMe (the cpu tier; on the nvme tier the
-  /// sub-groups host_grad_budget covers, or all with recycled buffers). After finalize().
+  /// sub-groups host_budget covers, or all with recycled buffers). After finalize().
   bool gradient_in_host(int id) const { return home_[id] != GradientHome::nvme; }
   /// Recycled host buffers for gradients (0 unless recycle_gradient_slots()).
   int gradient_slots() const { return static_cast<int>(slots_.size()); }
@@ -234,16 +246,16 @@ class OptimizerStates {
   void check_initialised();
   std::string name(int id) const { return "optim.sg" + std::to_string(id); }
   std::string grad_name(int id) const { return "optim.grad" + std::to_string(id); }
-  /// Stored bytes of sub-group id: master (4, or split 2 + 1/8), exp_avg and exp_avg_sq (4 or 2
-  /// each) per element.
+  /// Stored bytes of sub-group id: master (4, or split 2 + 1/8: split_master(id)), exp_avg and
+  /// exp_avg_sq (4 or 2 each) per element.
   std::size_t bytes(int id) const;
   /// Where a staging buffer holds the fp32 master scratch of split masters: after the stored
   /// bytes, 64-byte aligned (bytes; unused without split masters).
   std::size_t scratch_offset(int id) const { return (std::max<std::size_t>(bytes(id), 1) + 63) / 64 * 64; }
   /// The stored bytes' end in a staging buffer: with split masters, the scratch's end.
   std::size_t staged_end(int id) const {
-    return options_.split_master ? scratch_offset(id) + static_cast<std::size_t>(numels_[id]) * sizeof(float)
-                                 : std::max<std::size_t>(bytes(id), 1);
+    return split_master(id) ? scratch_offset(id) + static_cast<std::size_t>(numels_[id]) * sizeof(float)
+                            : std::max<std::size_t>(bytes(id), 1);
   }
   /// The view of sub-group id's states in a buffer of the stored layout at `base` (the master
   /// scratch, with split masters, at base + scratch_offset(id)).
@@ -264,6 +276,14 @@ class OptimizerStates {
   /// a recycled sub-group moves empty -> in_slot (first add_grad of a step) or zeros
   /// (zero_grad) -> empty (its update in for_each has read it).
   enum class GradientHome : std::uint8_t { host, nvme, empty, in_slot, zeros };
+  /// Where sub-group id's states are (header comment); fixed at finalize().
+  enum class StatesHome : std::uint8_t { host, nvme };
+  /// Calls fn with sub-group id's stored bytes (host memory, or read from NVMe into a staging
+  /// buffer); read_master and read_all.
+  void with_stored(int id, const std::function<void(const void*)>& fn);
+  /// finalize() on the nvme tier: places the gradients and then the states in host memory
+  /// under host_budget (header comment) and registers the NVMe tensors of the rest.
+  void place_in_host_memory(std::size_t largest_grad);
   /// Recycled buffers: takes a free one for sub-group id (waits for one), gives it back.
   void take_slot(int id);
   void give_back_slot(int id);
@@ -280,9 +300,10 @@ class OptimizerStates {
     SwapHandle states, grad;
   };
 
-  std::vector<AlignedBuffer> host_;  // cpu tier: one per sub-group ([master | exp_avg | exp_avg_sq])
-  std::vector<AlignedBuffer> grads_;  // gradients in host memory (cpu tier: all; nvme: host_grad_budget's)
+  std::vector<AlignedBuffer> host_;  // states in host memory ([master | exp_avg | exp_avg_sq]; StatesHome::host)
+  std::vector<AlignedBuffer> grads_;  // gradients in host memory (cpu tier: all; nvme: host_budget's)
   std::vector<GradientHome> home_;
+  std::vector<StatesHome> states_home_;
   // Recycled gradient buffers (recycle_gradient_slots): the buffers, the free ones, which one
   // each sub-group holds (-1: none), and a zero gradient of the largest sub-group for zeros.
   std::vector<AlignedBuffer> slots_;

@@ -124,7 +124,13 @@ TEST_F(EngineAccounting, ByteSavingModesEqualTheEstimate) {
                         {3, OffloadDevice::cpu, OptimizerStateDType::bf16, false, 1 << 30, 1'000'000'000, OffloadDevice::nvme},
                         // Split master weights: 2 bytes and a bit of master per element.
                         {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 0, 1'000'000'000, OffloadDevice::nvme, true},
-                        {3, OffloadDevice::nvme, OptimizerStateDType::bf16, true, 1 << 30, 256, OffloadDevice::cpu, true}};
+                        {3, OffloadDevice::nvme, OptimizerStateDType::bf16, true, 1 << 30, 256, OffloadDevice::cpu, true},
+                        // After the gradients (2 B x 4096), three sub-groups' states (12 B x 256 each).
+                        {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 8192 + 3 * 256 * 12, 256},
+                        // The shards first (2 B x 4096), then the gradients, then three sub-groups'
+                        // states in host memory (fp32 masters), the rest split on NVMe.
+                        {3, OffloadDevice::nvme, OptimizerStateDType::fp32, false, 2 * 8192 + 3 * 256 * 12, 256,
+                         OffloadDevice::nvme, true}};
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << "stage " << c.stage << ", offload_optimizer " << static_cast<int>(c.optimizer)
                                       << ", states " << static_cast<int>(c.states) << ", in backward " << c.in_backward

@@ -1,7 +1,8 @@
-// zoe.host_memory_budget: the NVMe tier's gradients kept in host memory (whole sub-groups
-// in order while they fit) change no bit: the same parameters and losses as every gradient on
-// NVMe, at stages 2-3, 1 and 2 ranks, one and two micro-batches, with all of them or a few in
-// host memory; the bytes move from the NVMe tier to host memory in the memory report.
+// zoe.host_memory_budget: what the NVMe tiers keep in host memory instead (parameter shards,
+// then gradients, then optimizer states; whole shards and sub-groups in order while they fit)
+// changes no bit: the same parameters and losses as everything on NVMe, at stages 2-3, 1 and 2
+// ranks, one and two micro-batches, with all of it or a part in host memory; the bytes move
+// from the NVMe tier to host memory in the memory report, byte for byte.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -46,15 +47,15 @@ TEST(HostMemoryBudget, GradientsInHostMemoryChangeNoBit) {
         // The tier's gradient: bf16 as reduced with one micro-batch per step, else fp32.
         const std::int64_t g = gas == 1 ? 2 : 4;
         const RunResult few = train(config(stage, gas, 3 * 64 * g, dir), kNet, world, 8, 16);  // 3 sub-groups
-        EXPECT_TRUE(bitwise_equal(all, ref)) << "every gradient in host memory";
+        EXPECT_TRUE(bitwise_equal(all, ref)) << "every gradient and state in host memory";
         EXPECT_TRUE(bitwise_equal(few, ref)) << "three sub-groups' gradients in host memory";
         for (int k = 0; k < world; ++k) {
-          // Every gradient: the NVMe tier keeps 12 of its 12 + g bytes per element; the g of the
+          // Everything: the NVMe tier keeps nothing; the 12 + g bytes per element of states and
           // gradient are in host memory.
           const std::int64_t elements = ref.memory[k].nvme_model_states / (12 + g);
           EXPECT_EQ(ref.memory[k].nvme_model_states % (12 + g), 0);
-          EXPECT_EQ(all.memory[k].nvme_model_states, 12 * elements) << "rank " << k;
-          EXPECT_EQ(all.memory[k].host_model_states - ref.memory[k].host_model_states, g * elements) << "rank " << k;
+          EXPECT_EQ(all.memory[k].nvme_model_states, 0) << "rank " << k;
+          EXPECT_EQ(all.memory[k].host_model_states - ref.memory[k].host_model_states, (12 + g) * elements) << "rank " << k;
           // Three sub-groups of at most 64 elements.
           const std::int64_t moved = few.memory[k].host_model_states - ref.memory[k].host_model_states;
           EXPECT_GT(moved, 0) << "rank " << k;
@@ -62,6 +63,35 @@ TEST(HostMemoryBudget, GradientsInHostMemoryChangeNoBit) {
           EXPECT_EQ(ref.memory[k].nvme_model_states - few.memory[k].nvme_model_states, moved) << "rank " << k;
         }
       }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+// After every gradient, what is left of the budget keeps the first sub-groups' states in host
+// memory (12 bytes per element, updated in place): the same bits, and the bytes leave NVMe.
+TEST(HostMemoryBudget, StatesAfterTheGradientsChangeNoBit) {
+  const std::string dir = zoe::test::temp_dir("host-budget-states");
+  for (int stage : {2, 3})
+    for (int gas : {1, 2}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " gas " + std::to_string(gas));
+      const RunResult ref = train(config(stage, gas, 0, dir), kNet, 1, 8, 16);
+      const std::int64_t g = gas == 1 ? 2 : 4;
+      const std::int64_t elements = ref.memory[0].nvme_model_states / (12 + g);
+      // Every gradient, then five sub-groups' states of at most 64 elements.
+      const std::int64_t states_budget = 5 * 64 * 12;
+      const RunResult some = train(config(stage, gas, g * elements + states_budget, dir), kNet, 1, 8, 16);
+      EXPECT_TRUE(bitwise_equal(some, ref));
+      EXPECT_EQ(some.losses, ref.losses);
+      const std::int64_t moved = some.memory[0].host_model_states - ref.memory[0].host_model_states;
+      EXPECT_GT(moved, g * elements) << "some states in host memory";
+      EXPECT_LE(moved, g * elements + states_budget);
+      EXPECT_EQ((moved - g * elements) % 12, 0) << "whole elements of fp32 states";
+      EXPECT_EQ(ref.memory[0].nvme_model_states - some.memory[0].nvme_model_states, moved);
+      // A gradient left on NVMe keeps every state there (the order: gradients first).
+      const RunResult short_of_gradients = train(config(stage, gas, g * elements - 1, dir), kNet, 1, 8, 16);
+      EXPECT_TRUE(bitwise_equal(short_of_gradients, ref));
+      EXPECT_LT(short_of_gradients.memory[0].host_model_states - ref.memory[0].host_model_states, g * elements);
+    }
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
   std::filesystem::remove_all(dir);
 }
@@ -89,13 +119,15 @@ TEST(HostMemoryBudget, ParameterShardsFirstChangeNoBit) {
       EXPECT_EQ(all.losses, ref.losses);
       for (int k = 0; k < world; ++k) {
         // Everything the budget keeps leaves the NVMe tier for host memory, byte for byte; with
-        // all of it kept, the NVMe tier holds the optimizer states alone (12 bytes per element).
+        // all of it kept, nothing is on NVMe: the bf16 shard, the gradient and the 12 bytes of
+        // states per element are in host memory.
         const std::int64_t to_host = all.memory[k].host_model_states - ref.memory[k].host_model_states;
         EXPECT_EQ(ref.memory[k].nvme_model_states - all.memory[k].nvme_model_states, to_host) << "rank " << k;
-        EXPECT_EQ(all.memory[k].nvme_model_states % 12, 0) << "rank " << k;
-        const std::int64_t elements = all.memory[k].nvme_model_states / 12;
+        EXPECT_EQ(all.memory[k].nvme_model_states, 0) << "rank " << k;
         const std::int64_t g = gas == 1 ? 2 : 4;
-        EXPECT_EQ(to_host, (2 + g) * elements) << "rank " << k << ": the bf16 shard and the gradient";
+        EXPECT_EQ(ref.memory[k].nvme_model_states % (14 + g), 0) << "rank " << k;
+        const std::int64_t elements = ref.memory[k].nvme_model_states / (14 + g);
+        EXPECT_EQ(to_host, (14 + g) * elements) << "rank " << k << ": the bf16 shard, the gradient and the states";
         const std::int64_t kept = first.memory[k].host_model_states - ref.memory[k].host_model_states;
         EXPECT_GT(kept, 0) << "rank " << k;
         EXPECT_LE(kept, 2048) << "rank " << k;

@@ -3,9 +3,10 @@
 //  - Split and join give back every non-NaN fp32 value bit for bit, ties included (where the
 //    low half alone cannot tell which way the rounding went), and a NaN as a NaN.
 //  - Training is bitwise that of fp32 masters: parameters and losses, stage 3 at 1-2 ranks,
-//    1-2 micro-batches, the parameter tier in host memory or on NVMe, shards in host memory by
-//    zoe.host_memory_budget, the update in backward, bf16 optimizer states; the NVMe tier holds
-//    2 + 1/8 bytes of master per element instead of 4.
+//    1-2 micro-batches, the parameter tier in host memory or on NVMe, shards, gradients and
+//    states in host memory by zoe.host_memory_budget (those keep fp32 masters), the update in
+//    backward, bf16 optimizer states; the NVMe tier holds 2 + 1/8 bytes of master per element
+//    instead of 4, and nothing in host memory changes.
 //  - Checkpoints and the safetensors export hold fp32 masters: a split-master checkpoint loads
 //    into fp32 masters and back, each continuing as the unbroken run.
 //  - The key is refused where it cannot be honoured, naming the key that stops it.
@@ -108,12 +109,12 @@ const NetSpec kNet{{16, 32, 32, 8}, true, 5};
 struct Mode {
   int world = 1, gas = 1;
   OffloadDevice params = OffloadDevice::nvme;
-  bool shards_in_host = false;  // zoe.host_memory_budget covers every shard
+  std::int64_t budget = 0;  // zoe.host_memory_budget: the first shards, then gradients, then states
   bool in_backward = false;
   OptimizerStateDType states = OptimizerStateDType::fp32;
   std::string name() const {
     return "world " + std::to_string(world) + " gas " + std::to_string(gas) + " params " +
-           (params == OffloadDevice::nvme ? "nvme" : "cpu") + (shards_in_host ? " in host" : "") +
+           (params == OffloadDevice::nvme ? "nvme" : "cpu") + (budget ? " host budget " + std::to_string(budget) : "") +
            (in_backward ? " update in backward" : "") + (states == OptimizerStateDType::bf16 ? " bf16 states" : "");
   }
 };
@@ -133,7 +134,7 @@ Config config_of(const Mode& m, bool split, const std::string& dir) {
   c.zero_optimization.offload_optimizer.buffer_count = 3;
   c.zero_optimization.offload_param.device = m.params;
   c.zero_optimization.offload_param.nvme_path = dir;
-  c.zoe.host_memory_budget = m.shards_in_host ? std::int64_t{1} << 30 : 0;
+  c.zoe.host_memory_budget = m.budget;
   c.zoe.update_in_backward = m.in_backward;
   c.zoe.optimizer_state_dtype = m.states;
   c.zoe.split_master_weights = split;
@@ -150,10 +151,11 @@ TEST(SplitMasterWeights, TrainBitwiseAsFp32MastersWithFewerNvmeBytes) {
       modes.push_back(Mode{world, gas, OffloadDevice::nvme});
       modes.push_back(Mode{world, gas, OffloadDevice::cpu});
     }
-  modes.push_back(Mode{2, 1, OffloadDevice::nvme, true});
-  modes.push_back(Mode{2, 1, OffloadDevice::nvme, false, true});
-  modes.push_back(Mode{2, 2, OffloadDevice::nvme, false, false, OptimizerStateDType::bf16});
-  modes.push_back(Mode{1, 1, OffloadDevice::nvme, true, true, OptimizerStateDType::bf16});
+  modes.push_back(Mode{2, 1, OffloadDevice::nvme, 2048});  // every shard, some gradients
+  modes.push_back(Mode{2, 1, OffloadDevice::nvme, 0, true});
+  modes.push_back(Mode{2, 2, OffloadDevice::nvme, 0, false, OptimizerStateDType::bf16});
+  // Every shard, then most states in host memory (fp32 masters there, split on NVMe).
+  modes.push_back(Mode{1, 1, OffloadDevice::nvme, 16384, true, OptimizerStateDType::bf16});
   for (const Mode& m : modes) {
     SCOPED_TRACE(m.name());
     const RunResult ref = train(config_of(m, false, dir), kNet, m.world, 6, 16);

@@ -28,10 +28,12 @@ PipelineGroup Updater::host_part(Group& g, int gi, void* out, std::shared_ptr<De
   // (after their update on the update stream, recorded before the pipeline started).
   Event* device_part = g.update_done.get();
   const int id = g.param_id;
-  pg.before = [this, &g, id, esz, device_part, device_out](PipelineGroup& self) {
-    // Split master weights rebuild the masters from the shard's current values (read first:
-    // the device sub-groups' output below overwrites only their own ranges).
-    void* home = tiers_.params->write_buffer(id, tiers_.states && tiers_.states->split_master());
+  // Split master weights (on NVMe) rebuild the masters from the shard's current values (read
+  // first: the device sub-groups' output below overwrites only their own ranges).
+  bool split = false;
+  for (const SubGroup& sg : g.subgroups) split = split || (sg.offloaded() && tiers_.states->split_master(sg.offload_id));
+  pg.before = [this, &g, id, esz, device_part, device_out, split](PipelineGroup& self) {
+    void* home = tiers_.params->write_buffer(id, split);
     self.out = home;
     if (!device_out || !*device_out) return;
     Stream& copies = pipeline_->copy_stream();
