@@ -103,22 +103,22 @@ void OptimizerStates::finalize() {
 }
 
 void OptimizerStates::place_in_host_memory(std::size_t largest_grad) {
-  const std::size_t n_groups = numels_.size();
+  const std::size_t sub_groups = numels_.size();
   std::int64_t room = options_.host_budget;
   if (requested_slots_ > 0) {
     // Recycled buffers (zoe.update_in_backward): no gradient on NVMe, and none needs the budget.
-    const std::size_t count = std::min(static_cast<std::size_t>(requested_slots_), n_groups);
+    const std::size_t count = std::min(static_cast<std::size_t>(requested_slots_), sub_groups);
     for (std::size_t k = 0; k < count; ++k) {
       slots_.emplace_back(largest_grad);
       free_slots_.push_back(static_cast<int>(k));
     }
     zero_gradient_ = AlignedBuffer(largest_grad);
     std::memset(zero_gradient_.data(), 0, largest_grad);
-    for (std::size_t i = 0; i < n_groups; ++i) home_[i] = GradientHome::zeros;  // the initial gradient: 0
+    for (std::size_t i = 0; i < sub_groups; ++i) home_[i] = GradientHome::zeros;  // the initial gradient: 0
   } else {
     // The first sub-groups' gradients, while they fit (each byte saves two of NVMe traffic a
     // step: written, then read by the update; more with micro-batches that accumulate).
-    for (std::size_t i = 0; i < n_groups; ++i) {
+    for (std::size_t i = 0; i < sub_groups; ++i) {
       const int id = static_cast<int>(i);
       const auto gb = static_cast<std::int64_t>(grad_bytes(id));
       if (room < gb) {
@@ -134,14 +134,14 @@ void OptimizerStates::place_in_host_memory(std::size_t largest_grad) {
   // Then, once every gradient is off NVMe, the first sub-groups' states (read and written each
   // step: two bytes saved per byte too), with fp32 masters.
   const std::size_t state_element_bytes = sizeof(float) + 2 * optimizer_state_dtype_size(options_.state_dtype);
-  for (std::size_t i = 0; i < n_groups && room >= 0; ++i) {
+  for (std::size_t i = 0; i < sub_groups && room >= 0; ++i) {
     const auto sb = static_cast<std::int64_t>(static_cast<std::size_t>(numels_[i]) * state_element_bytes);
     if (room < sb) break;
     room -= sb;
     states_home_[i] = StatesHome::host;
     host_[i] = AlignedBuffer(std::max<std::size_t>(static_cast<std::size_t>(sb), 1));
   }
-  for (std::size_t i = 0; i < n_groups; ++i) {
+  for (std::size_t i = 0; i < sub_groups; ++i) {
     const int id = static_cast<int>(i);
     if (states_home_[i] == StatesHome::nvme) store_->register_tensor(name(id), std::max<std::size_t>(bytes(id), 1));
     if (home_[i] == GradientHome::nvme) store_->register_tensor(grad_name(id), grad_bytes(id));

@@ -26,6 +26,7 @@
 #include "kernels/half.hpp"
 #include "src/optim/cpu_adam.hpp"
 #include "src/optim/split_master.hpp"
+#include "tests/core/config_refusal.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -247,14 +248,7 @@ TEST(SplitMasterWeights, CheckpointsAndExportHoldFp32Masters) {
 TEST(SplitMasterWeights, RefusedWhereItCannotBeHonoured) {
   const std::string dir = zoe::test::temp_dir("split-master-refused");
   auto refused = [](const Config& c, const std::string& needle) {
-    try {
-      Engine e(c, make_local_ranks(1)[0]);
-      ADD_FAILURE() << "accepted; expected a ConfigError naming " << needle;
-    } catch (const ConfigError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("zoe.split_master_weights"), std::string::npos) << what;
-      EXPECT_NE(what.find(needle), std::string::npos) << what;
-    }
+    zoe::test::expect_config_refused(c, "zoe.split_master_weights", needle);
   };
   const Config good = config_of(Mode{}, true, dir);
   EXPECT_NO_THROW(Engine(good, make_local_ranks(1)[0]));
