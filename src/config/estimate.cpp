@@ -324,6 +324,15 @@ PlanRow make_row(const ModelShape& model, const Cluster& cl, Config knobs, const
   // stage 3 with every sub-group offloaded (their use) they hold no device byte; at stage 2
   // the update in backward allocates each group's new shard at its backward, not at step().
   knobs.zoe.update_in_backward = knobs.zoe.delayed_update = false;
+  // The byte-saving keys stay where the row's layout can take them (validate() refuses them
+  // elsewhere): bf16 states need the CPU optimizer, split masters a parameter tier, bf16 compute
+  // and states on NVMe, a host budget an NVMe tier to spare.
+  if (c.optimizer == OffloadDevice::none) knobs.zoe.optimizer_state_dtype = OptimizerStateDType::fp32;
+  if (c.stage != 3 || c.param == OffloadDevice::none || c.optimizer != OffloadDevice::nvme ||
+      knobs.compute_dtype() != DType::bf16)
+    knobs.zoe.split_master_weights = false;
+  if (c.optimizer != OffloadDevice::nvme && !(c.stage == 3 && c.param == OffloadDevice::nvme))
+    knobs.zoe.host_memory_budget = 0;
   PlanRow row;
   row.rank = estimate_rank(model, cl.world_size, knobs);
   row.label = label_of(c);

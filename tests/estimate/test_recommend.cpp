@@ -148,3 +148,55 @@ TEST(EstimateRecommend, UpdateTimingKeysChangeNoRow) {
   with.zoe.delayed_update = true;
   EXPECT_EQ(plan({kPsi, 0}, cluster(80e9, 1e12, 1e13), with).rows.size(), a.rows.size());
 }
+
+TEST(EstimateRecommend, ByteSavingKeysApplyWhereTheRowCanTakeThem) {
+  // A config with bf16 states, split masters and a host budget (the scale demo's kind) is planned
+  // on every row: each key counts where the row's layout can take it, and the rows that could
+  // not take it are planned as the same config without it.
+  zoe::Config with = small_nvme_buffers();
+  with.zero_optimization.stage = 3;
+  with.zero_optimization.offload_optimizer.device = zoe::OffloadDevice::nvme;
+  with.zero_optimization.offload_optimizer.nvme_path = "/tmp";
+  with.zero_optimization.offload_param.device = zoe::OffloadDevice::nvme;
+  with.zero_optimization.offload_param.nvme_path = "/tmp";
+  const zoe::Config without = with;
+  with.zoe.optimizer_state_dtype = zoe::OptimizerStateDType::bf16;
+  with.zoe.split_master_weights = true;
+  const Cluster cl = cluster(80e9, 1e12, 1e13);
+  const Plan a = plan({kPsi, 0}, cl, with), b = plan({kPsi, 0}, cl, without);
+  ASSERT_EQ(a.rows.size(), b.rows.size());
+  for (std::size_t i = 0; i < a.rows.size(); ++i) {
+    const RankEstimate &x = a.rows[i].rank, &y = b.rows[i].rank;
+    SCOPED_TRACE(a.rows[i].label);
+    const std::int64_t saved = y.optimizer_states.host + y.optimizer_states.nvme - x.optimizer_states.host -
+                               x.optimizer_states.nvme;
+    const std::int64_t e = x.trainable_shard_elements;
+    if (x.offload_optimizer == zoe::OffloadDevice::none) {
+      EXPECT_EQ(saved, 0);
+    } else if (x.stage == 3 && x.offload_param != zoe::OffloadDevice::none &&
+               x.offload_optimizer == zoe::OffloadDevice::nvme) {
+      EXPECT_EQ(saved, 4 * e + 2 * e - (e + 7) / 8) << "bf16 moments and split masters";
+    } else {
+      EXPECT_EQ(saved, 4 * e) << "bf16 moments";
+    }
+  }
+  // A host budget counts on the rows with an NVMe tier; the others are planned without it.
+  zoe::Config budget = without;
+  budget.zoe.host_memory_budget = std::int64_t{1} << 30;
+  const Plan c = plan({kPsi, 0}, cl, budget);
+  for (std::size_t i = 0; i < c.rows.size(); ++i) {
+    const RankEstimate &x = c.rows[i].rank, &y = b.rows[i].rank;
+    SCOPED_TRACE(c.rows[i].label);
+    const bool nvme = x.offload_optimizer == zoe::OffloadDevice::nvme ||
+                      (x.stage == 3 && x.offload_param == zoe::OffloadDevice::nvme);
+    // Whole elements: up to one element's bytes (12 of states) short of the budget.
+    const std::int64_t moved = x.model_states.host - y.model_states.host;
+    EXPECT_EQ(y.model_states.nvme - x.model_states.nvme, moved);
+    if (nvme) {
+      EXPECT_LE(moved, std::int64_t{1} << 30);
+      EXPECT_GT(moved, (std::int64_t{1} << 30) - 12);
+    } else {
+      EXPECT_EQ(moved, 0);
+    }
+  }
+}
