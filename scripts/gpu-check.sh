@@ -6,7 +6,8 @@
 # backend's host twin (`--host-ops kernels`). Writes these files under $OUT (default
 # ./gpu-out): summary.txt, machine.txt, build.log, tests.log, gpt.log, gpt-losses.txt,
 # bench.jsonl, overlap.jsonl (the update pipeline's overlap and transfer rates on the GPU),
-# gpt-losses-*.txt (one is zoe.update_in_backward's run against the update at step()).
+# gpt-losses-*.txt (zoe.update_in_backward's run against the update at step(), and split master
+# weights against fp32 masters with the states and parameters on NVMe).
 #
 # Two ways to get the binaries, chosen by what is there:
 #  - out/gpu-bundle.tar.xz (made here by scripts/gpu-bundle.sh, carried along): prebuilt
@@ -148,45 +149,57 @@ EOF
   then log "GPU and CPU losses disagree in $prec (see gpt-losses-$prec.txt)"; status=1; fi
   tail -1 "$OUT/gpt-losses-$prec.txt" | tee -a "$OUT/summary.txt"
 }
-# zoe.update_in_backward on the GPU (issue 19's overlap): the same bf16 GPU run with the
-# optimizer states in pinned host memory (offload_optimizer cpu, every sub-group on the CPU
-# optimizer), once with the update at step() and once in backward: the losses must be equal to
-# the last digit (the update's math is the same), and both runs' tokens/s are reported.
-gpt_update_in_backward() {
-  local m0 m1 cfg0 cfg1
+# Two configurations that must train the GPU run to the same losses, to the last digit (exact
+# modes: the update's math is the same), both runs' tokens/s reported:
+#  - zoe.update_in_backward: the optimizer states in pinned host memory (offload_optimizer cpu,
+#    every sub-group on the CPU optimizer), the update at step() against the update in backward;
+#  - zoe.split_master_weights: stage 3 with the states and the bf16 parameter shards on NVMe
+#    (under $TMPDIR), fp32 masters against masters split beside the shards.
+# gpt_equal_losses NAME ZOE_KEY OFFLOAD_JSON (NVME stands for the run's directory) ZOE_GPT_FLAGS...
+gpt_equal_losses() {
+  local name=$1 key=$2 offload=$3
+  shift 3
+  local nvme m0 m1 cfg0 cfg1
+  nvme=$(mktemp -d)
   m0=$(mktemp --suffix .csv); m1=$(mktemp --suffix .csv)
   cfg0=$(mktemp --suffix .json); cfg1=$(mktemp --suffix .json)
-  echo '{"gradient_clipping": 0, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": 0, "sub_group_size": 1000000}, "zoe": {"update_in_backward": false}}' >"$cfg0"
-  echo '{"gradient_clipping": 0, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "reduce_bucket_size": 0, "sub_group_size": 1000000}, "zoe": {"update_in_backward": true}}' >"$cfg1"
+  local base='"gradient_clipping": 0, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, '"${offload//NVME/$nvme}"', "reduce_bucket_size": 0, "sub_group_size": 1000000}'
+  echo "{$base, \"zoe\": {\"$key\": false}}" >"$cfg0"
+  echo "{$base, \"zoe\": {\"$key\": true}}" >"$cfg1"
   local args=(--data-dir "$data" --layers 8 --heads 8 --width 512 --context 128 --batch 8 --steps 20
-        --warmup 5 --lr 1e-3 --zero-stage 3 --offload-optimizer cpu --precision bf16
+        --warmup 5 --lr 1e-3 --zero-stage 3 --precision bf16 --nvme-path "$nvme" "$@"
         --eval-interval 0 --eval-batches 2 --sample-length 0 --log-every 5)
   local k cfg met
   for k in 0 1; do
     cfg=$cfg0; met=$m0
     [[ $k == 1 ]] && { cfg=$cfg1; met=$m1; }
-    echo "===== cuda, bf16, offload_optimizer cpu, update_in_backward $k" >>"$OUT/gpt.log"
+    echo "===== cuda, bf16, $name: $key $k" >>"$OUT/gpt.log"
     RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29518 \
       timeout 300 "$gpt" --launcher --config "$cfg" "${args[@]}" --metrics "$met" >>"$OUT/gpt.log" 2>&1 ||
-      { log "zoe-gpt on the GPU with update_in_backward $k failed (see gpt.log)"; status=1; }
-    grep -E "tokens/s" "$OUT/gpt.log" | tail -1 | sed "s/^/update_in_backward $k: /" | tee -a "$OUT/summary.txt"
+      { log "zoe-gpt on the GPU with $key $k failed (see gpt.log)"; status=1; }
+    grep -E "tokens/s" "$OUT/gpt.log" | tail -1 | sed "s/^/$key $k: /" | tee -a "$OUT/summary.txt"
   done
-  if ! python3 - "$m0" "$m1" >"$OUT/gpt-losses-update-in-backward.txt" 2>&1 <<'EOF'
+  rm -rf "$nvme"
+  if ! python3 - "$m0" "$m1" "$key" >"$OUT/gpt-losses-$name.txt" 2>&1 <<'EOF'
 import csv, sys
 a, b = ([float(r["loss"]) for r in csv.DictReader(open(p))] for p in sys.argv[1:3])
 assert len(a) == len(b) == 20, (len(a), len(b))
 for i, (x, y) in enumerate(zip(a, b)):
-    print(f"step {i + 1}: at step() {x!r} in backward {y!r}")
-assert a == b, "zoe.update_in_backward changed the losses on the GPU"
+    print(f"step {i + 1}: {sys.argv[3]} false {x!r} true {y!r}")
+assert a == b, f"{sys.argv[3]} changed the losses on the GPU"
 print("losses equal at every step")
 EOF
-  then log "update_in_backward changed the GPU run's losses (see gpt-losses-update-in-backward.txt)"; status=1; fi
-  tail -1 "$OUT/gpt-losses-update-in-backward.txt" | tee -a "$OUT/summary.txt"
+  then log "$key changed the GPU run's losses (see gpt-losses-$name.txt)"; status=1; fi
+  tail -1 "$OUT/gpt-losses-$name.txt" | tee -a "$OUT/summary.txt"
 }
 if [[ -x "$gpt" && -d "$data/gutenberg" ]]; then
   gpt_compare fp32 2e-3
   gpt_compare bf16 2e-2
-  gpt_update_in_backward
+  gpt_equal_losses update-in-backward update_in_backward '"offload_optimizer": {"device": "cpu"}' \
+    --offload-optimizer cpu
+  gpt_equal_losses split-master split_master_weights \
+    '"offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}, "offload_param": {"device": "nvme", "nvme_path": "NVME"}, "stage3_param_persistence_threshold": 0' \
+    --offload-optimizer nvme --offload-param nvme
 else
   log "no zoe-gpt or no data at $data: trainer comparison skipped"; status=1
 fi
