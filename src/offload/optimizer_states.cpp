@@ -316,7 +316,7 @@ void OptimizerStates::add_grad(int id, const void* src, DType dtype, bool first,
       grad_finite_[id] = st.finite ? 1 : 0;
     }
   };
-  if (home_[id] == GradientHome::host) {  // the cpu tier, or host_grad_budget's
+  if (home_[id] == GradientHome::host) {  // the cpu tier, or host_budget's
     apply(grads_[id].data());
     return;
   }
