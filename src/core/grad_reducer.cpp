@@ -21,11 +21,18 @@ void GradReducer::prepare(const ModuleInfo& m) {
     if (g.frozen || g.grad_state == Group::GradState::accumulating) continue;
     g.grad_state = Group::GradState::accumulating;
     if (!cx_.policy.shards_grads) continue;  // persistent buffers, zeroed after each step
+    // A fresh buffer (no queued work uses what the allocator hands out), zeroed where the
+    // trainer's compute sees it first: no task for the side stream.
     g.grad_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
-    cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *cx_.side);
+    cx_.device.fill_for_compute(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f);
     filled = true;
   }
   if (filled) {
+    // The trainer's backward waits for the side stream's work queued so far (the reductions
+    // before it): the side stream never falls more than a module behind, so which released
+    // buffers are still held at the device's peak does not depend on its pace (the estimate
+    // is that peak). Recording queues nothing; where the side stream has finished, the host
+    // device returns at once.
     auto e = cx_.device.create_event();
     cx_.device.record(*e, *cx_.side);
     cx_.ready_for_compute(*e);

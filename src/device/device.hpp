@@ -109,6 +109,14 @@ class Device {
   /// streams, as on CUDA): the compute stream waits, the caller does not block. The host device,
   /// whose trainer computes on the calling thread, blocks until the event completes.
   virtual void compute_waits(Event& event) { wait(compute_stream(), event); }
+  /// dst[i] = value (as fill) for a buffer no queued work uses (a fresh allocation), ordered
+  /// before the trainer's next compute. Default (kernels on the device's own streams, as on
+  /// CUDA): queued on the compute stream, the caller does not block. The host device, whose
+  /// trainer computes on the calling thread, fills on the calling thread at once: no stream
+  /// round trip. Thread-safety: as fill.
+  virtual void fill_for_compute(void* dst, DType dtype, std::size_t n, float value) {
+    fill(dst, dtype, n, value, compute_stream());
+  }
   /// Queues a host callback on `stream` (cudaLaunchHostFunc). It must not call the device.
   virtual void host_func(Stream& stream, std::function<void()> fn) = 0;
 

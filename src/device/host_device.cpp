@@ -248,6 +248,9 @@ void HostDevice::record(Event& event, Stream& stream) {
 void HostDevice::wait(Stream& stream, Event& event) {
   HostEvent::Point p = host_event(event).point();
   if (!p.queue || p.queue.get() == &host_queue(stream)) return;  // same stream: already ordered
+  // Already complete: nothing to wait for, so no task (and no wake-up of the stream's thread).
+  // done() takes the queue's mutex, which orders the event's work before what is queued next.
+  if (p.queue->done(p.ticket)) return;
   host_queue(stream).enqueue([p] { p.queue->wait_for(p.ticket); });
 }
 
@@ -287,6 +290,10 @@ void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& str
 
 void HostDevice::fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) {
   host_queue(stream).enqueue([=] { host_ops::fill(dst, dtype, n, value); });
+}
+
+void HostDevice::fill_for_compute(void* dst, DType dtype, std::size_t n, float value) {
+  host_ops::fill(dst, dtype, n, value);  // the trainer's compute runs on this thread next
 }
 
 void HostDevice::cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,

@@ -137,6 +137,7 @@ class HostDevice final : public Device {
   void host_func(Stream& stream, std::function<void()> fn) override;
   /// The trainer computes on the calling thread: blocks until `event` completes.
   void compute_waits(Event& event) override { synchronize(event); }
+  void fill_for_compute(void* dst, DType dtype, std::size_t n, float value) override;
 
   void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
   void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override;
