@@ -14,12 +14,13 @@ namespace zoe::core {
 void Gatherer::gather(Group& g) {
   if (g.param_state == Group::ParamState::gathered) return;  // gathered or in flight
   const FlatLayout& L = *g.layout;
+  const bool stale = g.param_state == Group::ParamState::stale;  // its buffer is kept: gathered in place
   // Released buffers still in flight count against stage3_max_live_parameters too: past
   // the cap they are returned first, so memory stays within it.
-  if (live_elements_ + cx_.frees.releasing_elements() + L.padded_numel() > cx_.config.zero_optimization.stage3_max_live_parameters)
+  if (!stale && live_elements_ + cx_.frees.releasing_elements() + L.padded_numel() > cx_.config.zero_optimization.stage3_max_live_parameters)
     cx_.frees.reap(true);
   if (!cx_.config.zoe.delayed_update) updater_.after_update(g);  // the all-gather reads the shard the last update wrote
-  g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, L.padded_numel());
+  if (!stale) g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, L.padded_numel());
   g.param_state = Group::ParamState::gathered;
   if (tiers_.params) {
     // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
@@ -35,7 +36,7 @@ void Gatherer::gather(Group& g) {
     coll_.all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
     cx_.device.record(*g.param_ready, *cx_.side);
   }
-  live_elements_ += L.padded_numel();
+  if (!stale) live_elements_ += L.padded_numel();
 }
 
 void Gatherer::gather_coalesced(std::vector<int> gis) {
@@ -59,23 +60,24 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
   }
   const std::size_t esz = dtype_size(cx_.dtype);
   auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
-  std::int64_t padded = 0, T = 0;
+  std::int64_t padded = 0, T = 0;  // padded: the elements of the buffers this gather allocates
   std::vector<std::int64_t> offsets;
   for (int gi : gis) {
-    const FlatLayout& L = *model_.group(gi).layout;
+    const Group& g = model_.group(gi);
     offsets.push_back(T);
-    T += L.shard_numel();
-    padded += L.padded_numel();
+    T += g.layout->shard_numel();
+    if (g.param_state != Group::ParamState::stale) padded += g.layout->padded_numel();
   }
   if (live_elements_ + cx_.frees.releasing_elements() + padded > cx_.config.zero_optimization.stage3_max_live_parameters) cx_.frees.reap(true);
   for (int gi : gis) {
     Group& g = model_.group(gi);
     if (!cx_.config.zoe.delayed_update) updater_.after_update(g);  // the all-gather reads the shard the last update wrote
-    g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
+    if (g.param_state != Group::ParamState::stale) g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
     g.param_state = Group::ParamState::gathered;
   }
   DeviceBuffer send = cx_.alloc(MemKind::buffer, cx_.dtype, T);
   auto reads = std::make_shared<std::vector<std::shared_ptr<offload::ShardRead>>>();
+  std::vector<CopyRegion> regions;  // one queued copy for all the shards, one for all the parts
   for (std::size_t k = 0; k < gis.size(); ++k) {
     Group& g = model_.group(gis[k]);
     const std::size_t bytes = static_cast<std::size_t>(g.layout->shard_numel()) * esz;
@@ -85,18 +87,21 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
       cx_.device.copy(at(send.data(), offsets[k]), read->data(), bytes, *cx_.side);
       reads->push_back(std::move(read));
     } else {
-      cx_.device.copy(at(send.data(), offsets[k]), g.param_shard.data(), bytes, *cx_.side);
+      regions.push_back({at(send.data(), offsets[k]), g.param_shard.data(), bytes});
     }
   }
+  cx_.device.copy_batch(regions, *cx_.side);
+  regions.clear();
   DeviceBuffer recv = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
   coll_.all_gather(send.data(), recv.data(), T, cx_.dtype, coll_.coalesced_tag(gis, CollectiveTag::Kind::params));
   for (std::size_t k = 0; k < gis.size(); ++k) {
     Group& g = model_.group(gis[k]);
     const std::int64_t S = g.layout->shard_numel();
     for (int r = 0; r < cx_.world; ++r)
-      cx_.device.copy(at(g.param_full.data(), r * S), at(recv.data(), r * T + offsets[k]), static_cast<std::size_t>(S) * esz, *cx_.side);
-    cx_.device.record(*g.param_ready, *cx_.side);
+      regions.push_back({at(g.param_full.data(), r * S), at(recv.data(), r * T + offsets[k]), static_cast<std::size_t>(S) * esz});
   }
+  cx_.device.copy_batch(regions, *cx_.side);
+  for (int gi : gis) cx_.device.record(*model_.group(gi).param_ready, *cx_.side);
   cx_.frees.after_side(std::move(send), 0, std::move(reads));
   cx_.frees.after_side(std::move(recv));
   live_elements_ += padded;
@@ -151,7 +156,8 @@ void Gatherer::prefetch() {
     for (int gi : model_.modules[static_cast<std::size_t>(upcoming[e].module)].groups) {
       const Group& g = model_.group(gi);
       if (g.param_state == Group::ParamState::gathered || queued_[static_cast<std::size_t>(gi)]) continue;
-      std::int64_t n = g.layout->padded_numel();
+      // A stale group's buffer is already counted live: it adds no memory.
+      const std::int64_t n = g.param_state == Group::ParamState::stale ? 0 : g.layout->padded_numel();
       if (live_elements_ + issued + n > zc.stage3_max_live_parameters) {
         at_cap = true;  // stop here: a later group must not overtake this one
         break;
@@ -198,13 +204,33 @@ void Gatherer::release(int module) {
 void Gatherer::drop_all_gathered() {
   cx_.side_waits_for_compute();
   for (Group& g : model_.groups) {
-    if (g.param_state != Group::ParamState::gathered || g.active > 0) continue;
+    if (g.param_state == Group::ParamState::sharded || g.active > 0) continue;
     reshard(g);
   }
 }
 
+void Gatherer::shards_updated() {
+  // The side stream's next all-gather into a kept buffer comes after the trainer's reads of it.
+  cx_.side_waits_for_compute();
+  for (Group& g : model_.groups) {
+    if (g.param_state != Group::ParamState::gathered) continue;  // (no module is active at the step)
+    if (g.persistent && !cx_.frees.poison()) {
+      mark_stale(g);
+    } else {
+      reshard(g);
+    }
+  }
+}
+
+void Gatherer::mark_stale(Group& g) {
+  ZOE_CHECK(g.param_state == Group::ParamState::gathered && g.persistent, "mark_stale of group ", detail::quoted(g.name),
+            ", which is not a gathered persistent group");
+  g.param_state = Group::ParamState::stale;
+  if (!trace_.upcoming().empty()) index_.resharded(model_.index_of(g), trace_.position());  // prefetch must visit its next use again
+}
+
 void Gatherer::reshard(Group& g) {
-  ZOE_CHECK(g.param_state == Group::ParamState::gathered, "reshard of group ", detail::quoted(g.name), ", which is not gathered");
+  ZOE_CHECK(g.param_state != Group::ParamState::sharded, "reshard of group ", detail::quoted(g.name), ", which is not gathered");
   g.param_state = Group::ParamState::sharded;
   if (!trace_.upcoming().empty()) index_.resharded(model_.index_of(g), trace_.position());  // prefetch must visit its next use again
   live_elements_ -= g.layout->padded_numel();

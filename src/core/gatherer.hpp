@@ -35,8 +35,13 @@ class Gatherer {
   void acquire(int module, bool backward);
   /// After the module's forward or backward: frees what is not kept (see the file comment).
   void release(int module);
-  /// Frees every gathered group no module is using (the step: the shards change).
+  /// Frees every gathered (or stale) group no module is using (the shards were written
+  /// between steps: a loaded checkpoint, set values).
   void drop_all_gathered();
+  /// At the step (every shard changes): persistent groups keep their buffers, stale until their
+  /// next gather refreshes them in place (DeepSpeed keeps persistent parameters gathered);
+  /// the others are freed. zoe.debug_poison frees them all.
+  void shards_updated();
   /// At the step: this step's order becomes the next step's prediction.
   void end_step();
 
@@ -48,8 +53,10 @@ class Gatherer {
   /// shards concatenated, gathered rank-major, then copied into each param_full. With parameter
   /// offload at most ParamShards::read_slots() groups per collective (each holds a read buffer).
   void gather_coalesced(std::vector<int> gis);
-  /// Gathered -> sharded: param_full freed after the side stream's work so far.
+  /// Gathered or stale -> sharded: param_full freed after the side stream's work so far.
   void reshard(Group& g);
+  /// Gathered -> stale (persistent groups at the step): param_full kept, to be gathered into.
+  void mark_stale(Group& g);
   /// Parameter offload: the group's shard on its way in (waits for a free read buffer by
   /// returning finished gathers' buffers).
   std::shared_ptr<offload::ShardRead> begin_shard_read(Group& g);

@@ -109,19 +109,17 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
     std::int64_t total = 0;
     for (int gi : gis) total += model_.group(gi).layout->padded_numel();
     DeviceBuffer flat = cx_.alloc(MemKind::buffer, cx_.dtype, total);
+    std::vector<CopyRegion> in, out;  // one queued copy each way for the whole bucket
     std::int64_t off = 0;
     for (int gi : gis) {
       Group& g = model_.group(gi);
-      cx_.device.copy(at(flat.data(), off), g.grad_full.data(), g.grad_full.bytes(), *cx_.side);
+      in.push_back({at(flat.data(), off), g.grad_full.data(), g.grad_full.bytes()});
+      out.push_back({g.grad_full.data(), at(flat.data(), off), g.grad_full.bytes()});
       off += g.layout->padded_numel();
     }
+    cx_.device.copy_batch(in, *cx_.side);
     coll_.all_reduce(flat.data(), total, cx_.dtype, tag);
-    off = 0;
-    for (int gi : gis) {
-      Group& g = model_.group(gi);
-      cx_.device.copy(g.grad_full.data(), at(flat.data(), off), g.grad_full.bytes(), *cx_.side);
-      off += g.layout->padded_numel();
-    }
+    cx_.device.copy_batch(out, *cx_.side);
     cx_.frees.after_side(std::move(flat));
     return;
   }
@@ -134,21 +132,29 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
     T += model_.group(gi).layout->shard_numel();
   }
   DeviceBuffer send = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
+  std::vector<CopyRegion> regions;  // one queued copy for the whole bucket
+  regions.reserve(gis.size() * static_cast<std::size_t>(cx_.world));
   for (int r = 0; r < cx_.world; ++r)
     for (std::size_t k = 0; k < gis.size(); ++k) {
       Group& g = model_.group(gis[k]);
       const std::int64_t S = g.layout->shard_numel();
-      cx_.device.copy(at(send.data(), r * T + offsets[k]), at(g.grad_full.data(), r * S), static_cast<std::size_t>(S) * esz, *cx_.side);
+      regions.push_back({at(send.data(), r * T + offsets[k]), at(g.grad_full.data(), r * S), static_cast<std::size_t>(S) * esz});
     }
+  cx_.device.copy_batch(regions, *cx_.side);
   DeviceBuffer out = cx_.alloc(MemKind::buffer, cx_.dtype, T);
   coll_.reduce_scatter(send.data(), out.data(), T, cx_.dtype, tag);
   cx_.frees.after_side(std::move(send));
+  // The plain copies of the shards into their groups (the usual case) are one queued copy,
+  // unless each group's update starts as soon as its shard is absorbed (update in backward).
+  std::vector<CopyRegion> copies;
+  std::vector<CopyRegion>* batch = cx_.config.zoe.update_in_backward ? nullptr : &copies;
   for (std::size_t k = 0; k < gis.size(); ++k) {
     Group& g = model_.group(gis[k]);
-    absorb_shard(g, at(out.data(), offsets[k]));
+    absorb_shard(g, at(out.data(), offsets[k]), batch);
     if (cx_.policy.shards_grads) cx_.frees.after_side(std::move(g.grad_full));
     start_update_if_final(gis[k]);
   }
+  cx_.device.copy_batch(copies, *cx_.side);
   cx_.frees.after_side(std::move(out));
 }
 
@@ -161,7 +167,7 @@ void GradReducer::start_update_if_final(int gi) {
     updater_.start_in_backward(gi);
 }
 
-void GradReducer::absorb_shard(Group& g, const void* reduced) {
+void GradReducer::absorb_shard(Group& g, const void* reduced, std::vector<CopyRegion>* batch) {
   const std::int64_t S = g.layout->shard_numel();
   const std::size_t bytes = static_cast<std::size_t>(S) * dtype_size(cx_.dtype);
   const int gas = cx_.config.gradient_accumulation_steps;
@@ -169,6 +175,10 @@ void GradReducer::absorb_shard(Group& g, const void* reduced) {
   if (cx_.policy.reduces_at_step || (gas == 1 && g.grad_shard)) {
     // The shard the step reads (stage 1), or the one micro-batch's (stages 2-3).
     if (cx_.policy.reduces_at_step) g.grad_shard = cx_.alloc(MemKind::buffer, cx_.dtype, S);
+    if (batch && !offloaded) {
+      batch->push_back({g.grad_shard.data(), reduced, bytes});  // the caller queues the batch
+      return;
+    }
     cx_.device.copy(g.grad_shard.data(), reduced, bytes, *cx_.side);
     if (offloaded) updater_.accept_gradient(g, g.grad_shard.data(), true, true);
     return;

@@ -56,8 +56,9 @@ class GradReducer {
   /// Several groups' reduction through one flattened buffer (see the file comment).
   void reduce_groups(const std::vector<int>& gis);
   /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
-  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups.
-  void absorb_shard(Group& g, const void* reduced);
+  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups. With `batch`,
+  /// a plain copy into grad_shard is added to it for the caller to queue (copy_batch).
+  void absorb_shard(Group& g, const void* reduced, std::vector<CopyRegion>* batch = nullptr);
   /// zoe.update_in_backward: starts group gi's update if this was its step's last micro-batch.
   void start_update_if_final(int gi);
 

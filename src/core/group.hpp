@@ -1,8 +1,8 @@
 // The engine's units of state: a parameter, the group (flat buffer) that owns it with the
 // group's sub-groups, and a module (what the trainer calls begin_/end_forward on). A group's
-// three state machines, ParamState (sharded / gathered), GradState (idle / accumulating /
+// three state machines, ParamState (sharded / gathered / stale), GradState (idle / accumulating /
 // queued / reduced) and UpdateState (settled / pending), are changed only by their named
-// transitions (gather / reshard in gatherer.cpp; prepare / finish_backward / flush_bucket /
+// transitions (gather / reshard / mark_stale in gatherer.cpp; prepare / finish_backward / flush_bucket /
 // reset_for_next_step in grad_reducer.cpp; start_update / after_update in update/updater.cpp).
 // Not thread-safe: owned by Model, driven by one thread.
 #pragma once
@@ -65,9 +65,12 @@ struct Group {
   // offload the shard lives in the parameter tier (OffloadTiers::params, id param_id), not on the device.
   DeviceBuffer param_full, param_shard;
   // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
-  // param_ready completes). Stage 3 moves it with the only two transitions, gather() (sharded
-  // -> gathered) and reshard() (gathered -> sharded); stages 0-2 are gathered from build on.
-  enum class ParamState { sharded, gathered } param_state = ParamState::sharded;
+  // param_ready completes). Stage 3 moves it with three transitions: gather() (sharded or
+  // stale -> gathered), reshard() (gathered or stale -> sharded) and, at the step, refresh
+  // (gathered -> stale) for a persistent group: its buffer stays allocated (as DeepSpeed keeps
+  // persistent parameters), holding the previous step's values until the next gather
+  // all-gathers the updated shards into it in place. Stages 0-2 are gathered from build on.
+  enum class ParamState { sharded, gathered, stale } param_state = ParamState::sharded;
   int param_id = -1;
   std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
   int active = 0;                      // modules between begin_* and end_* using it

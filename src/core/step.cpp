@@ -52,7 +52,7 @@ StepResult core::EngineImpl::step() {
   reducer.flush_bucket();  // the last round's gradients still waiting
   reducer.zero_unused_gradients();
   const core::GradStats stats = core::measure_gradients(cx, model, updater, tiers);
-  if (cx.policy.shards_params) gatherer.drop_all_gathered();  // persistent groups too: their shards change
+  if (cx.policy.shards_params) gatherer.shards_updated();  // persistent groups stay allocated, stale
 
   StepResult result;
   result.loss_scale = updater.scaler().scale();

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "kernels/adam_math.hpp"
@@ -39,6 +40,32 @@ class Event {
 /// its granularity plus the freed blocks it keeps for reuse (HostDevice's block cache and
 /// quarantine, the CUDA stream-ordered pool; torch.cuda.memory_reserved / max_memory_reserved),
 /// so reserved >= allocated. Peaks are high-water marks since construction or reset_peak().
+/// One region of Device::copy_batch: `bytes` from `src` to `dst` (addresses as for copy()).
+struct CopyRegion {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t bytes = 0;
+};
+
+/// One tensor of a batched reduction (Device::sum_squares_batch, all_finite_batch): `n`
+/// elements of the batch's dtype at `data` (device memory).
+struct TensorRegion {
+  const void* data = nullptr;
+  std::size_t n = 0;
+};
+
+/// One tensor of Device::adam_step_batch: the arguments of one adam_step (its comment says
+/// what each is), with its own coefficients.
+struct AdamTensor {
+  kernels::AdamCoeffs c;
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  const void* grad = nullptr;
+  void* out = nullptr;  // nullptr: no output
+  std::size_t n = 0;
+};
+
 struct DeviceMemoryStats {
   std::int64_t current_bytes = 0;        // allocated now
   std::int64_t peak_bytes = 0;           // most allocated at any time (the allocated peak)
@@ -123,6 +150,14 @@ class Device {
   // ---- copies and elementwise ops, all async on `stream`; n in elements ----
   /// Copies `bytes` between any two addresses of this device or pinned/pageable host memory.
   virtual void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) = 0;
+  /// One copy of many regions (cudaMemcpyBatchAsync's idea): what copy() of each region in
+  /// order would do, as one operation on `stream`, so packing many small shards into a
+  /// coalesced collective's buffer (and out of it) costs one queued operation, not one per
+  /// shard. Regions may not overlap each other's destinations. Default: copy() per region.
+  /// Thread-safety: as copy. Throws UsageError for a null pointer in a non-empty region.
+  virtual void copy_batch(std::span<const CopyRegion> regions, Stream& stream) {
+    for (const CopyRegion& r : regions) copy(r.dst, r.src, r.bytes, stream);
+  }
   /// dst[i] = value (converted to dtype, round to nearest even).
   virtual void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) = 0;
   /// dst[i] = convert(src[i]) (round to nearest even; NaN stays NaN). src != dst.
@@ -137,6 +172,18 @@ class Device {
   virtual void sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) = 0;
   /// *out = 1 if every x[i] is finite, else 0. `out` is device memory.
   virtual void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) = 0;
+  /// out[i] = sum_squares of xs[i] (same bits as sum_squares of each), as one operation on
+  /// `stream` (multi-tensor apply): a step over thousands of small groups queues one
+  /// operation, not one per group. `out` is device memory of xs.size() doubles. Default:
+  /// sum_squares per tensor. Thread-safety: as sum_squares.
+  virtual void sum_squares_batch(std::span<const TensorRegion> xs, DType dtype, double* out, Stream& stream) {
+    for (std::size_t i = 0; i < xs.size(); ++i) sum_squares(xs[i].data, dtype, xs[i].n, out + i, stream);
+  }
+  /// out[i] = all_finite of xs[i], as one operation (see sum_squares_batch). `out` is device
+  /// memory of xs.size() ints. Default: all_finite per tensor.
+  virtual void all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) {
+    for (std::size_t i = 0; i < xs.size(); ++i) all_finite(xs[i].data, dtype, xs[i].n, out + i, stream);
+  }
 
   // ---- the device optimizer ----
   /// Adam / AdamW on n elements in device memory (kernels::adam_update per element, whose
@@ -148,6 +195,14 @@ class Device {
   virtual void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
                          const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n,
                          Stream& stream) = 0;
+  /// adam_step of every tensor in `ts` (each with its own coefficients; all with `grad_dtype`
+  /// gradients and `out_dtype` outputs), as one operation on `stream` (apex's multi-tensor
+  /// apply): bitwise what adam_step of each in order gives. Default: adam_step per tensor.
+  /// Thread-safety: as adam_step.
+  virtual void adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtype, DType out_dtype, Stream& stream) {
+    for (const AdamTensor& t : ts)
+      adam_step(t.c, t.master, t.exp_avg, t.exp_avg_sq, t.grad, grad_dtype, t.out, out_dtype, t.n, stream);
+  }
 };
 
 }  // namespace zoe

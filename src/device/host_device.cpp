@@ -207,14 +207,14 @@ void HostDevice::check_host_accessible(const void* ptr, std::size_t bytes, const
 }
 
 HostDevice::Route HostDevice::route_of(void* dst, const void* src, std::size_t bytes) {
-  bool dst_dev, src_dev, host_registered = true;
-  {
-    std::lock_guard lock(mutex_);
-    dst_dev = blocks_.overlaps(dst, bytes);
-    src_dev = blocks_.overlaps(src, bytes);
-    if (dst_dev != src_dev) host_registered = registered_.contains(dst_dev ? src : dst, bytes);
-  }
-  if (!host_registered) pageable_copies_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lock(mutex_);
+  return route_locked(dst, src, bytes);
+}
+
+HostDevice::Route HostDevice::route_locked(void* dst, const void* src, std::size_t bytes) {
+  const bool dst_dev = blocks_.overlaps(dst, bytes), src_dev = blocks_.overlaps(src, bytes);
+  if (dst_dev != src_dev && !registered_.contains(dst_dev ? src : dst, bytes))
+    pageable_copies_.fetch_add(1, std::memory_order_relaxed);
   if (dst_dev && src_dev) return Route::device_to_device;
   if (dst_dev) return Route::host_to_device;
   if (src_dev) return Route::device_to_host;
@@ -288,6 +288,38 @@ void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& str
   }
 }
 
+void HostDevice::copy_batch(std::span<const CopyRegion> regions, Stream& stream) {
+  struct Routed {
+    CopyRegion region;
+    Route route;
+  };
+  std::vector<Routed> routed;
+  routed.reserve(regions.size());
+  {
+    std::lock_guard lock(mutex_);
+    for (const CopyRegion& r : regions) {
+      if (r.bytes == 0) continue;
+      ZOE_CHECK_USAGE(r.dst && r.src, "HostDevice::copy_batch: null pointer (dst=", r.dst, ", src=", r.src, ") for ",
+                      r.bytes, " bytes");
+      routed.push_back({r, route_locked(r.dst, r.src, r.bytes)});
+    }
+  }
+  if (routed.empty()) return;
+  const bool discrete = options_.memory == HostMemoryModel::discrete;
+  host_queue(stream).enqueue([routed = std::move(routed), discrete, h2d = h2d_, d2h = d2h_] {
+    for (const Routed& x : routed) {
+      const CopyRegion& r = x.region;
+      if (discrete && x.route == Route::host_to_device) {
+        h2d->copy(r.dst, r.src, r.bytes);
+      } else if (discrete && x.route == Route::device_to_host) {
+        d2h->copy(r.dst, r.src, r.bytes);
+      } else {
+        std::memmove(r.dst, r.src, r.bytes);
+      }
+    }
+  });
+}
+
 void HostDevice::fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) {
   host_queue(stream).enqueue([=] { host_ops::fill(dst, dtype, n, value); });
 }
@@ -323,6 +355,28 @@ void HostDevice::adam_step(const kernels::AdamCoeffs& c, float* master, float* e
                            Stream& stream) {
   host_queue(stream).enqueue(
       [=] { host_ops::adam_step(c, master, exp_avg, exp_avg_sq, grad, grad_dtype, out, out_dtype, n); });
+}
+
+void HostDevice::sum_squares_batch(std::span<const TensorRegion> xs, DType dtype, double* out, Stream& stream) {
+  if (xs.empty()) return;
+  host_queue(stream).enqueue([xs = std::vector<TensorRegion>(xs.begin(), xs.end()), dtype, out] {
+    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = host_ops::sum_squares(xs[i].data, dtype, xs[i].n);
+  });
+}
+
+void HostDevice::all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) {
+  if (xs.empty()) return;
+  host_queue(stream).enqueue([xs = std::vector<TensorRegion>(xs.begin(), xs.end()), dtype, out] {
+    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = host_ops::all_finite(xs[i].data, dtype, xs[i].n) ? 1 : 0;
+  });
+}
+
+void HostDevice::adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtype, DType out_dtype, Stream& stream) {
+  if (ts.empty()) return;
+  host_queue(stream).enqueue([ts = std::vector<AdamTensor>(ts.begin(), ts.end()), grad_dtype, out_dtype] {
+    for (const AdamTensor& t : ts)
+      host_ops::adam_step(t.c, t.master, t.exp_avg, t.exp_avg_sq, t.grad, grad_dtype, t.out, out_dtype, t.n);
+  });
 }
 
 }  // namespace zoe

@@ -140,6 +140,8 @@ class HostDevice final : public Device {
   void fill_for_compute(void* dst, DType dtype, std::size_t n, float value) override;
 
   void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
+  /// One task for all the regions (their routes decided under one lock).
+  void copy_batch(std::span<const CopyRegion> regions, Stream& stream) override;
   void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override;
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
             Stream& stream) override;
@@ -149,11 +151,16 @@ class HostDevice final : public Device {
   void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) override;
   void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                  DType grad_dtype, void* out, DType out_dtype, std::size_t n, Stream& stream) override;
+  // The batches: one task each.
+  void sum_squares_batch(std::span<const TensorRegion> xs, DType dtype, double* out, Stream& stream) override;
+  void all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) override;
+  void adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtype, DType out_dtype, Stream& stream) override;
 
  private:
   /// Which way a copy goes, decided when it is queued.
   enum class Route { host_to_host, host_to_device, device_to_host, device_to_device };
   Route route_of(void* dst, const void* src, std::size_t bytes);  // also counts pageable copies
+  Route route_locked(void* dst, const void* src, std::size_t bytes);  // route_of; the caller holds mutex_
   void free_block(void* ptr);  // back to the system; the caller holds mutex_
 
   HostDeviceOptions options_;

@@ -35,7 +35,6 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
     const Group* group;
   };
   const int parts = policy.shards_optimizer ? 1 : world;
-  const std::size_t G = groups.size();
   std::vector<Piece> pieces;
   for (const Group& g : groups) {
     if (g.frozen) continue;
@@ -52,41 +51,46 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
       }
     }
   }
-  DeviceBuffer sums = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * std::max<std::size_t>(pieces.size(), 1)));
-  DeviceBuffer finite = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(G));  // ints
-  // The step's read-backs (sums, finite flags, the all-reduced pair) land in registered host
-  // memory: no pageable copy on the hot path. Layout: [pieces doubles | 2 doubles | G ints].
-  std::byte* area = cx.readback.get(pieces.size() * sizeof(double) + 2 * sizeof(double) + G * sizeof(int));
-  std::span<double> host_sums(reinterpret_cast<double*>(area), pieces.size());
-  double* local = reinterpret_cast<double*>(area) + pieces.size();
-  std::span<int> host_finite(reinterpret_cast<int*>(local + 2), G);
-  std::fill(host_finite.begin(), host_finite.end(), 1);
+  // The device's pieces and groups, each reduced by one batched operation (one queued
+  // operation for the step, not two per group).
+  std::vector<TensorRegion> piece_regions, group_regions;
+  std::vector<std::size_t> piece_at;  // piece_regions[j] is pieces[piece_at[j]]
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
     if (p.offload_id >= 0) continue;
     const std::int64_t at = p.rank * p.group->layout->shard_numel() + p.begin;
-    device.sum_squares(static_cast<const char*>(grad_of(*p.group)) + at * dtype_size(gdt),
-                       gdt, static_cast<std::size_t>(p.numel), static_cast<double*>(sums.data()) + i, s);
+    piece_regions.push_back({static_cast<const char*>(grad_of(*p.group)) + at * dtype_size(gdt), static_cast<std::size_t>(p.numel)});
+    piece_at.push_back(i);
   }
-  for (std::size_t gi = 0; gi < G; ++gi) {
-    const Group& g = groups[gi];
-    if (!grad_of(g)) continue;  // every sub-group offloaded
+  for (const Group& g : groups) {
+    if (g.frozen || !grad_of(g)) continue;  // every sub-group offloaded: the sink recorded its flag
     const std::int64_t n = policy.shards_optimizer ? g.layout->shard_numel() : g.layout->padded_numel();
-    device.all_finite(grad_of(g), gdt, static_cast<std::size_t>(n), static_cast<int*>(finite.data()) + gi, s);
+    group_regions.push_back({grad_of(g), static_cast<std::size_t>(n)});
   }
-  device.copy(host_sums.data(), sums.data(), host_sums.size() * sizeof(double), s);
-  device.copy(host_finite.data(), finite.data(), host_finite.size() * sizeof(int), s);
+  const std::size_t P = piece_regions.size(), F = group_regions.size();
+  DeviceBuffer sums = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * std::max<std::size_t>(P, 1)));
+  DeviceBuffer finite = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(std::max<std::size_t>(F, 1)));  // ints
+  // The step's read-backs (sums, finite flags, the all-reduced pair) land in registered host
+  // memory: no pageable copy on the hot path. Layout: [P doubles | 2 doubles | F ints].
+  std::byte* area = cx.readback.get(P * sizeof(double) + 2 * sizeof(double) + F * sizeof(int));
+  auto* device_sums = reinterpret_cast<double*>(area);
+  double* local = reinterpret_cast<double*>(area) + P;
+  auto* device_finite = reinterpret_cast<int*>(local + 2);
+  device.sum_squares_batch(piece_regions, gdt, static_cast<double*>(sums.data()), s);
+  device.all_finite_batch(group_regions, gdt, static_cast<int*>(finite.data()), s);
+  device.copy(device_sums, sums.data(), P * sizeof(double), s);
+  device.copy(device_finite, finite.data(), F * sizeof(int), s);
   device.synchronize(s);
   updater.drain_gradients();  // the offloaded gradients' add_grad (their sums of squares)
-  for (std::size_t gi = 0; gi < G; ++gi)
-    if (!grad_of(groups[gi])) host_finite[gi] = 1;
+  std::vector<double> host_sums(pieces.size(), 0.0);
+  for (std::size_t j = 0; j < P; ++j) host_sums[piece_at[j]] = device_sums[j];
   double total = 0.0, nonfinite = 0.0;
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].offload_id < 0) continue;
     host_sums[i] = tiers.states->grad_sum_squares(pieces[i].offload_id);
     nonfinite += tiers.states->grad_finite(pieces[i].offload_id) ? 0.0 : 1.0;
   }
-  for (std::size_t gi = 0; gi < G; ++gi) nonfinite += host_finite[gi] ? 0.0 : 1.0;
+  for (std::size_t j = 0; j < F; ++j) nonfinite += device_finite[j] ? 0.0 : 1.0;
   if (!policy.shards_optimizer) {
     for (int r = 0; r < parts; ++r) {
       double partial = 0.0;

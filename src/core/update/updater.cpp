@@ -21,7 +21,13 @@ const void* grad_of(const StagePolicy& policy, const Group& g) {
 
 Updater::Updater(EngineContext& cx, Model& model, Collectives& coll, OffloadTiers& tiers)
     : cx_(cx), model_(model), coll_(coll), tiers_(tiers), scaler_(cx.config), lr_(cx.config.optimizer.lr),
-      update_stream_(cx.device.create_stream()) {}
+      update_stream_(cx.device.create_stream()),
+      device_batch_(cx.device, *update_stream_, update_grad_dtype(), cx.dtype) {}
+
+DType Updater::update_grad_dtype() const {
+  // Stage 1 reduces at the step, in the compute dtype; the others keep grad_dtype() shards.
+  return cx_.policy.reduces_at_step ? cx_.dtype : cx_.grad_dtype();
+}
 
 Updater::~Updater() { stop(); }
 
@@ -106,6 +112,7 @@ void Updater::start_update(const UpdatePlan& plan) {
     if (g.update_state == Group::UpdateState::pending) after_update(g);
     begin_group_update(static_cast<int>(gi), plan, snapshots[gi], host_parts);
   }
+  device_batch_.issue();  // every group's event recorded before anything waits on it
   if (!host_parts.empty()) pipeline_->start(std::move(host_parts), plan);
   if (!cx_.config.zoe.overlap_step && !cx_.config.zoe.delayed_update) finish_update();
 }
@@ -130,19 +137,24 @@ void Updater::begin_group_update(int gi, const UpdatePlan& plan, const std::shar
         has_device_sub_groups(g) ? cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->shard_numel()) : DeviceBuffer());
     out = device_out->data();
   }
-  if (out) update_on_device(g, plan, grad, out, *update_stream_);
-  // The gradients are consumed: stages 0-1 zero the persistent buffer for the next step.
-  if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update) cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
-  cx_.device.record(*g.update_done, *update_stream_);
+  if (out) update_on_device(g, plan, grad, out);
+  // After the batch's updates, on the update stream: the gradients are consumed (stages 0-1
+  // zero the persistent buffer for the next step), the group's event, and the buffers the
+  // device part reads are freed.
+  auto read_grad = std::make_shared<DeviceBuffer>();
+  if (cx_.policy.reduces_at_step) *read_grad = std::move(g.grad_shard);
+  device_batch_.then([this, &g, snapshot, read_grad] {
+    if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update) cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
+    cx_.device.record(*g.update_done, *update_stream_);
+    if (snapshot) cx_.frees.after_stream(*update_stream_, DeviceBuffer(), snapshot);
+    if (*read_grad) cx_.frees.after_stream(*update_stream_, std::move(*read_grad));
+  });
   g.update_state = Group::UpdateState::pending;
   g.host_done.reset();
   if (tiers_.params || has_offloaded_sub_groups(g)) {
     host_parts.push_back(host_part(g, gi, out, std::move(device_out)));
     g.host_done = host_parts.back().done = std::make_shared<GroupDone>();
   }
-  // Buffers the device part reads are freed after it.
-  if (snapshot) cx_.frees.after_stream(*update_stream_, DeviceBuffer(), snapshot);
-  if (cx_.policy.reduces_at_step) cx_.frees.after_stream(*update_stream_, std::move(g.grad_shard));
 }
 
 
@@ -167,6 +179,7 @@ void Updater::start_in_backward(int gi) {
   if (g.update_state == Group::UpdateState::pending) after_update(g);  // the previous step's, not yet applied
   std::vector<PipelineGroup> host_parts;
   begin_group_update(gi, backward_plan_, nullptr, host_parts);
+  device_batch_.issue();  // the group's update starts now, not with later groups'
   if (host_parts.empty()) return;
   host_parts.front().ready = std::make_shared<GroupDone>();
   grad_sink_->signal(host_parts.front().ready);
@@ -254,10 +267,9 @@ void Updater::gather_update(Group& g) {
   }
 }
 
-void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data,
-                                  Stream& s) {
+void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data) {
   const std::size_t esz = dtype_size(cx_.dtype);
-  const DType gdt = cx_.policy.reduces_at_step ? cx_.dtype : cx_.grad_dtype();
+  const DType gdt = update_grad_dtype();
   for (const SubGroup& sg : g.subgroups) {
     if (sg.offloaded()) continue;
     const auto n = static_cast<std::size_t>(sg.numel);
@@ -270,9 +282,9 @@ void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* gra
                                                          plan.step, plan.grad_scale, h.bias_correction);
       const std::int64_t at = sg.begin + r.begin;
       const auto b = static_cast<std::size_t>(r.begin);
-      cx_.device.adam_step(c, master + b, master + n + b, master + 2 * n + b,
-                       static_cast<const char*>(grad_data) + at * dtype_size(gdt), gdt,
-                       static_cast<char*>(out_data) + at * esz, cx_.dtype, static_cast<std::size_t>(r.numel), s);
+      device_batch_.add(AdamTensor{c, master + b, master + n + b, master + 2 * n + b,
+                                   static_cast<const char*>(grad_data) + at * dtype_size(gdt),
+                                   static_cast<char*>(out_data) + at * esz, static_cast<std::size_t>(r.numel)});
     }
   }
 }

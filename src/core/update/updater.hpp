@@ -38,6 +38,7 @@
 #include "src/core/loss_scaler.hpp"
 #include "src/core/model.hpp"
 #include "src/core/offload_tiers.hpp"
+#include "src/core/update/device_update_batch.hpp"
 #include "src/core/update/gradient_sink.hpp"
 #include "src/core/update/update_pipeline.hpp"
 
@@ -147,8 +148,10 @@ class Updater {
   /// appended to `host_parts`); `snapshot`: the delayed update's copy of its gradient.
   void begin_group_update(int gi, const UpdatePlan& plan, const std::shared_ptr<DeviceBuffer>& snapshot,
                           std::vector<PipelineGroup>& host_parts);
-  /// Device::adam_step for the group's device sub-groups on `stream`, run by run.
-  void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out, Stream& stream);
+  /// The group's device sub-groups' updates, run by run, added to the device batch.
+  void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out);
+  /// The dtype of the gradients the device part reads.
+  DType update_grad_dtype() const;
   /// The host-part builder: the group's offloaded sub-groups for the pipeline, their outputs to
   /// `out` (device memory, the group's range), or, with parameter offload, into the shard's
   /// home in the parameter tier (after copying the device sub-groups' `device_out` there).
@@ -165,7 +168,8 @@ class Updater {
   LossScaler scaler_;
   double lr_;
   std::int64_t steps_ = 0;
-  std::unique_ptr<Stream> update_stream_;  // the device sub-groups' updates, group by group
+  std::unique_ptr<Stream> update_stream_;  // the device sub-groups' updates, in batches
+  DeviceUpdateBatch device_batch_;          // queues them on update_stream_
   // With optimizer or parameter offload: the CPU optimizer's pipeline and the gradients' way
   // into the tier. Declared after what they use: destroyed first.
   std::unique_ptr<UpdatePipeline> pipeline_;

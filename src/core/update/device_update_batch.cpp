@@ -1,0 +1,24 @@
+#include "src/core/update/device_update_batch.hpp"
+
+namespace zoe::core {
+
+void DeviceUpdateBatch::add(const AdamTensor& t) {
+  tensors_.push_back(t);
+  elements_ += static_cast<std::int64_t>(t.n);
+}
+
+void DeviceUpdateBatch::then(std::function<void()> after) {
+  afters_.push_back(std::move(after));
+  if (elements_ >= kElements) issue();
+}
+
+void DeviceUpdateBatch::issue() {
+  device_.adam_step_batch(tensors_, grad_dtype_, out_dtype_, stream_);
+  tensors_.clear();
+  elements_ = 0;
+  std::vector<std::function<void()>> afters = std::move(afters_);
+  afters_.clear();
+  for (auto& f : afters) f();
+}
+
+}  // namespace zoe::core
