@@ -28,7 +28,8 @@ std::byte* ReadbackArea::get(std::size_t bytes) {
 EngineContext::EngineContext(const Config& c, RankContext r)
     : config(c), handles(std::move(r)), device(*handles.device), comm(*handles.comm), rank(comm.rank()),
       world(comm.world_size()), policy(c.zero_optimization.stage), dtype(c.compute_dtype()),
-      side(device.create_stream()), frees(device, *side, c.zoe.debug_poison), readback(device) {
+      side(device.create_stream()), frees(device, *side, c.zoe.debug_poison), readback(device),
+      compute_mark(device.create_event()), side_mark(device.create_event()) {
   // Freed blocks are poisoned and quarantined too where the device can (the host device), so a
   // stale view never reads a later buffer's values (the setting stays on the device).
   if (frees.poison()) device.set_poison_freed(kPoisonQuarantineBytes);
@@ -49,9 +50,13 @@ DeviceBuffer EngineContext::alloc(MemKind kind, DType dt, std::int64_t numel) {
 void EngineContext::ready_for_compute(Event& event) { device.compute_waits(event); }
 
 void EngineContext::side_waits_for_compute() {
-  auto e = device.create_event();
-  device.record(*e, device.compute_stream());
-  device.wait(*side, *e);
+  device.record(*compute_mark, device.compute_stream());
+  device.wait(*side, *compute_mark);
+}
+
+void EngineContext::compute_waits_for_side() {
+  device.record(*side_mark, *side);
+  ready_for_compute(*side_mark);
 }
 
 std::int64_t EngineContext::sub_group_numel() const {

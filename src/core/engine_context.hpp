@@ -57,6 +57,9 @@ struct EngineContext {
   MemoryLedger ledger;
   DeferredFrees frees;  // zoe.debug_poison: NaN-filled frees
   ReadbackArea readback;
+  // The two marks the calls above record and wait on at once (a wait takes the event's
+  // state when it is queued, on CUDA as on the host device), so one of each serves every call.
+  std::unique_ptr<Event> compute_mark, side_mark;
 
   /// An accounted device allocation of `numel` elements. Throws OutOfMemoryError.
   DeviceBuffer alloc(MemKind kind, DType dt, std::int64_t numel);
@@ -64,6 +67,8 @@ struct EngineContext {
   void ready_for_compute(Event& event);
   /// Makes the trainer's work so far visible to `side`.
   void side_waits_for_compute();
+  /// Makes the side stream's work so far visible to the trainer's compute.
+  void compute_waits_for_side();
   /// zero_optimization.sub_group_size, aligned down to the flat layout's alignment (>= 16).
   std::int64_t sub_group_numel() const;
   /// The dtype of a group's reduced gradient shard: fp32 for stages 2-3 accumulating

@@ -33,9 +33,7 @@ void GradReducer::prepare(const ModuleInfo& m) {
     // buffers are still held at the device's peak does not depend on its pace (the estimate
     // is that peak). Recording queues nothing; where the side stream has finished, the host
     // device returns at once.
-    auto e = cx_.device.create_event();
-    cx_.device.record(*e, *cx_.side);
-    cx_.ready_for_compute(*e);
+    cx_.compute_waits_for_side();
   }
 }
 
@@ -95,9 +93,7 @@ void GradReducer::flush_bucket() {
   if (!cx_.config.zero_optimization.overlap_comm) {
     // DeepSpeed without overlap_comm reduces on the compute stream: the trainer's next work
     // (the rest of backward) starts after the reduction.
-    auto done = cx_.device.create_event();
-    cx_.device.record(*done, *cx_.side);
-    cx_.ready_for_compute(*done);
+    cx_.compute_waits_for_side();
   }
 }
 

@@ -14,6 +14,8 @@ bool AddressRanges::insert(const void* p, std::size_t bytes) {
 bool AddressRanges::erase(const void* p) {
   auto it = ranges_.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == ranges_.end()) return false;
+  for (Span& r : recent_)
+    if (r.begin == it->first) r = Span{};
   total_bytes_ -= it->second;
   ranges_.erase(it);
   return true;
@@ -22,11 +24,16 @@ bool AddressRanges::erase(const void* p) {
 bool AddressRanges::overlaps(const void* p, std::size_t bytes) const {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const std::uintptr_t end = a + std::max<std::size_t>(bytes, 1);
+  for (const Span& r : recent_)
+    if (a < r.end && end > r.begin) return true;
   // The last range that begins before `end` is the only candidate (ranges are disjoint).
   auto it = ranges_.lower_bound(end);
   if (it == ranges_.begin()) return false;
   --it;
-  return it->first + it->second > a;
+  if (it->first + it->second <= a) return false;
+  recent_[1] = recent_[0];
+  recent_[0] = Span{it->first, it->first + it->second};
+  return true;
 }
 
 bool AddressRanges::contains(const void* p, std::size_t bytes) const {

@@ -1,7 +1,8 @@
 // AddressRanges: a set of disjoint address ranges [begin, begin + bytes), looked up by any
 // address inside them. The host device keeps its blocks (device memory) and the ranges
 // registered with register_host_memory in two of these, to tell device, registered and
-// pageable memory apart and to check host accesses (O(log n) per lookup).
+// pageable memory apart and to check host accesses (O(log n) per lookup; the two ranges
+// found last are remembered, so a run of copies into or out of one buffer looks it up once).
 // Thread-safety: none; the owner locks.
 #pragma once
 
@@ -28,8 +29,13 @@ class AddressRanges {
   std::size_t total_bytes() const noexcept { return total_bytes_; }
 
  private:
+  /// [begin, end) of a range in the set.
+  struct Span {
+    std::uintptr_t begin = 0, end = 0;
+  };
   std::map<std::uintptr_t, std::size_t> ranges_;  // begin -> bytes
   std::size_t total_bytes_ = 0;
+  mutable Span recent_[2];  // the ranges overlaps() found last, most recent first (empty: 0, 0)
 };
 
 }  // namespace zoe

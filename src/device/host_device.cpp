@@ -6,6 +6,7 @@
 #include <cmath>
 #include <new>
 #include <thread>
+#include <typeinfo>
 
 #include "src/common/check.hpp"
 #include "src/device/host_access.hpp"
@@ -15,17 +16,17 @@ namespace zoe {
 namespace {
 constexpr std::size_t kAlignment = 256;
 
+// HostEvent and HostStream are final: a typeid comparison is the whole check (cheaper than
+// dynamic_cast, which the per-module calls paid for every event and stream).
 HostEvent& host_event(Event& event) {
-  auto* e = dynamic_cast<HostEvent*>(&event);
-  ZOE_CHECK_USAGE(e != nullptr, "HostDevice: event was not created by a HostDevice");
-  return *e;
+  ZOE_CHECK_USAGE(typeid(event) == typeid(HostEvent), "HostDevice: event was not created by a HostDevice");
+  return static_cast<HostEvent&>(event);
 }
 }  // namespace
 
 HostQueue& host_queue(Stream& stream) {
-  auto* s = dynamic_cast<HostStream*>(&stream);
-  ZOE_CHECK_USAGE(s != nullptr, "HostDevice: stream was not created by a HostDevice");
-  return *s->queue();
+  ZOE_CHECK_USAGE(typeid(stream) == typeid(HostStream), "HostDevice: stream was not created by a HostDevice");
+  return *static_cast<HostStream&>(stream).queue();
 }
 
 HostDevice::HostDevice(std::size_t capacity_bytes) : HostDevice(HostDeviceOptions{.capacity_bytes = capacity_bytes}) {}
@@ -49,6 +50,8 @@ HostDevice::~HostDevice() {
   for (auto& [ptr, bytes] : sizes_) std::free(ptr);
   for (auto& [bytes, blocks] : cache_)
     for (void* p : blocks) std::free(p);
+  for (auto& [bytes, blocks] : small_cache_)
+    for (void* p : blocks) std::free(p);
   for (auto& [p, bytes] : quarantine_) std::free(p);
 }
 
@@ -60,6 +63,10 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
     for (void* p : blocks) free_block(p);
   cache_.clear();
   cached_bytes_ = 0;
+  for (auto& [bytes, blocks] : small_cache_)
+    for (void* p : blocks) free_block(p);
+  small_cache_.clear();
+  small_cached_bytes_ = 0;
 }
 
 std::size_t HostDevice::quarantined_bytes() const {
@@ -81,9 +88,14 @@ std::size_t HostDevice::cached_bytes() const {
   return cached_bytes_;
 }
 
+std::size_t HostDevice::small_cached_bytes() const {
+  std::lock_guard lock(mutex_);
+  return small_cached_bytes_;
+}
+
 void* HostDevice::allocate(std::size_t bytes) {
   std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-  const bool cacheable = rounded >= kCacheMinBytes;  // smaller blocks: malloc's, outside the cache's account
+  const bool cacheable = rounded >= kCacheMinBytes;  // smaller blocks: free lists of their own, outside the account
   {
     // Reserve the bytes first so concurrent allocations cannot both pass the capacity check.
     std::lock_guard lock(mutex_);
@@ -101,6 +113,15 @@ void* HostDevice::allocate(std::size_t bytes) {
       live_rounded_ += rounded;
       sizes_.emplace(ptr, bytes);
       return ptr;
+    }
+    if (!cacheable) {
+      if (auto small = small_cache_.find(rounded); small != small_cache_.end() && !small->second.empty()) {
+        void* ptr = small->second.back();
+        small->second.pop_back();
+        small_cached_bytes_ -= rounded;
+        sizes_.emplace(ptr, bytes);
+        return ptr;
+      }
     }
     // A miss: release cached blocks, largest first, until live + cached fits within the peak
     // of live bytes (a new peak releases them all).
@@ -146,6 +167,10 @@ void HostDevice::deallocate(void* ptr) {
     } else if (kCachesBlocks && rounded >= kCacheMinBytes) {
       cache_[rounded].push_back(ptr);
       cached_bytes_ += rounded;
+      return;
+    } else if (kCachesBlocks) {
+      small_cache_[rounded].push_back(ptr);
+      small_cached_bytes_ += rounded;
       return;
     }
     // Before free: the address may come back as host memory at once. A quarantined block
@@ -212,7 +237,9 @@ HostDevice::Route HostDevice::route_of(void* dst, const void* src, std::size_t b
 }
 
 HostDevice::Route HostDevice::route_locked(void* dst, const void* src, std::size_t bytes) {
-  const bool dst_dev = blocks_.overlaps(dst, bytes), src_dev = blocks_.overlaps(src, bytes);
+  // A live block's own address (the usual case: a group's buffer) is found by hashing.
+  auto device = [this](const void* p, std::size_t n) { return sizes_.contains(const_cast<void*>(p)) || blocks_.overlaps(p, n); };
+  const bool dst_dev = device(dst, bytes), src_dev = device(src, bytes);
   if (dst_dev != src_dev && !registered_.contains(dst_dev ? src : dst, bytes))
     pageable_copies_.fetch_add(1, std::memory_order_relaxed);
   if (dst_dev && src_dev) return Route::device_to_device;
@@ -240,9 +267,9 @@ std::unique_ptr<Stream> HostDevice::create_stream() {
 std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<HostEvent>(); }
 
 void HostDevice::record(Event& event, Stream& stream) {
-  auto* s = dynamic_cast<HostStream*>(&stream);
-  ZOE_CHECK_USAGE(s != nullptr, "HostDevice::record: stream was not created by a HostDevice");
-  host_event(event).set({s->queue(), s->queue()->last_ticket()});
+  ZOE_CHECK_USAGE(typeid(stream) == typeid(HostStream), "HostDevice::record: stream was not created by a HostDevice");
+  const std::shared_ptr<HostQueue>& q = static_cast<HostStream&>(stream).queue();
+  host_event(event).set({q, q->last_ticket()});
 }
 
 void HostDevice::wait(Stream& stream, Event& event) {

@@ -22,10 +22,13 @@
 // allocates and frees (gathered parameters, gradient buckets) do not fault in fresh pages every
 // step. A miss of a cacheable size releases cached blocks (largest first) until live + cached
 // bytes of cacheable blocks fit within their live peak: the footprint never exceeds what the
-// live blocks once needed. Smaller blocks are malloc's, outside that account, so a step's small
+// live blocks once needed. Smaller blocks are outside that account, so a step's small
 // read-back buffer cannot make the cache unmap a gathered buffer (measured: 10 ms of munmap and
-// page faults per step at Psi = 100M on the build VM, in step()'s return time). Not under ASan
-// (it would hide use-after-free). set_poison_freed() (zoe.debug_poison) replaces the cache by
+// page faults per step at Psi = 100M on the build VM, in step()'s return time); they are kept
+// in free lists of their own by rounded size and never released before the device goes (a
+// size class holds at most as many blocks as were once live of it), so a model of thousands of
+// small modules, whose gradient buffers come and go every module, allocates nothing from the
+// system after its first step. Not under ASan (it would hide use-after-free). set_poison_freed() (zoe.debug_poison) replaces the cache by
 // a poisoned quarantine.
 // Trainer usage: the trainer computes on its own thread. Work the engine queues on
 // compute_stream() runs on that stream's thread; synchronize(compute_stream()) or an
@@ -93,8 +96,11 @@ class HostDevice final : public Device {
   /// every block the device holds, live, in the block cache or in the poison quarantine (what
   /// the footprint in host memory is). Thread-safe.
   DeviceMemoryStats memory_stats() const override;
-  /// Bytes held by the block cache (freed, not returned to the system).
+  /// Bytes held by the block cache of blocks of at least kCacheMinBytes (freed, not returned
+  /// to the system; the account a miss releases from).
   std::size_t cached_bytes() const;
+  /// Bytes held by the free lists of smaller blocks (never released before the device goes).
+  std::size_t small_cached_bytes() const;
   /// Debugging use-after-free (zoe.debug_poison): from now on every freed block is filled with
   /// 0xFF bytes (NaN in fp32, bf16 and fp16) and kept out of the block cache in a FIFO
   /// quarantine of at most `quarantine_bytes` (older blocks go back to the system; the newest
@@ -173,6 +179,8 @@ class HostDevice final : public Device {
   std::shared_ptr<CopyEngine> h2d_, d2h_;  // discrete only; shared with queued copies
   std::map<std::size_t, std::vector<void*>> cache_;  // freed blocks by rounded size
   std::size_t cached_bytes_ = 0;
+  std::unordered_map<std::size_t, std::vector<void*>> small_cache_;  // freed small blocks by rounded size
+  std::size_t small_cached_bytes_ = 0;
   bool poison_freed_ = false;                                     // set_poison_freed
   std::size_t quarantine_cap_ = 0, quarantined_bytes_ = 0;
   std::deque<std::pair<void*, std::size_t>> quarantine_;          // poisoned freed blocks, oldest first
