@@ -16,6 +16,15 @@ void DeferredFrees::after_side(DeviceBuffer buffer, std::int64_t gathered_elemen
   ++queued_;
 }
 
+void DeferredFrees::after_side(std::vector<DeviceBuffer> buffers) {
+  std::erase_if(buffers, [](const DeviceBuffer& b) { return !b; });
+  if (buffers.empty()) return;
+  if (poison_)
+    for (DeviceBuffer& b : buffers)
+      device_.fill(b.data(), b.dtype(), static_cast<std::size_t>(b.numel()), std::numeric_limits<float>::quiet_NaN(), side_);
+  after_side(DeviceBuffer(), 0, std::make_shared<std::vector<DeviceBuffer>>(std::move(buffers)));
+}
+
 void DeferredFrees::after(DeviceBuffer buffer, std::shared_ptr<Event> event, std::shared_ptr<void> hold) {
   if (!buffer && !hold) return;
   pending_.push_back(Pending{std::move(buffer), std::move(event), 0, std::move(hold)});

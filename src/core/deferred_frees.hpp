@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <vector>
 
 #include "src/core/device_buffer.hpp"
 #include "src/device/device.hpp"
@@ -28,6 +29,9 @@ class DeferredFrees {
   /// Frees `buffer` (and drops `hold`) once the side stream has reached this point;
   /// `gathered_elements` of a released stage-3 gather count as releasing until then.
   void after_side(DeviceBuffer buffer, std::int64_t gathered_elements = 0, std::shared_ptr<void> hold = {});
+  /// Frees every one of `buffers` once the side stream has reached this point: one event for
+  /// all (a bucket's gradient buffers).
+  void after_side(std::vector<DeviceBuffer> buffers);
   /// Frees `buffer` (and drops `hold`) once `event` has completed.
   void after(DeviceBuffer buffer, std::shared_ptr<Event> event, std::shared_ptr<void> hold = {});
   /// Frees `buffer` (and drops `hold`) once `stream` has reached this point.

@@ -144,12 +144,14 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
   // unless each group's update starts as soon as its shard is absorbed (update in backward).
   std::vector<CopyRegion> copies;
   std::vector<CopyRegion>* batch = cx_.config.zoe.update_in_backward ? nullptr : &copies;
+  std::vector<DeviceBuffer> packed;  // the gradient buffers `send` was packed from: freed together
   for (std::size_t k = 0; k < gis.size(); ++k) {
     Group& g = model_.group(gis[k]);
     absorb_shard(g, at(out.data(), offsets[k]), batch);
-    if (cx_.policy.shards_grads) cx_.frees.after_side(std::move(g.grad_full));
+    if (cx_.policy.shards_grads) packed.push_back(std::move(g.grad_full));
     start_update_if_final(gis[k]);
   }
+  cx_.frees.after_side(std::move(packed));
   cx_.device.copy_batch(copies, *cx_.side);
   cx_.frees.after_side(std::move(out));
 }

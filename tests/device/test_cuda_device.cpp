@@ -15,6 +15,7 @@
 #include "src/device/cuda_device.hpp"
 #include "src/device/host_access.hpp"
 #include "src/device/host_elementwise.hpp"
+#include "tests/device/batched_ops_check.hpp"
 #include "zoe/error.hpp"
 
 using namespace zoe;
@@ -177,6 +178,12 @@ TEST(CudaDeviceOnGpu, AdamKernelMatchesTheHostDeviceBitwise) {
     ASSERT_EQ(std::memcmp(out_dev.data(), out_host.data(), n * esz), 0) << "output";
     for (void* q : {static_cast<void*>(d), dg, dout}) dev.deallocate(q);
   }
+}
+
+TEST(CudaDeviceOnGpu, BatchedOpsEqualOneAtATime) {
+  Opened o = open_gpu();
+  if (!o.device) GTEST_SKIP() << "needs a GPU; here: " << o.error;
+  testing_batched::check_batched_ops(*o.device);
 }
 
 TEST(CudaDeviceOnGpu, CountsPageableCopiesAndKeepsHostCodeOutOfDeviceMemory) {
