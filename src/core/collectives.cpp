@@ -1,5 +1,6 @@
 #include "src/core/collectives.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>
@@ -55,8 +56,13 @@ CollectiveTag Collectives::grads_tag(const Group& g) const { return group_tag(g,
 
 CollectiveTag Collectives::coalesced_tag(const std::vector<int>& group_indices, CollectiveTag::Kind kind) const {
   CollectiveTag t = group_tag(model_.group(group_indices.front()), kind);
+  // The first few names say which collective it is (a communicator keeps the label's first 96
+  // characters): quoting thousands of small groups' names would cost more than their reduction.
+  constexpr std::size_t kNamed = 4;
   std::string names;
-  for (int gi : group_indices) names += (names.empty() ? "" : ", ") + detail::quoted(model_.group(gi).name);
+  for (std::size_t k = 0; k < std::min(kNamed, group_indices.size()); ++k)
+    names += (names.empty() ? "" : ", ") + detail::quoted(model_.group(group_indices[k]).name);
+  if (group_indices.size() > kNamed) names += detail::concat(" and ", group_indices.size() - kNamed, " more");
   t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", group_indices.size(),
                            " groups (", names, ")");
   return t;

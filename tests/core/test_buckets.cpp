@@ -276,6 +276,33 @@ TEST(Buckets, DifferentBackwardOrdersFailNamingTheBuckets) {
   }
 }
 
+// A bucket of many groups is named by its first four groups and a count: the label stays short
+// (and cheap to build) whatever the bucket holds.
+TEST(Buckets, ABucketOfManyGroupsNamesItsFirstFour) {
+  auto ranks = make_local_ranks(2, 5.0);
+  std::vector<std::string> errors(2);
+  run_ranks(ranks, [&](RankContext& ctx) {
+    Engine e(config(2, 500'000'000), ctx);
+    std::vector<float> w(64, 0.5f);
+    std::vector<ModuleId> mods;
+    for (const char* name : {"A", "B", "C", "D", "E", "F"}) mods.push_back(e.add_module(name, {e.add_parameter(std::string("w") + name, {64}, w)}));
+    try {
+      for (ModuleId m : mods) ForwardScope f(e, m);
+      // Rank 0 runs backward in reverse, rank 1 in forward order: the buckets differ.
+      std::vector<ModuleId> order = mods;
+      if (ctx.rank == 0) std::reverse(order.begin(), order.end());
+      for (ModuleId m : order) BackwardScope s(e, m);
+      e.step();
+    } catch (const std::exception& ex) {
+      errors[static_cast<std::size_t>(ctx.rank)] = ex.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("gradients of 6 groups ('F', 'E', 'D', 'C' and 2 more)"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("gradients of 6 groups ('A', 'B', 'C', 'D' and 2 more)"), std::string::npos) << errors[r];
+  }
+}
+
 namespace {
 double relative_difference(const RunResult& a, const RunResult& b) {  // ||a - b|| / ||b|| over every parameter
   double diff = 0, norm = 0;
