@@ -90,7 +90,7 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
       regions.push_back({at(send.data(), offsets[k]), g.param_shard.data(), bytes});
     }
   }
-  cx_.device.copy_batch(regions, *cx_.side);
+  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
   regions.clear();
   DeviceBuffer recv = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
   coll_.all_gather(send.data(), recv.data(), T, cx_.dtype, coll_.coalesced_tag(gis, CollectiveTag::Kind::params));
@@ -100,7 +100,7 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
     for (int r = 0; r < cx_.world; ++r)
       regions.push_back({at(g.param_full.data(), r * S), at(recv.data(), r * T + offsets[k]), static_cast<std::size_t>(S) * esz});
   }
-  cx_.device.copy_batch(regions, *cx_.side);
+  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
   for (int gi : gis) cx_.device.record(*model_.group(gi).param_ready, *cx_.side);
   cx_.frees.after_side(std::move(send), 0, std::move(reads));
   cx_.frees.after_side(std::move(recv));
@@ -131,7 +131,9 @@ void Gatherer::acquire(int module, bool backward) {
     drop_all_gathered();
     index_.clear();
   }
-  gather_coalesced(m.groups);
+  // (The usual case, every group already gathered or prefetched, copies no vector.)
+  if (std::any_of(m.groups.begin(), m.groups.end(), [this](int gi) { return model_.group(gi).param_state != Group::ParamState::gathered; }))
+    gather_coalesced(m.groups);
   for (int gi : m.groups) ++model_.group(gi).active;
   prefetch();
   for (int gi : m.groups) cx_.ready_for_compute(*model_.group(gi).param_ready);

@@ -113,9 +113,9 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
       out.push_back({g.grad_full.data(), at(flat.data(), off), g.grad_full.bytes()});
       off += g.layout->padded_numel();
     }
-    cx_.device.copy_batch(in, *cx_.side);
+    cx_.device.copy_batch(in, CopyPlaces::within_device, *cx_.side);
     coll_.all_reduce(flat.data(), total, cx_.dtype, tag);
-    cx_.device.copy_batch(out, *cx_.side);
+    cx_.device.copy_batch(out, CopyPlaces::within_device, *cx_.side);
     cx_.frees.after_side(std::move(flat));
     return;
   }
@@ -136,7 +136,7 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
       const std::int64_t S = g.layout->shard_numel();
       regions.push_back({at(send.data(), r * T + offsets[k]), at(g.grad_full.data(), r * S), static_cast<std::size_t>(S) * esz});
     }
-  cx_.device.copy_batch(regions, *cx_.side);
+  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
   DeviceBuffer out = cx_.alloc(MemKind::buffer, cx_.dtype, T);
   coll_.reduce_scatter(send.data(), out.data(), T, cx_.dtype, tag);
   cx_.frees.after_side(std::move(send));
@@ -152,7 +152,7 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
     start_update_if_final(gis[k]);
   }
   cx_.frees.after_side(std::move(packed));
-  cx_.device.copy_batch(copies, *cx_.side);
+  cx_.device.copy_batch(copies, CopyPlaces::within_device, *cx_.side);
   cx_.frees.after_side(std::move(out));
 }
 

@@ -47,6 +47,12 @@ struct CopyRegion {
   std::size_t bytes = 0;
 };
 
+/// Where a batch's regions lie (cudaMemcpyBatchAsync's location hints). `any`: the device
+/// finds out per region, as copy() does; `within_device`: the caller's word that every source
+/// and destination is this device's memory (the engine's own buffers), so none is looked up
+/// (debug builds check it).
+enum class CopyPlaces { any, within_device };
+
 /// One tensor of a batched reduction (Device::sum_squares_batch, all_finite_batch): `n`
 /// elements of the batch's dtype at `data` (device memory).
 struct TensorRegion {
@@ -155,7 +161,8 @@ class Device {
   /// coalesced collective's buffer (and out of it) costs one queued operation, not one per
   /// shard. Regions may not overlap each other's destinations. Default: copy() per region.
   /// Thread-safety: as copy. Throws UsageError for a null pointer in a non-empty region.
-  virtual void copy_batch(std::span<const CopyRegion> regions, Stream& stream) {
+  virtual void copy_batch(std::span<const CopyRegion> regions, CopyPlaces places, Stream& stream) {
+    (void)places;
     for (const CopyRegion& r : regions) copy(r.dst, r.src, r.bytes, stream);
   }
   /// dst[i] = value (converted to dtype, round to nearest even).

@@ -315,7 +315,7 @@ void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& str
   }
 }
 
-void HostDevice::copy_batch(std::span<const CopyRegion> regions, Stream& stream) {
+void HostDevice::copy_batch(std::span<const CopyRegion> regions, CopyPlaces places, Stream& stream) {
   struct Routed {
     CopyRegion region;
     Route route;
@@ -328,7 +328,15 @@ void HostDevice::copy_batch(std::span<const CopyRegion> regions, Stream& stream)
       if (r.bytes == 0) continue;
       ZOE_CHECK_USAGE(r.dst && r.src, "HostDevice::copy_batch: null pointer (dst=", r.dst, ", src=", r.src, ") for ",
                       r.bytes, " bytes");
-      routed.push_back({r, route_locked(r.dst, r.src, r.bytes)});
+      if (places == CopyPlaces::within_device) {
+#ifndef NDEBUG
+        ZOE_CHECK_USAGE(blocks_.overlaps(r.dst, r.bytes) && blocks_.overlaps(r.src, r.bytes), "HostDevice::copy_batch: ",
+                        "a region said to be within the device is not (dst=", r.dst, ", src=", r.src, ")");
+#endif
+        routed.push_back({r, Route::device_to_device});
+      } else {
+        routed.push_back({r, route_locked(r.dst, r.src, r.bytes)});
+      }
     }
   }
   if (routed.empty()) return;

@@ -147,7 +147,7 @@ class HostDevice final : public Device {
 
   void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
   /// One task for all the regions (their routes decided under one lock).
-  void copy_batch(std::span<const CopyRegion> regions, Stream& stream) override;
+  void copy_batch(std::span<const CopyRegion> regions, CopyPlaces places, Stream& stream) override;
   void fill(void* dst, DType dtype, std::size_t n, float value, Stream& stream) override;
   void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n,
             Stream& stream) override;

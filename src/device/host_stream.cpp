@@ -30,23 +30,18 @@ std::uint64_t HostQueue::enqueue(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
     tasks_.push_back(std::move(task));
-    ticket = ++enqueued_;
+    ticket = enqueued_.fetch_add(1, std::memory_order_acq_rel) + 1;
   }
   work_cv_.notify_one();
   return ticket;
 }
 
-std::uint64_t HostQueue::last_ticket() const {
-  std::lock_guard lock(mutex_);
-  return enqueued_;
-}
+std::uint64_t HostQueue::last_ticket() const { return enqueued_.load(std::memory_order_acquire); }
 
-bool HostQueue::done(std::uint64_t ticket) const {
-  std::lock_guard lock(mutex_);
-  return completed_ >= ticket;
-}
+bool HostQueue::done(std::uint64_t ticket) const { return completed_.load(std::memory_order_acquire) >= ticket; }
 
 void HostQueue::wait_for(std::uint64_t ticket) const {
+  if (done(ticket)) return;  // no lock for work already done (most waits of the engine's calls)
   std::unique_lock lock(mutex_);
   done_cv_.wait(lock, [&] { return completed_ >= ticket; });
 }
@@ -55,15 +50,17 @@ void HostQueue::synchronize() {
   std::exception_ptr error;
   {
     std::unique_lock lock(mutex_);
-    std::uint64_t target = enqueued_;
+    const std::uint64_t target = enqueued_.load(std::memory_order_relaxed);
     done_cv_.wait(lock, [&] { return completed_ >= target; });
     error = std::exchange(error_, nullptr);
     error_ticket_ = 0;
+    has_error_.store(false, std::memory_order_release);
   }
   if (error) std::rethrow_exception(error);
 }
 
 void HostQueue::rethrow_error_up_to(std::uint64_t ticket) const {
+  if (!has_error_.load(std::memory_order_acquire)) return;
   std::exception_ptr error;
   {
     std::lock_guard lock(mutex_);
@@ -91,12 +88,16 @@ void HostQueue::run() {
     task = nullptr;  // release captures before signalling completion
     {
       std::lock_guard lock(mutex_);
-      ++completed_;
+      // The error first, then the completion: a reader that sees the ticket done without the
+      // lock (done(), wait_for()) sees has_error_ too.
+      const std::uint64_t ticket = completed_.load(std::memory_order_relaxed) + 1;
       if (error && !error_) {
         error_ = std::move(error);
-        error_ticket_ = completed_;
+        error_ticket_ = ticket;
+        has_error_.store(true, std::memory_order_release);
       }
       error = nullptr;  // drop this thread's reference under the lock the readers take
+      completed_.store(ticket, std::memory_order_release);
     }
     done_cv_.notify_all();
   }

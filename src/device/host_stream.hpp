@@ -8,6 +8,7 @@
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -53,8 +54,11 @@ class HostQueue {
   mutable std::mutex mutex_;
   mutable std::condition_variable work_cv_, done_cv_;
   std::deque<std::function<void()>> tasks_;
-  std::uint64_t enqueued_ = 0, completed_ = 0;
+  // Written under mutex_ (the condition variables' predicates), read without it by
+  // last_ticket() and done() (acquire: a completed task's writes are visible to the reader).
+  std::atomic<std::uint64_t> enqueued_{0}, completed_{0};
   std::exception_ptr error_;
+  std::atomic<bool> has_error_{false};  // error_ is set (read without mutex_ by rethrow_error_up_to)
   std::uint64_t error_ticket_ = 0;
   bool stop_ = false;
   std::thread worker_;

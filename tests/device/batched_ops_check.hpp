@@ -45,9 +45,9 @@ inline void check_batched_ops(Device& dev) {
     out.push_back({back.data() + at[k], b + (total - at[k] - lengths()[k]), bytes});
   }
   const std::int64_t pageable0 = dev.pageable_copy_count();
-  dev.copy_batch(in, *s);
-  dev.copy_batch(across, *s);
-  dev.copy_batch(out, *s);
+  dev.copy_batch(in, CopyPlaces::any, *s);
+  dev.copy_batch(across, CopyPlaces::within_device, *s);
+  dev.copy_batch(out, CopyPlaces::any, *s);
   dev.synchronize(*s);
   for (std::size_t k = 0; k < at.size(); ++k)
     ASSERT_EQ(std::memcmp(back.data() + at[k], host.data() + at[k], lengths()[k] * 4), 0) << "tensor " << k;

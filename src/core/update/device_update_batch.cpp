@@ -16,9 +16,8 @@ void DeviceUpdateBatch::issue() {
   device_.adam_step_batch(tensors_, grad_dtype_, out_dtype_, stream_);
   tensors_.clear();
   elements_ = 0;
-  std::vector<std::function<void()>> afters = std::move(afters_);
-  afters_.clear();
-  for (auto& f : afters) f();
+  for (auto& f : afters_) f();  // (they queue work; none adds to the batch)
+  afters_.clear();                // the capacity stays: the next step's batch reuses it
 }
 
 }  // namespace zoe::core

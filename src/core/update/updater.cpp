@@ -141,13 +141,13 @@ void Updater::begin_group_update(int gi, const UpdatePlan& plan, const std::shar
   // After the batch's updates, on the update stream: the gradients are consumed (stages 0-1
   // zero the persistent buffer for the next step), the group's event, and the buffers the
   // device part reads are freed.
-  auto read_grad = std::make_shared<DeviceBuffer>();
-  if (cx_.policy.reduces_at_step) *read_grad = std::move(g.grad_shard);
+  std::shared_ptr<DeviceBuffer> read_grad;  // stage 1's shard, read by the update
+  if (cx_.policy.reduces_at_step) read_grad = std::make_shared<DeviceBuffer>(std::move(g.grad_shard));
   device_batch_.then([this, &g, snapshot, read_grad] {
     if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update) cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
     cx_.device.record(*g.update_done, *update_stream_);
     if (snapshot) cx_.frees.after_stream(*update_stream_, DeviceBuffer(), snapshot);
-    if (*read_grad) cx_.frees.after_stream(*update_stream_, std::move(*read_grad));
+    if (read_grad) cx_.frees.after_stream(*update_stream_, std::move(*read_grad));
   });
   g.update_state = Group::UpdateState::pending;
   g.host_done.reset();
@@ -267,6 +267,22 @@ void Updater::gather_update(Group& g) {
   }
 }
 
+kernels::AdamCoeffs Updater::coeffs_for(const optim::AdamHyper& h, const UpdatePlan& plan) {
+  // Groups mostly share their options: the last coefficients are reused (two pow() per run
+  // otherwise, for thousands of small groups).
+  CoeffMemo& m = coeff_memo_;
+  const bool same = m.valid && m.step == plan.step && m.grad_scale == plan.grad_scale && m.hyper.lr == h.lr &&
+                    m.hyper.beta1 == h.beta1 && m.hyper.beta2 == h.beta2 && m.hyper.eps == h.eps &&
+                    m.hyper.weight_decay == h.weight_decay && m.hyper.decoupled == h.decoupled &&
+                    m.hyper.bias_correction == h.bias_correction;
+  if (!same)
+    m = CoeffMemo{h, plan.step, plan.grad_scale,
+                  kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled, plan.step,
+                                       plan.grad_scale, h.bias_correction),
+                  true};
+  return m.coeffs;
+}
+
 void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data) {
   const std::size_t esz = dtype_size(cx_.dtype);
   const DType gdt = update_grad_dtype();
@@ -277,9 +293,7 @@ void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* gra
     // Each run of equal per-parameter options (weight decay, lr_ factor) with its coefficients,
     // from the same double hyper-parameters the CPU optimizer gets (hyper_for): same bits.
     for (const OptimRun& r : sg.runs) {
-      const optim::AdamHyper h = hyper_for(plan.hyper, r);
-      const kernels::AdamCoeffs c = kernels::adam_coeffs(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled,
-                                                         plan.step, plan.grad_scale, h.bias_correction);
+      const kernels::AdamCoeffs c = coeffs_for(hyper_for(plan.hyper, r), plan);
       const std::int64_t at = sg.begin + r.begin;
       const auto b = static_cast<std::size_t>(r.begin);
       device_batch_.add(AdamTensor{c, master + b, master + n + b, master + 2 * n + b,

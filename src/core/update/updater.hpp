@@ -152,6 +152,8 @@ class Updater {
   void update_on_device(Group& g, const UpdatePlan& plan, const void* grad, void* out);
   /// The dtype of the gradients the device part reads.
   DType update_grad_dtype() const;
+  /// kernels::adam_coeffs of `h` for the plan's step and gradient factor (memoised).
+  kernels::AdamCoeffs coeffs_for(const optim::AdamHyper& h, const UpdatePlan& plan);
   /// The host-part builder: the group's offloaded sub-groups for the pipeline, their outputs to
   /// `out` (device memory, the group's range), or, with parameter offload, into the shard's
   /// home in the parameter tier (after copying the device sub-groups' `device_out` there).
@@ -176,6 +178,13 @@ class Updater {
   std::unique_ptr<GradientSink> grad_sink_;
   Phase phase_ = Phase::between_steps;
   UpdatePlan backward_plan_{};  // the plan of the update begun in backward (phase in_backward)
+  struct CoeffMemo {
+    optim::AdamHyper hyper;
+    std::int64_t step = -1;
+    float grad_scale = 0.0f;
+    kernels::AdamCoeffs coeffs{};
+    bool valid = false;
+  } coeff_memo_;  // coeffs_for's last result
 };
 
 }  // namespace zoe::core
