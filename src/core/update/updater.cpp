@@ -141,14 +141,21 @@ void Updater::begin_group_update(int gi, const UpdatePlan& plan, const std::shar
   // After the batch's updates, on the update stream: the gradients are consumed (stages 0-1
   // zero the persistent buffer for the next step), the group's event, and the buffers the
   // device part reads are freed.
-  std::shared_ptr<DeviceBuffer> read_grad;  // stage 1's shard, read by the update
-  if (cx_.policy.reduces_at_step) read_grad = std::make_shared<DeviceBuffer>(std::move(g.grad_shard));
-  device_batch_.then([this, &g, snapshot, read_grad] {
+  auto follow_up = [this, &g] {
     if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update) cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
     cx_.device.record(*g.update_done, *update_stream_);
-    if (snapshot) cx_.frees.after_stream(*update_stream_, DeviceBuffer(), snapshot);
-    if (read_grad) cx_.frees.after_stream(*update_stream_, std::move(*read_grad));
-  });
+  };
+  if (!snapshot && !cx_.policy.reduces_at_step) {
+    device_batch_.then(follow_up);  // (two pointers: std::function holds it without allocating)
+  } else {
+    std::shared_ptr<DeviceBuffer> read_grad;  // stage 1's shard, read by the update
+    if (cx_.policy.reduces_at_step) read_grad = std::make_shared<DeviceBuffer>(std::move(g.grad_shard));
+    device_batch_.then([this, follow_up, snapshot, read_grad] {
+      follow_up();
+      if (snapshot) cx_.frees.after_stream(*update_stream_, DeviceBuffer(), snapshot);
+      if (read_grad) cx_.frees.after_stream(*update_stream_, std::move(*read_grad));
+    });
+  }
   g.update_state = Group::UpdateState::pending;
   g.host_done.reset();
   if (tiers_.params || has_offloaded_sub_groups(g)) {
