@@ -249,27 +249,35 @@ TEST(Buckets, WithoutOverlapCommBackwardWaitsForTheReduction) {
   }
 }
 
-// Ranks whose backward order differs fill their buckets differently: the first collective
-// that differs fails on every rank naming the groups of both buckets.
-TEST(Buckets, DifferentBackwardOrdersFailNamingTheBuckets) {
+namespace {
+// Two ranks, one module of 64 elements per name, forward in order; rank 0 runs backward in
+// reverse, rank 1 in forward order, so their buckets differ. Returns each rank's error.
+std::vector<std::string> errors_of_different_backward_orders(const std::vector<std::string>& names) {
   auto ranks = make_local_ranks(2, 5.0);
   std::vector<std::string> errors(2);
   run_ranks(ranks, [&](RankContext& ctx) {
     Engine e(config(2, 500'000'000), ctx);
     std::vector<float> w(64, 0.5f);
-    ModuleId a = e.add_module("A", {e.add_parameter("wa", {64}, w)});
-    ModuleId b = e.add_module("B", {e.add_parameter("wb", {64}, w)});
+    std::vector<ModuleId> mods;
+    for (const std::string& name : names) mods.push_back(e.add_module(name, {e.add_parameter("w" + name, {64}, w)}));
     try {
-      { ForwardScope f(e, a); }
-      { ForwardScope f(e, b); }
-      for (ModuleId m : ctx.rank == 0 ? std::vector<ModuleId>{b, a} : std::vector<ModuleId>{a, b}) {
-        BackwardScope s(e, m);
-      }
+      for (ModuleId m : mods) ForwardScope f(e, m);
+      std::vector<ModuleId> order = mods;
+      if (ctx.rank == 0) std::reverse(order.begin(), order.end());
+      for (ModuleId m : order) BackwardScope s(e, m);
       e.step();
     } catch (const std::exception& ex) {
       errors[static_cast<std::size_t>(ctx.rank)] = ex.what();
     }
   });
+  return errors;
+}
+}  // namespace
+
+// Ranks whose backward order differs fill their buckets differently: the first collective
+// that differs fails on every rank naming the groups of both buckets.
+TEST(Buckets, DifferentBackwardOrdersFailNamingTheBuckets) {
+  const std::vector<std::string> errors = errors_of_different_backward_orders({"A", "B"});
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("gradients of 2 groups ('B', 'A')"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("gradients of 2 groups ('A', 'B')"), std::string::npos) << errors[r];
@@ -279,24 +287,7 @@ TEST(Buckets, DifferentBackwardOrdersFailNamingTheBuckets) {
 // A bucket of many groups is named by its first four groups and a count: the label stays short
 // (and cheap to build) whatever the bucket holds.
 TEST(Buckets, ABucketOfManyGroupsNamesItsFirstFour) {
-  auto ranks = make_local_ranks(2, 5.0);
-  std::vector<std::string> errors(2);
-  run_ranks(ranks, [&](RankContext& ctx) {
-    Engine e(config(2, 500'000'000), ctx);
-    std::vector<float> w(64, 0.5f);
-    std::vector<ModuleId> mods;
-    for (const char* name : {"A", "B", "C", "D", "E", "F"}) mods.push_back(e.add_module(name, {e.add_parameter(std::string("w") + name, {64}, w)}));
-    try {
-      for (ModuleId m : mods) ForwardScope f(e, m);
-      // Rank 0 runs backward in reverse, rank 1 in forward order: the buckets differ.
-      std::vector<ModuleId> order = mods;
-      if (ctx.rank == 0) std::reverse(order.begin(), order.end());
-      for (ModuleId m : order) BackwardScope s(e, m);
-      e.step();
-    } catch (const std::exception& ex) {
-      errors[static_cast<std::size_t>(ctx.rank)] = ex.what();
-    }
-  });
+  const std::vector<std::string> errors = errors_of_different_backward_orders({"A", "B", "C", "D", "E", "F"});
   for (int r = 0; r < 2; ++r) {
     EXPECT_NE(errors[r].find("gradients of 6 groups ('F', 'E', 'D', 'C' and 2 more)"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("gradients of 6 groups ('A', 'B', 'C', 'D' and 2 more)"), std::string::npos) << errors[r];
