@@ -47,10 +47,8 @@ HostDevice::~HostDevice() {
   if (options_.memory == HostMemoryModel::discrete) remove_host_access_guard(this);
   compute_.reset();  // drains queued work before the memory map goes away
   std::lock_guard lock(mutex_);
-  for (auto& [ptr, bytes] : sizes_) std::free(ptr);
+  for (auto& [ptr, bytes] : sizes_) std::free(ptr);  // live blocks and the small free lists' (kInFreeList)
   for (auto& [bytes, blocks] : cache_)
-    for (void* p : blocks) std::free(p);
-  for (auto& [bytes, blocks] : small_cache_)
     for (void* p : blocks) std::free(p);
   for (auto& [p, bytes] : quarantine_) std::free(p);
 }
@@ -64,7 +62,10 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
   cache_.clear();
   cached_bytes_ = 0;
   for (auto& [bytes, blocks] : small_cache_)
-    for (void* p : blocks) free_block(p);
+    for (void* p : blocks) {
+      sizes_.erase(p);
+      free_block(p);
+    }
   small_cache_.clear();
   small_cached_bytes_ = 0;
 }
@@ -119,7 +120,7 @@ void* HostDevice::allocate(std::size_t bytes) {
         void* ptr = small->second.back();
         small->second.pop_back();
         small_cached_bytes_ -= rounded;
-        sizes_.emplace(ptr, bytes);
+        sizes_.find(ptr)->second = bytes;  // its entry stayed (kInFreeList): live again
         return ptr;
       }
     }
@@ -155,11 +156,20 @@ void HostDevice::deallocate(void* ptr) {
   {
     std::lock_guard lock(mutex_);
     auto it = sizes_.find(ptr);
-    ZOE_CHECK_USAGE(it != sizes_.end(), "HostDevice::deallocate: ", ptr, " was not allocated by this device");
+    ZOE_CHECK_USAGE(it != sizes_.end() && !(it->second & kInFreeList), "HostDevice::deallocate: ", ptr,
+                    it == sizes_.end() ? " was not allocated by this device" : " was freed already");
     const std::size_t bytes = it->second;
     stats_.current_bytes -= static_cast<std::int64_t>(bytes);
-    sizes_.erase(it);
     const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+    if (kCachesBlocks && !poison_freed_ && rounded < kCacheMinBytes) {
+      // A small block keeps its entry, marked, while its free list holds it: no node to free
+      // now and allocate again at its reuse (many small modules: one per module and call).
+      it->second = bytes | kInFreeList;
+      small_cache_[rounded].push_back(ptr);
+      small_cached_bytes_ += rounded;
+      return;
+    }
+    sizes_.erase(it);
     if (rounded >= kCacheMinBytes) live_rounded_ -= rounded;
     if (poison_freed_) {
       quarantine = true;
@@ -167,10 +177,6 @@ void HostDevice::deallocate(void* ptr) {
     } else if (kCachesBlocks && rounded >= kCacheMinBytes) {
       cache_[rounded].push_back(ptr);
       cached_bytes_ += rounded;
-      return;
-    } else if (kCachesBlocks) {
-      small_cache_[rounded].push_back(ptr);
-      small_cached_bytes_ += rounded;
       return;
     }
     // Before free: the address may come back as host memory at once. A quarantined block

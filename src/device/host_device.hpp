@@ -172,7 +172,10 @@ class HostDevice final : public Device {
   HostDeviceOptions options_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
-  std::unordered_map<void*, std::size_t> sizes_;  // live blocks: requested bytes
+  // Live blocks: requested bytes; a small block in its free list keeps its entry with
+  // kInFreeList set (still the device's memory, not allocated).
+  std::unordered_map<void*, std::size_t> sizes_;
+  static constexpr std::size_t kInFreeList = std::size_t{1} << 63;
   AddressRanges blocks_;      // every block this device holds (live and cached), rounded bytes
   AddressRanges registered_;  // register_host_memory ranges
   std::atomic<std::int64_t> pageable_copies_{0};

@@ -114,6 +114,9 @@ TEST(HostDevice, FreedSmallBlocksAreReusedBySize) {
   void* b = dev.allocate(3000);  // 3072
   dev.deallocate(a);
   dev.deallocate(b);
+  // A block in a free list is still the device's memory, but not allocated: a second free is refused.
+  EXPECT_THROW(dev.deallocate(a), UsageError);
+  EXPECT_TRUE(dev.is_device_memory(a, 1000));
   EXPECT_EQ(dev.small_cached_bytes(), 1024u + 3072u);
   EXPECT_EQ(dev.cached_bytes(), 0u);
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);
