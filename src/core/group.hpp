@@ -66,8 +66,8 @@ struct Group {
   DeviceBuffer param_full, param_shard;
   // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
   // param_ready completes). Stage 3 moves it with three transitions: gather() (sharded or
-  // stale -> gathered), reshard() (gathered or stale -> sharded) and, at the step, refresh
-  // (gathered -> stale) for a persistent group: its buffer stays allocated (as DeepSpeed keeps
+  // stale -> gathered), reshard() (gathered or stale -> sharded) and, at the step,
+  // mark_stale() (gathered -> stale) for a persistent group: its buffer stays allocated (as DeepSpeed keeps
   // persistent parameters), holding the previous step's values until the next gather
   // all-gathers the updated shards into it in place. Stages 0-2 are gathered from build on.
   enum class ParamState { sharded, gathered, stale } param_state = ParamState::sharded;

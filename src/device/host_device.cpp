@@ -311,13 +311,18 @@ void HostDevice::copy(void* dst, const void* src, std::size_t bytes, Stream& str
   ZOE_CHECK_USAGE(dst && src, "HostDevice::copy: null pointer (dst=", dst, ", src=", src, ") for ", bytes,
                   " bytes");
   const Route route = route_of(dst, src, bytes);
-  HostQueue& q = host_queue(stream);
-  if (options_.memory == HostMemoryModel::discrete && route == Route::host_to_device) {
-    q.enqueue([engine = h2d_, dst, src, bytes] { engine->copy(dst, src, bytes); });
-  } else if (options_.memory == HostMemoryModel::discrete && route == Route::device_to_host) {
-    q.enqueue([engine = d2h_, dst, src, bytes] { engine->copy(dst, src, bytes); });
+  host_queue(stream).enqueue([route, h2d = h2d_, d2h = d2h_, r = CopyRegion{dst, src, bytes}] {
+    copy_by_route(route, h2d.get(), d2h.get(), r);
+  });
+}
+
+void HostDevice::copy_by_route(Route route, CopyEngine* h2d, CopyEngine* d2h, const CopyRegion& r) {
+  if (h2d && route == Route::host_to_device) {
+    h2d->copy(r.dst, r.src, r.bytes);
+  } else if (d2h && route == Route::device_to_host) {
+    d2h->copy(r.dst, r.src, r.bytes);
   } else {
-    q.enqueue([=] { std::memmove(dst, src, bytes); });
+    std::memmove(r.dst, r.src, r.bytes);
   }
 }
 
@@ -346,18 +351,8 @@ void HostDevice::copy_batch(std::span<const CopyRegion> regions, CopyPlaces plac
     }
   }
   if (routed.empty()) return;
-  const bool discrete = options_.memory == HostMemoryModel::discrete;
-  host_queue(stream).enqueue([routed = std::move(routed), discrete, h2d = h2d_, d2h = d2h_] {
-    for (const Routed& x : routed) {
-      const CopyRegion& r = x.region;
-      if (discrete && x.route == Route::host_to_device) {
-        h2d->copy(r.dst, r.src, r.bytes);
-      } else if (discrete && x.route == Route::device_to_host) {
-        d2h->copy(r.dst, r.src, r.bytes);
-      } else {
-        std::memmove(r.dst, r.src, r.bytes);
-      }
-    }
+  host_queue(stream).enqueue([routed = std::move(routed), h2d = h2d_, d2h = d2h_] {
+    for (const Routed& x : routed) copy_by_route(x.route, h2d.get(), d2h.get(), x.region);
   });
 }
 

@@ -167,6 +167,9 @@ class HostDevice final : public Device {
   enum class Route { host_to_host, host_to_device, device_to_host, device_to_device };
   Route route_of(void* dst, const void* src, std::size_t bytes);  // also counts pageable copies
   Route route_locked(void* dst, const void* src, std::size_t bytes);  // route_of; the caller holds mutex_
+  /// One copy the way its route goes: through the discrete model's copy engines between device
+  /// and host memory (h2d / d2h; null in the unified model), memmove otherwise.
+  static void copy_by_route(Route route, CopyEngine* h2d, CopyEngine* d2h, const CopyRegion& r);
   void free_block(void* ptr);  // back to the system; the caller holds mutex_
 
   HostDeviceOptions options_;

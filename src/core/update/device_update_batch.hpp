@@ -35,8 +35,6 @@ class DeviceUpdateBatch {
   void then(std::function<void()> after);
   /// Queues what is pending: the batch's updates, then the follow-ups in order. No-op when empty.
   void issue();
-  /// Whether nothing is pending.
-  bool empty() const { return tensors_.empty() && afters_.empty(); }
 
  private:
   Device& device_;
