@@ -110,10 +110,10 @@ struct RankEstimate {
   ///    P + ⌈P/Nd⌉ (P capped by stage3_max_live_parameters). Measured against the engine
   ///    (tests/estimate/test_device_peak.cpp, tests/gpt/test_memory_estimate.cpp: within 10%)
   ///    with reduce_bucket_size 0. The previous module's gradient and reduced shard are given
-  ///    back at an acquire once the side stream has passed them, so a run whose side stream
-  ///    keeps up measures up to that window less (the test's band adds it); the engine's rate
-  ///    limit (an acquire first returns what was released before the previous module began)
-  ///    keeps a side stream that falls behind from holding more than that window. A small
+  ///    back at a fixed point whatever the side stream's pace: the engine's rate limit (an
+  ///    acquire returns what was released before the previous module began, waiting for the
+  ///    side stream if it fell behind, and nothing newer), so the peak is the same on a quiet
+  ///    or a loaded machine. A small
   ///    stage3_max_reuse_distance, which gathers every module again in backward, holds more
   ///    (up to 1.32x measured).
   ///    Covers zoe's own allocations only, not the trainer's activations.

@@ -117,11 +117,11 @@ void Gatherer::acquire(int module, bool backward) {
     }
     return;
   }
-  cx_.frees.reap(false);
   // The rate limit (FSDP's limit_all_gathers): what was released before the previous module
   // began is returned before this one gathers, waiting for the side stream if it fell behind.
   // So the device holds the released buffers of one module at most, whatever the side
-  // stream's pace, and zoe-estimate's device figure is a bound rather than a likely case.
+  // stream's pace. Nothing newer is returned even if the side stream has passed it: the
+  // allocated peak is then the same on a quiet or a loaded machine (zoe-estimate's figure).
   cx_.frees.reap_before(frees_before_last_acquire_);
   frees_before_last_acquire_ = cx_.frees.mark();
   if (trace_.record(TraceEntry{module, backward})) {
