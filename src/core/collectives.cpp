@@ -42,13 +42,22 @@ CollectiveTag Collectives::group_tag(const Group& g, CollectiveTag::Kind kind) c
   t.group = model_.index_of(g);
   t.step = rules_.steps();
   if (kind == CollectiveTag::Kind::grads) t.micro_batch = g.micro_batches - 1;
+  t.label = group_label(g, kind);
+  return t;
+}
+
+const std::string& Collectives::group_label(const Group& g, CollectiveTag::Kind kind) const {
+  std::vector<std::string>& cache = labels_[kind == CollectiveTag::Kind::grads ? 1 : 0];
+  const auto gi = static_cast<std::size_t>(model_.index_of(g));
+  if (cache.size() <= gi) cache.resize(model_.groups.size());
+  std::string& label = cache[gi];
+  if (!label.empty()) return label;
   std::string users;
   if (g.users.size() > 1)
     for (int u : g.users) users += (users.empty() ? " (modules " : ", ") + detail::quoted(model_.modules[static_cast<std::size_t>(u)].name);
   if (!users.empty()) users += ")";
-  t.label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", detail::quoted(g.name),
-                           users);
-  return t;
+  label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", detail::quoted(g.name), users);
+  return label;
 }
 
 CollectiveTag Collectives::params_tag(const Group& g) const { return group_tag(g, CollectiveTag::Kind::params); }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "src/comm/communicator.hpp"
@@ -56,6 +57,10 @@ class Collectives {
   };
   Mark now() const;
   CollectiveTag group_tag(const Group& g, CollectiveTag::Kind kind) const;
+  /// "parameters of 'g'" / "gradients of 'g'" (and the modules sharing g), built on first use
+  /// and kept: a group's name and users are fixed once modules run, and quoting them per call
+  /// cost more than a small group's whole all-gather.
+  const std::string& group_label(const Group& g, CollectiveTag::Kind kind) const;
   void note(CollectiveTag&& tag);
 
   EngineContext& cx_;
@@ -63,6 +68,7 @@ class Collectives {
   const Model& model_;
   std::int64_t elements_sent_ = 0;
   std::int64_t all_gather_calls_ = 0, reduce_scatter_calls_ = 0, all_reduce_calls_ = 0;
+  mutable std::vector<std::string> labels_[2];  // group_label's cache: [params, grads][group]
   Mark step_start_;
   TrafficReport last_traffic_;
 };

@@ -19,7 +19,8 @@ void Gatherer::gather(Group& g) {
   // the cap they are returned first, so memory stays within it.
   if (!stale && live_elements_ + cx_.frees.releasing_elements() + L.padded_numel() > cx_.config.zero_optimization.stage3_max_live_parameters)
     cx_.frees.reap(true);
-  if (!cx_.config.zoe.delayed_update) updater_.after_update(g);  // the all-gather reads the shard the last update wrote
+  // The all-gather reads the shard the last update wrote; it records param_ready itself.
+  if (!cx_.config.zoe.delayed_update) updater_.settle_update(g);
   if (!stale) g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, L.padded_numel());
   g.param_state = Group::ParamState::gathered;
   if (tiers_.params) {
@@ -71,7 +72,7 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
   if (live_elements_ + cx_.frees.releasing_elements() + padded > cx_.config.zero_optimization.stage3_max_live_parameters) cx_.frees.reap(true);
   for (int gi : gis) {
     Group& g = model_.group(gi);
-    if (!cx_.config.zoe.delayed_update) updater_.after_update(g);  // the all-gather reads the shard the last update wrote
+    if (!cx_.config.zoe.delayed_update) updater_.settle_update(g);  // the all-gather reads it, then records param_ready
     if (g.param_state != Group::ParamState::stale) g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
     g.param_state = Group::ParamState::gathered;
   }

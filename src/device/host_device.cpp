@@ -284,7 +284,7 @@ void HostDevice::wait(Stream& stream, Event& event) {
   // Already complete: nothing to wait for, so no task (and no wake-up of the stream's thread).
   // done() takes the queue's mutex, which orders the event's work before what is queued next.
   if (p.queue->done(p.ticket)) return;
-  host_queue(stream).enqueue([p] { p.queue->wait_for(p.ticket); });
+  host_queue(stream).enqueue_wait(p.queue, p.ticket);  // nothing queued if an earlier wait covers it
 }
 
 void HostDevice::synchronize(Event& event) {

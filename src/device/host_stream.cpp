@@ -1,10 +1,17 @@
 #include "src/device/host_stream.hpp"
 
+#include <algorithm>
+
 #include "src/common/log.hpp"
 
 namespace zoe {
 
-HostQueue::HostQueue(std::string name) : name_(std::move(name)), worker_([this] { run(); }) {}
+namespace {
+std::atomic<std::uint64_t> next_queue_id{1};
+}  // namespace
+
+HostQueue::HostQueue(std::string name)
+    : id_(next_queue_id.fetch_add(1, std::memory_order_relaxed)), name_(std::move(name)), worker_([this] { run(); }) {}
 
 HostQueue::~HostQueue() {
   {
@@ -25,15 +32,37 @@ HostQueue::~HostQueue() {
   }
 }
 
+std::uint64_t HostQueue::push_locked(std::function<void()> task) {
+  tasks_.push_back(std::move(task));
+  return enqueued_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
 std::uint64_t HostQueue::enqueue(std::function<void()> task) {
   std::uint64_t ticket;
   {
     std::lock_guard lock(mutex_);
-    tasks_.push_back(std::move(task));
-    ticket = enqueued_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    ticket = push_locked(std::move(task));
   }
   work_cv_.notify_one();
   return ticket;
+}
+
+bool HostQueue::enqueue_wait(const std::shared_ptr<HostQueue>& source, std::uint64_t ticket) {
+  {
+    // The check and the push under one lock: a concurrent caller that finds the wait covered
+    // queues its own work after it.
+    std::lock_guard lock(mutex_);
+    auto it = std::find_if(waited_.begin(), waited_.end(), [&](const Waited& w) { return w.source_id == source->id_; });
+    if (it != waited_.end() && it->ticket >= ticket) return false;
+    if (it == waited_.end()) {
+      waited_.push_back(Waited{source->id_, ticket});
+    } else {
+      it->ticket = ticket;
+    }
+    push_locked([source, ticket] { source->wait_for(ticket); });
+  }
+  work_cv_.notify_one();
+  return true;
 }
 
 std::uint64_t HostQueue::last_ticket() const { return enqueued_.load(std::memory_order_acquire); }

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "src/device/device.hpp"
 
@@ -35,6 +36,12 @@ class HostQueue {
 
   /// Queues `task`; returns its ticket.
   std::uint64_t enqueue(std::function<void()> task);
+  /// Queues a wait (this queue's later tasks run after ticket `ticket` of `source`) unless this
+  /// queue already waits for that ticket of `source` or a later one: tasks of one queue
+  /// complete in order, as a CUDA stream that waits on an event need not wait on an earlier
+  /// event of the same stream. Returns whether a wait was queued. `source` may be this queue's
+  /// own only if the caller has checked (a queue waiting on itself would hang).
+  bool enqueue_wait(const std::shared_ptr<HostQueue>& source, std::uint64_t ticket);
   /// Ticket of the last task queued (0 if none): the point record() captures.
   std::uint64_t last_ticket() const;
   /// True once every task up to `ticket` has run.
@@ -50,8 +57,17 @@ class HostQueue {
  private:
   void run();
 
+  // The latest ticket of each source queue that a queued wait covers (under mutex_). Keyed by
+  // the source's id_, never its address, which a later queue may reuse.
+  struct Waited {
+    std::uint64_t source_id, ticket;
+  };
+  std::uint64_t push_locked(std::function<void()> task);
+
+  const std::uint64_t id_;
   std::string name_;
   mutable std::mutex mutex_;
+  std::vector<Waited> waited_;
   mutable std::condition_variable work_cv_, done_cv_;
   std::deque<std::function<void()>> tasks_;
   // Written under mutex_ (the condition variables' predicates), read without it by

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "src/device/host_device.hpp"
+#include "src/device/host_stream.hpp"
 #include "zoe/engine.hpp"
 #include "zoe/error.hpp"
 
@@ -269,6 +270,32 @@ TEST(HostDevice, ReRecordMovesTheEvent) {
   gate.open();
   dev.synchronize(*ev);
   EXPECT_TRUE(b_ran.load());
+}
+
+// A stream that already waits for ticket t of a queue needs no wait for an earlier ticket of it
+// (one queue completes in order): many groups whose events share a point cost one wait task.
+TEST(HostDevice, AWaitCoveredByAnEarlierOneQueuesNothing) {
+  auto a = std::make_shared<HostQueue>("a"), c = std::make_shared<HostQueue>("c");
+  HostQueue b("b");
+  Gate gate;
+  std::atomic<int> a_done{0}, b_saw{-1};
+  a->enqueue(gate.task());
+  const std::uint64_t t2 = a->enqueue([&] { a_done = 2; });
+  const std::uint64_t t3 = a->enqueue([&] { a_done = 3; });
+  EXPECT_TRUE(b.enqueue_wait(a, t3));
+  EXPECT_FALSE(b.enqueue_wait(a, t2));  // covered by the wait for t3
+  EXPECT_FALSE(b.enqueue_wait(a, t3));
+  const std::uint64_t before = b.last_ticket();
+  EXPECT_TRUE(b.enqueue_wait(c, c->enqueue([] {})));  // another queue: a wait of its own
+  EXPECT_EQ(b.last_ticket(), before + 1);
+  b.enqueue([&] { b_saw = a_done.load(); });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(b_saw.load(), -1);  // still behind a's gate
+  gate.open();
+  b.synchronize();
+  EXPECT_EQ(b_saw.load(), 3);
+  EXPECT_TRUE(b.enqueue_wait(a, a->enqueue([] {})));  // a later ticket: waited for again
+  b.synchronize();
 }
 
 TEST(HostDevice, TaskErrorIsRethrownAtSynchronize) {

@@ -229,6 +229,12 @@ void Updater::check_no_update_in_backward(const char* call) const {
 
 void Updater::after_update(Group& g) {
   if (g.update_state != Group::UpdateState::pending) return;
+  settle_update(g);
+  cx_.device.record(*g.param_ready, *cx_.side);
+}
+
+void Updater::settle_update(Group& g) {
+  if (g.update_state != Group::UpdateState::pending) return;
   g.update_state = Group::UpdateState::settled;
   cx_.device.wait(*cx_.side, *g.update_done);
   // The host part: wait on the side stream (not on this thread) for its latch.
@@ -241,7 +247,6 @@ void Updater::after_update(Group& g) {
     }
     cx_.frees.after_side(std::move(g.updated));
   }
-  cx_.device.record(*g.param_ready, *cx_.side);
 }
 
 void Updater::finish_update() {

@@ -92,8 +92,12 @@ class Updater {
 
   // ---- ordering the side stream after the update
   /// Makes the side stream wait for group g's update and, stages 1-2 / delayed update, applies
-  /// its new parameters (all-gathered). No-op unless the group's update is pending.
+  /// its new parameters (all-gathered), then records g.param_ready on the side stream. No-op
+  /// unless the group's update is pending.
   void after_update(Group& g);
+  /// after_update without recording the group's param_ready: for a caller that queues more
+  /// side-stream work for the group (stage 3's all-gather) and records param_ready after it.
+  void settle_update(Group& g);
   /// Blocks until the whole update is done (rethrows its error), then after_update of every group.
   void finish_update();
 
