@@ -204,9 +204,15 @@ struct ZoeConfig {
   /// then, once no gradient is on NVMe, the optimizer states of those sub-groups (master,
   /// exp_avg and exp_avg_sq, updated in place, fp32 masters: 2 bytes saved per byte), likewise
   /// whole sub-groups in order. What it keeps never touches NVMe; exact (the same values). 0
-  /// (default): everything on NVMe, as DeepSpeed's ZeRO-Infinity. Needs offload_optimizer nvme or (stage 3) offload_param nvme
-  /// when > 0. Pageable memory, outside pinned_budget_bytes.
+  /// (default): everything on NVMe, as DeepSpeed's ZeRO-Infinity (a tier the config names
+  /// "nvme" stays on NVMe unless asked). kHostMemoryBudgetAuto (JSON "auto"): what the machine
+  /// can spare, resolved once at Engine construction and logged: MemAvailable (capped by a
+  /// cgroup v2 memory limit's room) less max(MemTotal / 10, 2 GiB), divided by the ranks on
+  /// this machine (RankContext::local_world_size). Needs offload_optimizer nvme or (stage 3)
+  /// offload_param nvme when > 0 or auto. Pageable memory, outside pinned_budget_bytes.
   std::int64_t host_memory_budget = 0;
+  /// host_memory_budget's "auto": what the machine can spare (see above).
+  static constexpr std::int64_t kHostMemoryBudgetAuto = -1;
   /// Storage of the CPU optimizer's exp_avg and exp_avg_sq: "fp32" (default, DeepSpeed's) or
   /// "bf16" (2 bytes each instead of 4: 8 bytes of states per element instead of 12, on
   /// whichever tier offload_optimizer names). The master weights stay fp32 and the AdamW math

@@ -32,6 +32,11 @@ struct RankContext {
   int world_size = 1;
   std::shared_ptr<Device> device;
   std::shared_ptr<Communicator> comm;
+  /// Ranks that run on this machine (this one included), >= 1: what zoe.host_memory_budget
+  /// "auto" divides the machine's spare memory by. make_local_ranks: world_size;
+  /// rank_from_environment: LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun)
+  /// or SLURM_NTASKS_PER_NODE (srun), else world_size (every rank counted as local).
+  int local_world_size = 1;
 };
 
 /// `world_size` ranks as threads of this process, each with its own host device and a

@@ -19,7 +19,8 @@ std::vector<RankContext> make_gloo_local_ranks(int world_size, HostCommOptions o
     threads.emplace_back([&, r] {
       try {
         auto device = std::make_shared<HostDevice>(host_device_options_from_environment());
-        ranks[r] = {r, world_size, device, std::make_shared<HostCommunicator>(device, store, r, world_size, options)};
+        ranks[r] = {r, world_size, device, std::make_shared<HostCommunicator>(device, store, r, world_size, options),
+                    world_size};
       } catch (...) {
         errors[r] = std::current_exception();
       }

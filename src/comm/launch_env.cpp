@@ -15,11 +15,12 @@ struct VarSet {
   const char* rank;
   const char* size;
   const char* local;
+  const char* local_size;  // ranks on this host (srun: set only with --ntasks-per-node)
 };
 constexpr VarSet kSets[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-    {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
 };
 
 std::string found_list(const EnvLookup& lookup) {
@@ -72,6 +73,14 @@ LaunchEnv parse_launch_env(const EnvLookup& lookup) {
     if (e.rank < 0 || e.rank >= e.world_size)
       fail(lookup, std::string(s.rank) + "=" + *rank + " is not in [0, " + s.size + "=" + *size + ")");
     if (e.local_rank < 0) fail(lookup, std::string(s.local) + " must be >= 0");
+    // Unsaid (or not a plain count): every rank counted as on this host, the cautious guess
+    // for what a rank may take of this host's memory.
+    e.local_world_size = e.world_size;
+    if (auto local_size = lookup(s.local_size)) {
+      const int n = parse_int(lookup, s.local_size, *local_size);
+      if (n < 1 || n > e.world_size) fail(lookup, std::string(s.local_size) + " must be in [1, " + s.size + "]");
+      e.local_world_size = n;
+    }
     found.push_back(e);
   }
   if (found.empty()) fail(lookup, "no launcher variables are set");

@@ -29,6 +29,7 @@ struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;          // device ordinal on this host (0 if the launcher sets none)
+  int local_world_size = 1;    // ranks on this host (world_size if the launcher does not say)
   std::string master_addr;     // empty when world_size == 1 and MASTER_ADDR is unset
   int master_port = 0;
   std::string launcher;        // "torchrun", "mpirun" or "srun": the variables used

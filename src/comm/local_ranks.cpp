@@ -38,7 +38,7 @@ std::vector<RankContext> make_local_ranks_on(int world_size, const HostDeviceOpt
   std::vector<RankContext> ranks(world_size);
   for (int r = 0; r < world_size; ++r) {
     auto device = std::make_shared<HostDevice>(options);
-    ranks[r] = {r, world_size, device, std::make_shared<LocalCommunicator>(device, group, r)};
+    ranks[r] = {r, world_size, device, std::make_shared<LocalCommunicator>(device, group, r), world_size};
   }
   return ranks;
 }

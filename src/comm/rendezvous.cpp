@@ -75,6 +75,7 @@ static RankContext rank_from_environment_of(double timeout_s) {
   RankContext ctx;
   ctx.rank = env.rank;
   ctx.world_size = env.world_size;
+  ctx.local_world_size = env.local_world_size;
   ctx.device = device;
 #if ZOE_HAVE_CUDA
   if (device->kind() == DeviceKind::cuda) {

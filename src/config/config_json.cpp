@@ -191,7 +191,7 @@ void read_zoe(Section s, ZoeConfig& c) {
   s.integer("optimizer_threads", c.optimizer_threads);
   s.boolean("require_direct_io", c.require_direct_io);
   s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
-  s.integer("host_memory_budget", c.host_memory_budget);
+  s.integer_or_word("host_memory_budget", c.host_memory_budget, "auto", ZoeConfig::kHostMemoryBudgetAuto);
   s.choice("optimizer_state_dtype", c.optimizer_state_dtype,
            {{"fp32", OptimizerStateDType::fp32}, {"bf16", OptimizerStateDType::bf16}});
   s.boolean("split_master_weights", c.split_master_weights);
@@ -425,7 +425,8 @@ std::string Config::to_json() const {
               {"optimizer_threads", zoe.optimizer_threads},
               {"require_direct_io", zoe.require_direct_io},
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
-              {"host_memory_budget", zoe.host_memory_budget},
+              {"host_memory_budget", zoe.host_memory_budget == ZoeConfig::kHostMemoryBudgetAuto
+                                         ? Json("auto") : Json(zoe.host_memory_budget)},
               {"optimizer_state_dtype", zoe.optimizer_state_dtype == OptimizerStateDType::bf16 ? "bf16" : "fp32"},
               {"split_master_weights", zoe.split_master_weights},
               {"overlap_step", zoe.overlap_step},

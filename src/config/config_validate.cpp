@@ -157,13 +157,17 @@ void check_zoe(Checker& k, const Config& c) {
            z.comm_timeout_s);
   k.in_range("zoe.optimizer_threads", z.optimizer_threads, 0, kMaxOptimizerThreads);
   k.at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
-  k.at_least("zoe.host_memory_budget", z.host_memory_budget, 0);
+  const bool auto_budget = z.host_memory_budget == ZoeConfig::kHostMemoryBudgetAuto;
+  if (!auto_budget && z.host_memory_budget < 0)
+    k.fail("zoe.host_memory_budget", {}, "must be >= 0 (bytes) or \"auto\" (what the machine can spare), got ",
+           z.host_memory_budget);
   const bool nvme_params = c.zero_optimization.stage == 3 && c.zero_optimization.offload_param.device == OffloadDevice::nvme;
-  if (z.host_memory_budget > 0 && c.zero_optimization.offload_optimizer.device != OffloadDevice::nvme && !nvme_params)
+  if (z.host_memory_budget != 0 && c.zero_optimization.offload_optimizer.device != OffloadDevice::nvme && !nvme_params)
     k.fail("zoe.host_memory_budget", {"zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device"},
-           "> 0 needs an NVMe tier to spare (zero_optimization.offload_optimizer.device \"nvme\", or stage 3 with "
+           auto_budget ? "\"auto\"" : "> 0", " needs an NVMe tier to spare (zero_optimization.offload_optimizer.device \"nvme\", or stage 3 with "
            "zero_optimization.offload_param.device \"nvme\"): it keeps what those would move over NVMe in host memory; "
-           "with \"cpu\" tiers everything is there already; got ", z.host_memory_budget);
+           "with \"cpu\" tiers everything is there already; got ",
+           auto_budget ? std::string("\"auto\"") : std::to_string(z.host_memory_budget));
   if (z.optimizer_state_dtype == OptimizerStateDType::bf16) {
     const auto& oo = c.zero_optimization.offload_optimizer;
     if (oo.device == OffloadDevice::none)

@@ -1,5 +1,7 @@
 #include "src/config/estimate.hpp"
 
+#include "src/common/host_memory.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -75,6 +77,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   // zoe.host_memory_budget keeps an NVMe parameter tier's shards in host memory first (whole
   // shards in group order, so the engine may keep up to one shard's less); the gradients get
   // what is left.
+  ZOE_CHECK_USAGE(config.zoe.host_memory_budget != ZoeConfig::kHostMemoryBudgetAuto,
+                  "estimate_rank: zoe.host_memory_budget \"auto\" depends on the machine: resolve it first "
+                  "(with_host_memory_budget_resolved)");
   std::int64_t params_in_host = 0, budget_left = config.zoe.host_memory_budget;
   if (stage.shards_params) {
     put(r.params, z.offload_param.device, B * r.shard_elements);
@@ -411,6 +416,14 @@ Plan plan(const ModelShape& model, const Cluster& cluster, const Config& knobs, 
   const PlanRow& last = p.rows[order.back()];
   p.why = "nothing fits: even " + last.label + " " + last.shortfall;
   return p;
+}
+
+Config with_host_memory_budget_resolved(Config config, std::int64_t node_available, std::int64_t node_total,
+                                        int ranks_per_node) {
+  if (config.zoe.host_memory_budget == ZoeConfig::kHostMemoryBudgetAuto)
+    config.zoe.host_memory_budget =
+        spare_host_memory_per_rank(HostMemoryReading{node_total, node_available, std::nullopt}, ranks_per_node);
+  return config;
 }
 
 }  // namespace zoe::estimate

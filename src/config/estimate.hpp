@@ -179,6 +179,13 @@ struct RankEstimate {
 /// outside [0, model.parameters] or world_size < 1.
 RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config);
 
+/// `config` with zoe.host_memory_budget "auto" (ZoeConfig::kHostMemoryBudgetAuto) replaced by
+/// what the engine resolves it to on a node of `node_available` bytes of MemAvailable and
+/// `node_total` bytes of MemTotal running `ranks_per_node` ranks (spare_host_memory_per_rank);
+/// any other budget unchanged. estimate_rank needs a resolved budget (UsageError for "auto").
+Config with_host_memory_budget_resolved(Config config, std::int64_t node_available, std::int64_t node_total,
+                                        int ranks_per_node);
+
 /// The machines: `world_size` ranks, `gpus_per_node` per node. Memory sizes in bytes.
 struct Cluster {
   int world_size = 1;

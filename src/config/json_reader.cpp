@@ -125,6 +125,21 @@ void JsonReader::Section::integer(std::string_view key, std::int64_t& out, Auto 
   });
 }
 
+void JsonReader::Section::integer_or_word(std::string_view key, std::int64_t& out, std::string_view word,
+                                          std::int64_t word_value) {
+  guarded([&] {
+    const Json* v = find(key);
+    if (!v) return;
+    if (v->is_string()) {
+      if (v->get_ref<const std::string&>() != word)
+        ZOE_THROW_CONFIG(path(key), "expected an integer or \"", word, "\", got ", shown(*v));
+      out = word_value;
+      return;
+    }
+    out = read_integer(path(key), *v, std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
+  });
+}
+
 void JsonReader::Section::number(std::string_view key, double& out, Auto a) {
   guarded([&] {
     const Json* v = value(key, a);

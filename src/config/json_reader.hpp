@@ -47,6 +47,9 @@ class JsonReader {
     /// A JSON integer, or a double that is an exact integer (5e8), within the field's range.
     void integer(std::string_view key, int& out, Auto a = Auto::no);
     void integer(std::string_view key, std::int64_t& out, Auto a = Auto::no);
+    /// integer(), or the string `word` exactly, read as `word_value` (zoe's own meaning of
+    /// the word, resolved by zoe, not a trainer's value as Auto::yes).
+    void integer_or_word(std::string_view key, std::int64_t& out, std::string_view word, std::int64_t word_value);
     /// Any finite JSON number.
     void number(std::string_view key, double& out, Auto a = Auto::no);
     /// A JSON array of exactly two finite numbers.

@@ -1,5 +1,8 @@
 #include "src/core/offload_tiers.hpp"
 
+#include "src/common/host_memory.hpp"
+#include "src/common/log.hpp"
+
 namespace zoe::core {
 
 OffloadTiers::OffloadTiers(EngineContext& cx) {
@@ -7,6 +10,14 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
   adam = std::make_unique<optim::CpuAdam>(c.zoe.optimizer_threads);
   pinned_budget = std::make_shared<offload::PinnedBudget>(static_cast<std::size_t>(c.zoe.pinned_budget_bytes));
   host_memory_budget_ = c.zoe.host_memory_budget;
+  if (host_memory_budget_ == ZoeConfig::kHostMemoryBudgetAuto) {
+    // "auto": what the machine can spare now, once (a budget that moved with other processes'
+    // memory would move the placement between runs of one config).
+    const HostMemoryReading machine = read_host_memory();
+    host_memory_budget_ = spare_host_memory_per_rank(machine, cx.handles.local_world_size);
+    ZOE_LOG_INFO("rank {}: zoe.host_memory_budget \"auto\": {}", cx.rank,
+                 describe_spare_host_memory(machine, cx.handles.local_world_size));
+  }
   // What both tiers take alike: the config's offload block, the rank, the pinned budget, the
   // aio settings, and registration of their pinned buffers with the device (their copies are
   // then the pinned kind).
@@ -48,7 +59,7 @@ OffloadTiers::OffloadTiers(EngineContext& cx) {
     po.buffer_bytes = static_cast<std::size_t>(op.buffer_size) * dtype_size(cx.dtype);
     // Host memory first: a shard kept in host memory saves its bytes read twice a step and
     // written once, more NVMe traffic per byte of RAM than a gradient or the states save.
-    po.host_budget = c.zoe.host_memory_budget;
+    po.host_budget = host_memory_budget_;
     params_on_nvme_ = op.device == OffloadDevice::nvme;
     params = std::make_unique<offload::ParamShards>(po);
   }

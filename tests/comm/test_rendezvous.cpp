@@ -11,6 +11,7 @@
 #include "src/comm/tcp_store.hpp"
 #include "src/device/host_device.hpp"
 #include "zoe/error.hpp"
+#include "zoe/ranks.hpp"
 
 using namespace zoe;
 using ::testing::HasSubstr;
@@ -61,6 +62,30 @@ TEST(LaunchEnv, MpirunAndSrun) {
   EXPECT_EQ(both.launcher, "torchrun");
   EXPECT_EQ(both.world_size, 1);
   EXPECT_EQ(both.master_addr, "");  // not needed for one rank
+}
+
+// The ranks on this host (what zoe.host_memory_budget "auto" shares the machine's memory by):
+// each launcher's variable, else every rank counted as local.
+TEST(LaunchEnv, LocalWorldSize) {
+  EXPECT_EQ(parse_launch_env(env({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "a"},
+                                  {"MASTER_PORT", "1"}}))
+                .local_world_size,
+            4);
+  EXPECT_EQ(parse_launch_env(env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}))
+                .local_world_size,
+            1);
+  EXPECT_EQ(parse_launch_env(env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_NTASKS_PER_NODE", "3"},
+                                  {"MASTER_ADDR", "h"}, {"MASTER_PORT", "7"}}))
+                .local_world_size,
+            3);
+  EXPECT_EQ(parse_launch_env(env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "7"}}))
+                .local_world_size,
+            6);
+  EXPECT_THAT(parse_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}, {"MASTER_ADDR", "a"},
+                           {"MASTER_PORT", "1"}}),
+              HasSubstr("LOCAL_WORLD_SIZE must be in [1, WORLD_SIZE]"));
+  EXPECT_EQ(make_local_ranks(3)[2].local_world_size, 3);
 }
 
 TEST(LaunchEnv, ErrorsListWhatWasFound) {

@@ -611,3 +611,23 @@ TEST(ConfigParse, ScheduleValuesEqualDeepSpeeds) {
   EXPECT_EQ(zoe::SchedulerConfig{}.lr_at(0.25, 7), 0.25);  // none: the optimizer's lr
 }
 }  // namespace
+
+// zoe.host_memory_budget: bytes, or "auto" (what the machine can spare, resolved by the
+// engine at construction; Hugging Face's trainer values play no part in it).
+TEST(ConfigParse, HostMemoryBudgetTakesBytesOrAuto) {
+  const std::string nvme = R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}})";
+  const Config a = Config::from_json("{" + nvme + R"(, "zoe": {"host_memory_budget": "auto"}})");
+  EXPECT_EQ(a.zoe.host_memory_budget, zoe::ZoeConfig::kHostMemoryBudgetAuto);
+  EXPECT_NE(a.to_json().find(R"("host_memory_budget": "auto")"), std::string::npos) << a.to_json();
+  EXPECT_EQ(Config::from_json(a.to_json()), a);
+  EXPECT_EQ(Config::from_json("{" + nvme + R"(, "zoe": {"host_memory_budget": 4096}})").zoe.host_memory_budget, 4096);
+  for (const char* bad : {R"("Auto")", R"("4096")", "-2", "true"}) {
+    SCOPED_TRACE(bad);
+    try {
+      (void)Config::from_json("{" + nvme + R"(, "zoe": {"host_memory_budget": )" + bad + "}}");
+      ADD_FAILURE() << "accepted";
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(e.key(), "zoe.host_memory_budget") << e.what();
+    }
+  }
+}

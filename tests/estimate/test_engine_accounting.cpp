@@ -6,11 +6,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "src/common/host_memory.hpp"
 #include "src/config/estimate.hpp"
 #include "zoe/engine.hpp"
 
@@ -208,3 +210,24 @@ TEST_F(EngineAccounting, ModelStatesWithinOnePercentWithPadding) {
   }
 }
 }  // namespace
+
+// zoe.host_memory_budget "auto": the engine resolves it from this machine's memory and the
+// ranks on it; the estimate, given the same reading (with_host_memory_budget_resolved), places
+// the same bytes on each tier. estimate_rank itself refuses an unresolved "auto".
+TEST_F(EngineAccounting, AutoHostBudgetEqualsTheEstimateOfTheSameMachine) {
+  const int world = 2;
+  const std::vector<std::int64_t> numels(4, 4096);
+  const ModelShape shape{4 * 4096, 4096};
+  Config cfg = config(3, OffloadDevice::nvme, dir_);
+  cfg.zero_optimization.offload_param.device = OffloadDevice::nvme;
+  cfg.zero_optimization.offload_param.nvme_path = dir_;
+  cfg.zoe.host_memory_budget = ZoeConfig::kHostMemoryBudgetAuto;
+  EXPECT_THROW(estimate::estimate_rank(shape, world, cfg), UsageError);
+  const Built built = build_engine(cfg, world, numels);
+  const HostMemoryReading machine = read_host_memory();
+  const Config resolved = estimate::with_host_memory_budget_resolved(cfg, machine.cgroup_room ? std::min(machine.available, *machine.cgroup_room) : machine.available,
+                                                                     machine.total, world);
+  ASSERT_GT(resolved.zoe.host_memory_budget, 1 << 20) << "this machine has under 1 MiB to spare per rank";
+  expect_reports_equal_the_estimate(built, estimate::estimate_rank(shape, world, resolved), world);
+  EXPECT_EQ(built.reports[0].nvme_model_states, 0);
+}

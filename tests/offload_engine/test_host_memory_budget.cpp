@@ -7,6 +7,7 @@
 
 #include <filesystem>
 
+#include "src/common/host_memory.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -156,6 +157,45 @@ TEST(HostMemoryBudget, NeedsTheNvmeTier) {
   EXPECT_NO_THROW(Engine(c, make_local_ranks(1)[0]));
   std::filesystem::remove_all(c.zero_optimization.offload_param.nvme_path);
   c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
-  c.zoe.host_memory_budget = -1;
+  c.zoe.host_memory_budget = -2;  // (-1 is kHostMemoryBudgetAuto)
   EXPECT_THROW(Engine(c, make_local_ranks(1)[0]), ConfigError);
+  // "auto" needs an NVMe tier as a byte count does.
+  c.zero_optimization.stage = 2;
+  c.zero_optimization.offload_param.device = OffloadDevice::none;
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::cpu;
+  c.zoe.host_memory_budget = ZoeConfig::kHostMemoryBudgetAuto;
+  try {
+    Engine e(c, make_local_ranks(1)[0]);
+    ADD_FAILURE() << "zoe.host_memory_budget \"auto\" was accepted without an NVMe tier";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"auto\" needs an NVMe tier"), std::string::npos) << e.what();
+  }
+}
+
+// "auto": what this machine can spare, divided by the ranks on it (here in-process ranks, all
+// local), resolved at construction. The tiny net's states and gradients fit in it on any
+// machine with a few MiB to spare: none on NVMe, and the same bits as everything on NVMe.
+TEST(HostMemoryBudget, AutoTakesWhatTheMachineCanSpare) {
+  const std::string dir = zoe::test::temp_dir("host-budget-auto");
+  for (int world : {1, 2}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    const RunResult ref = train(config(3, 1, 0, dir), kNet, world, 8, 16);
+    const RunResult all = train(config(3, 1, std::int64_t{1} << 30, dir), kNet, world, 8, 16);
+    const RunResult automatic = train(config(3, 1, ZoeConfig::kHostMemoryBudgetAuto, dir), kNet, world, 8, 16);
+    EXPECT_TRUE(bitwise_equal(automatic, ref));
+    EXPECT_EQ(automatic.losses, ref.losses);
+    const std::int64_t spare = spare_host_memory_per_rank(read_host_memory(), world);
+    for (int k = 0; k < world; ++k) {
+      const std::int64_t needed = ref.memory[k].nvme_model_states;
+      ASSERT_GT(needed, 0);
+      if (spare >= 2 * needed) {  // (two readings of MemAvailable differ a little)
+        EXPECT_EQ(automatic.memory[k].nvme_model_states, 0) << "rank " << k << ", " << spare << " bytes to spare";
+        EXPECT_EQ(automatic.memory[k].host_model_states, all.memory[k].host_model_states) << "rank " << k;
+      } else {
+        EXPECT_LE(automatic.memory[k].host_model_states - ref.memory[k].host_model_states, spare + needed) << "rank " << k;
+      }
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/host_memory.hpp"
 #include "src/config/estimate.hpp"
 #include "src/config/estimate_report.hpp"
 #include "src/config/model_size.hpp"
@@ -121,6 +122,15 @@ int main(int argc, char** argv) {
       if (hidden_size > 0) auto_inputs.hidden_size = hidden_size;
       knobs = zoe::Config::from_json_file(config_path, auto_values(auto_inputs));
       knobs.check_batch_size(world_size);  // as DeepSpeed: train_batch_size = micro x accumulation x ranks
+      if (knobs.zoe.host_memory_budget == zoe::ZoeConfig::kHostMemoryBudgetAuto) {
+        // "auto" as the engine resolves it on a node whose MemAvailable is the usable host
+        // memory (--host-memory less --host-headroom). A run logs the MemAvailable it saw:
+        // --host-memory <that> --host-headroom 0 predicts that run.
+        const auto usable = static_cast<std::int64_t>(static_cast<double>(cluster.host_bytes_per_node) * (1.0 - cluster.host_headroom));
+        const zoe::HostMemoryReading node{cluster.host_bytes_per_node, usable, std::nullopt};
+        if (!json) std::cout << "zoe.host_memory_budget \"auto\": " << zoe::describe_spare_host_memory(node, cluster.ranks_per_node()) << "\n";
+        knobs = with_host_memory_budget_resolved(knobs, node.available, node.total, cluster.ranks_per_node());
+      }
       config_row = estimate_rank(shape, world_size, knobs);
     }
     const Plan p = plan(shape, cluster, knobs, !decimal);
