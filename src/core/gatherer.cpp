@@ -2,6 +2,7 @@
 // gathered), reshard (gathered -> sharded), acquire / release around each module, prefetch
 // along the recorded order, and the parameter tier's reads.
 #include <algorithm>
+#include <utility>
 
 #include "src/common/check.hpp"
 #include "src/common/quote.hpp"
@@ -172,7 +173,7 @@ void Gatherer::prefetch() {
     if (at_cap) break;  // entry e is not complete: the next walk starts there
   }
   if (!upcoming.empty()) index_.advance_cursor(pos + e);
-  test_hooks::prefetch_entries_visited.fetch_add(static_cast<std::int64_t>(e - walk_start), std::memory_order_relaxed);
+  entries_visited_ += static_cast<std::int64_t>(e - walk_start);
   for (int gi : bucket_groups) queued_[static_cast<std::size_t>(gi)] = 0;
   gather_coalesced(std::move(bucket_groups));
 }
@@ -252,6 +253,9 @@ std::shared_ptr<offload::ShardRead> Gatherer::begin_shard_read(Group& g) {
 }
 
 void Gatherer::end_step() {
+  // Published once a step: an atomic add per acquire, on a line every rank's thread shares,
+  // cost more than the walk it counts.
+  test_hooks::prefetch_entries_visited.fetch_add(std::exchange(entries_visited_, 0), std::memory_order_relaxed);
   trace_.end_step();
   index_.build(trace_.upcoming(), model_);
 }

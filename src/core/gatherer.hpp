@@ -72,6 +72,7 @@ class Gatherer {
   ExecutionTrace trace_;           // the order prefetch follows
   TraceIndex index_;               // the previous step's order, indexed (O(1) per call)
   std::vector<char> queued_;       // prefetch(): groups already in this call's bucket
+  std::int64_t entries_visited_ = 0;  // prefetch walks' entries this step (test_hooks, at end_step)
   std::int64_t live_elements_ = 0;  // gathered parameter elements in use or prefetched
   std::uint64_t frees_before_last_acquire_ = 0;  // DeferredFrees::mark() at the previous acquire
 };

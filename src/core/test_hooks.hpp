@@ -10,7 +10,8 @@ namespace zoe::core::test_hooks {
 /// Called on the update thread after each group's optimizer update (argument: group index).
 inline std::function<void(int)> after_group_update;
 /// Entries of the recorded order the Gatherer's prefetch walks visited, summed over every
-/// engine in the process (one relaxed add per acquire): a test divides it by the calls to show
-/// the walk is O(1) amortised per call, whatever the module count.
+/// engine in the process (each Gatherer adds its count at the end of each step()): a test
+/// divides it by the calls to show the walk is O(1) amortised per call, whatever the module
+/// count.
 inline std::atomic<std::int64_t> prefetch_entries_visited{0};
 }  // namespace zoe::core::test_hooks

@@ -275,11 +275,13 @@ std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<Host
 void HostDevice::record(Event& event, Stream& stream) {
   ZOE_CHECK_USAGE(typeid(stream) == typeid(HostStream), "HostDevice::record: stream was not created by a HostDevice");
   const std::shared_ptr<HostQueue>& q = static_cast<HostStream&>(stream).queue();
-  host_event(event).set({q, q->last_ticket()});
+  host_event(event).set(q, q->last_ticket());
 }
 
 void HostDevice::wait(Stream& stream, Event& event) {
-  HostEvent::Point p = host_event(event).point();
+  HostEvent& e = host_event(event);
+  if (e.completed()) return;  // nothing to wait for: no copy of the queue's handle either
+  HostEvent::Point p = e.point();
   if (!p.queue || p.queue.get() == &host_queue(stream)) return;  // same stream: already ordered
   // Already complete: nothing to wait for, so no task (and no wake-up of the stream's thread).
   // done() takes the queue's mutex, which orders the event's work before what is queued next.
@@ -288,16 +290,15 @@ void HostDevice::wait(Stream& stream, Event& event) {
 }
 
 void HostDevice::synchronize(Event& event) {
-  HostEvent::Point p = host_event(event).point();
+  HostEvent& e = host_event(event);
+  if (e.settled()) return;  // done and no error to rethrow (most waits of the engine's calls)
+  HostEvent::Point p = e.point();
   if (!p.queue) return;
   p.queue->wait_for(p.ticket);
   p.queue->rethrow_error_up_to(p.ticket);
 }
 
-bool HostDevice::query(Event& event) {
-  HostEvent::Point p = host_event(event).point();
-  return !p.queue || p.queue->done(p.ticket);
-}
+bool HostDevice::query(Event& event) { return host_event(event).completed(); }
 
 void HostDevice::synchronize(Stream& stream) { host_queue(stream).synchronize(); }
 

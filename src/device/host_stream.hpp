@@ -52,6 +52,8 @@ class HostQueue {
   void synchronize();
   /// Rethrows (without clearing) the first task error if it happened at or before `ticket`.
   void rethrow_error_up_to(std::uint64_t ticket) const;
+  /// Whether a task error is kept (not yet cleared by synchronize()); no lock.
+  bool has_error() const { return has_error_.load(std::memory_order_acquire); }
   const std::string& name() const { return name_; }
 
  private:
@@ -96,16 +98,44 @@ class HostEvent final : public Event {
     std::uint64_t ticket = 0;
   };
   Point point() const {
-    std::lock_guard lock(mutex_);
+    Guard g(lock_);
     return point_;
   }
-  void set(Point p) {
-    std::lock_guard lock(mutex_);
-    point_ = std::move(p);
+  /// Records ticket `ticket` of `queue`. Re-recording on the queue it already names (the usual
+  /// case) changes only the ticket: no reference count is touched.
+  void set(const std::shared_ptr<HostQueue>& queue, std::uint64_t ticket) {
+    Guard g(lock_);
+    if (point_.queue != queue) point_.queue = queue;
+    point_.ticket = ticket;
+  }
+  /// Never recorded, or its work has run and no task of its queue failed so far: nothing to
+  /// wait for and nothing to rethrow. (False says nothing: take point() and look.)
+  bool settled() const {
+    Guard g(lock_);
+    return !point_.queue || (point_.queue->done(point_.ticket) && !point_.queue->has_error());
+  }
+  /// Never recorded, or its work has run (errors aside).
+  bool completed() const {
+    Guard g(lock_);
+    return !point_.queue || point_.queue->done(point_.ticket);
   }
 
  private:
-  mutable std::mutex mutex_;
+  // A spin lock, not a mutex: held for a few loads and stores, and an event (one or more per
+  // group and call of the engine) stays small and cheap to touch.
+  class Guard {
+   public:
+    explicit Guard(std::atomic_flag& f) : f_(f) {
+      while (f_.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+    }
+    ~Guard() { f_.clear(std::memory_order_release); }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+
+   private:
+    std::atomic_flag& f_;
+  };
+  mutable std::atomic_flag lock_ = ATOMIC_FLAG_INIT;
   Point point_;
 };
 

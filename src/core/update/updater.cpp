@@ -331,11 +331,16 @@ void Updater::zero_offloaded_gradients(Group& g) {
   for (const SubGroup& sg : g.subgroups)
     if (sg.offloaded()) grad_sink_->zero(sg.offload_id, g.host_done);
 }
+std::uint8_t Updater::sub_group_mix(const Group& g) const {
+  const auto gi = static_cast<std::size_t>(model_.index_of(g));
+  if (gi < sub_group_mix_.size()) return sub_group_mix_[gi];
+  std::uint8_t mix = 0;  // not placed yet: from the group itself
+  for (const SubGroup& sg : g.subgroups) mix |= sg.offloaded() ? kSomeOffloaded : kSomeOnDevice;
+  return mix;
+}
 bool Updater::has_device_sub_groups(const Group& g) const {
   if (!tiers_.states) return true;  // no offload: everything is on the device, even an empty group
-  return std::any_of(g.subgroups.begin(), g.subgroups.end(), [](const SubGroup& sg) { return !sg.offloaded(); });
+  return (sub_group_mix(g) & kSomeOnDevice) != 0;
 }
-bool Updater::has_offloaded_sub_groups(const Group& g) const {
-  return std::any_of(g.subgroups.begin(), g.subgroups.end(), [](const SubGroup& sg) { return sg.offloaded(); });
-}
+bool Updater::has_offloaded_sub_groups(const Group& g) const { return (sub_group_mix(g) & kSomeOffloaded) != 0; }
 }  // namespace zoe::core

@@ -148,6 +148,11 @@ class Updater {
  private:
   int device_sub_group_count() const;
   void place_sub_groups(Group& g, int& device_left);
+  // Which optimizers a group's sub-groups use, one byte per group (kSomeOnDevice |
+  // kSomeOffloaded), set by place_sub_groups().
+  static constexpr std::uint8_t kSomeOnDevice = 1, kSomeOffloaded = 2;
+  std::uint8_t sub_group_mix(const Group& g) const;
+  std::vector<std::uint8_t> sub_group_mix_;
   /// The executor: queues group gi's update (device part on the update stream, host part
   /// appended to `host_parts`); `snapshot`: the delayed update's copy of its gradient.
   void begin_group_update(int gi, const UpdatePlan& plan, const std::shared_ptr<DeviceBuffer>& snapshot,
