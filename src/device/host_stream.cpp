@@ -8,7 +8,56 @@ namespace zoe {
 
 namespace {
 std::atomic<std::uint64_t> next_queue_id{1};
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kPoolEvents = false;
+#else
+constexpr bool kPoolEvents = true;
+#endif
+
+// HostEvent's slots: chunks of kPerChunk, each slot a cache-line multiple, free slots kept
+// as a stack that hands out a fresh chunk in ascending order.
+class EventSlots {
+ public:
+  static constexpr std::size_t kSlot = (sizeof(HostEvent) + 63) / 64 * 64, kPerChunk = 1024;
+  void* take() {
+    std::lock_guard lock(mutex_);
+    if (free_.empty()) {
+      char* chunk = static_cast<char*>(::operator new(kSlot * kPerChunk, std::align_val_t{64}));
+      for (std::size_t i = kPerChunk; i-- > 0;) free_.push_back(chunk + i * kSlot);
+    }
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void give(void* p) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(p);  // never reallocates: the capacity holds every slot ever made
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<void*> free_;
+};
+
+// Never destroyed (an event may outlive static destructors); its chunks stay reachable.
+EventSlots& event_slots() {
+  static EventSlots* slots = new EventSlots;
+  return *slots;
+}
 }  // namespace
+
+void* HostEvent::operator new(std::size_t bytes) {
+  if (!kPoolEvents) return ::operator new(bytes);
+  // (HostEvent is final: every allocation is one HostEvent.)
+  return event_slots().take();
+}
+
+void HostEvent::operator delete(void* p) noexcept {
+  if (!p) return;
+  if (!kPoolEvents) return ::operator delete(p);
+  event_slots().give(p);
+}
 
 HostQueue::HostQueue(std::string name)
     : id_(next_queue_id.fetch_add(1, std::memory_order_relaxed)), name_(std::move(name)), worker_([this] { run(); }) {}
