@@ -6,7 +6,9 @@
 // records the order prefetch follows),
 // and the ratio to the smallest count (1.0 = flat: O(1) per call). A second case runs the same
 // step at world 2 for n modules against one module holding all n x 256 elements.
-// Usage: zoe-module-count-bench [--json] [--counts 100,1000,4000,16000] [--steps N]
+// Each figure is taken in --rounds rounds (default 5), every case once per round, and reported
+// as the median value and the median (least, greatest) of its per-round ratios.
+// Usage: zoe-module-count-bench [--json] [--counts 100,1000,4000,16000] [--steps N] [--rounds N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -42,6 +44,12 @@ constexpr int kMinModulesTimed = 64000;
 
 // The timed passes for `modules` modules: at least `steps`, and at least kMinModulesTimed calls.
 int passes_for(int modules, int steps) { return std::max(steps, (kMinModulesTimed + modules - 1) / modules); }
+
+// Median of `v` (v not empty).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // Runs `steps` + 1 passes over `modules` modules of `elements` each on every rank; returns
 // rank 0's median per-call times of all passes but the first.
@@ -79,13 +87,32 @@ PassTimes run(int world, int modules, std::int64_t elements, int steps) {
       bw.push_back(us(t2 - t1).count() / modules);
       st.push_back(us(t3 - t0).count() / 1000.0);
     }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     per_rank[static_cast<std::size_t>(ctx.rank)] = PassTimes{median(fw), median(bw), median(st)};
   });
   return per_rank[0];
+}
+
+// One figure over the rounds: the median value and, against the baseline of the same round,
+// the median, least and greatest ratio.
+struct Paired {
+  std::vector<double> values, baselines, ratios;
+  void add(double value, double baseline) {
+    values.push_back(value);
+    baselines.push_back(baseline);
+    ratios.push_back(value / baseline);
+  }
+};
+
+void print(bool json, const char* name, const char* unit, const Paired& p) {
+  const auto [lo, hi] = std::minmax_element(p.ratios.begin(), p.ratios.end());
+  if (json) {
+    std::printf("{\"bench\":\"module_count\",\"case\":\"%s\",\"value\":%.3f,\"unit\":\"%s\",\"baseline\":%.3f,"
+                "\"ratio\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f,\"rounds\":%zu}\n",
+                name, median(p.values), unit, median(p.baselines), median(p.ratios), *lo, *hi, p.ratios.size());
+  } else {
+    std::printf("%-28s %9.3f %s (baseline %.3f): ratio x%.2f (x%.2f-%.2f over %zu rounds)\n", name, median(p.values), unit,
+                median(p.baselines), median(p.ratios), *lo, *hi, p.ratios.size());
+  }
 }
 
 }  // namespace
@@ -93,7 +120,7 @@ PassTimes run(int world, int modules, std::int64_t elements, int steps) {
 int main(int argc, char** argv) {
   bool json = false;
   std::vector<int> counts = {100, 1000, 4000, 16000};
-  int steps = 3;
+  int steps = 3, rounds = 5;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) {
       json = true;
@@ -103,40 +130,39 @@ int main(int argc, char** argv) {
       for (std::string item; std::getline(in, item, ',');) counts.push_back(std::stoi(item));
     } else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
       steps = std::max(1, std::stoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
+      rounds = std::max(1, std::stoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--json] [--counts N,N,...] [--steps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json] [--counts N,N,...] [--steps N] [--rounds N]\n", argv[0]);
       return 2;
     }
   }
   constexpr std::int64_t kElements = 256;
-  PassTimes first{};
-  for (std::size_t k = 0; k < counts.size(); ++k) {
-    const PassTimes t = run(1, counts[k], kElements, passes_for(counts[k], steps));
-    if (k == 0) first = t;
-    const double rf = t.forward_us / first.forward_us, rb = t.backward_us / first.backward_us;
-    if (json) {
-      std::printf("{\"bench\":\"module_count\",\"case\":\"forward_per_module_%d\",\"value\":%.3f,\"unit\":\"us\","
-                  "\"baseline\":%.3f,\"ratio\":%.3f}\n", counts[k], t.forward_us, first.forward_us, rf);
-      std::printf("{\"bench\":\"module_count\",\"case\":\"backward_per_module_%d\",\"value\":%.3f,\"unit\":\"us\","
-                  "\"baseline\":%.3f,\"ratio\":%.3f}\n", counts[k], t.backward_us, first.backward_us, rb);
-    } else {
-      std::printf("%6d modules: forward %.3f us, backward %.3f us per module (x%.2f, x%.2f of %d modules); step %.1f ms\n",
-                  counts[k], t.forward_us, t.backward_us, rf, rb, counts.front(), t.step_ms);
-    }
-  }
-  // World 2: many small modules against one module of the same elements.
+  // World 2: many small modules against one module of the same elements, both with the passes
+  // of the many-module case (one module of all the elements is no shorter a pass).
   const int many = counts.size() > 2 ? counts[2] : counts.back();
-  // Both with the passes of the many-module case (one module of all the elements is no
-  // shorter a pass).
-  const PassTimes small = run(2, many, kElements, passes_for(many, steps));
-  const PassTimes one = run(2, 1, many * kElements, passes_for(many, steps));
-  if (json) {
-    std::printf("{\"bench\":\"module_count\",\"case\":\"world2_step_%d_modules\",\"value\":%.3f,\"unit\":\"ms\","
-                "\"baseline\":%.3f,\"ratio\":%.3f}\n", many, small.step_ms, one.step_ms, small.step_ms / one.step_ms);
-  } else {
-    std::printf("world 2: %d modules of %lld elements: step %.2f ms (forward %.3f us, backward %.3f us per module); one module "
-                "of %lld: %.2f ms; ratio %.2f\n", many, static_cast<long long>(kElements), small.step_ms, small.forward_us,
-                small.backward_us, static_cast<long long>(many * kElements), one.step_ms, small.step_ms / one.step_ms);
+  // Rounds: every case once per round, each ratio against its baseline of the same round (the
+  // machine's speed drifts between rounds; a ratio of neighbours holds), medians reported.
+  std::vector<Paired> forward(counts.size()), backward(counts.size());
+  Paired world2;
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<PassTimes> t;
+    for (int c : counts) t.push_back(run(1, c, kElements, passes_for(c, steps)));
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      forward[k].add(t[k].forward_us, t[0].forward_us);
+      backward[k].add(t[k].backward_us, t[0].backward_us);
+    }
+    const PassTimes small = run(2, many, kElements, passes_for(many, steps));
+    const PassTimes one = run(2, 1, many * kElements, passes_for(many, steps));
+    world2.add(small.step_ms, one.step_ms);
   }
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    const std::string f = "forward_per_module_" + std::to_string(counts[k]);
+    const std::string b = "backward_per_module_" + std::to_string(counts[k]);
+    print(json, f.c_str(), "us", forward[k]);
+    print(json, b.c_str(), "us", backward[k]);
+  }
+  const std::string w = "world2_step_" + std::to_string(many) + "_modules";
+  print(json, w.c_str(), "ms", world2);
   return 0;
 }

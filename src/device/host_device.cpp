@@ -62,9 +62,9 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
   cache_.clear();
   cached_bytes_ = 0;
   for (auto& [bytes, blocks] : small_cache_)
-    for (void* p : blocks) {
-      sizes_.erase(p);
-      free_block(p);
+    for (const FreeSmall& b : blocks) {
+      sizes_.erase(b.ptr);
+      free_block(b.ptr);
     }
   small_cache_.clear();
   small_cached_bytes_ = 0;
@@ -117,11 +117,11 @@ void* HostDevice::allocate(std::size_t bytes) {
     }
     if (!cacheable) {
       if (auto small = small_cache_.find(rounded); small != small_cache_.end() && !small->second.empty()) {
-        void* ptr = small->second.back();
+        const FreeSmall b = small->second.back();
         small->second.pop_back();
         small_cached_bytes_ -= rounded;
-        sizes_.find(ptr)->second = bytes;  // its entry stayed (kInFreeList): live again
-        return ptr;
+        *b.size_entry = bytes;  // its entry stayed (kInFreeList): live again
+        return b.ptr;
       }
     }
     // A miss: release cached blocks, largest first, until live + cached fits within the peak
@@ -165,7 +165,7 @@ void HostDevice::deallocate(void* ptr) {
       // A small block keeps its entry, marked, while its free list holds it: no node to free
       // now and allocate again at its reuse (many small modules: one per module and call).
       it->second = bytes | kInFreeList;
-      small_cache_[rounded].push_back(ptr);
+      small_cache_[rounded].push_back(FreeSmall{ptr, &it->second});
       small_cached_bytes_ += rounded;
       return;
     }

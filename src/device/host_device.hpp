@@ -185,7 +185,13 @@ class HostDevice final : public Device {
   std::shared_ptr<CopyEngine> h2d_, d2h_;  // discrete only; shared with queued copies
   std::map<std::size_t, std::vector<void*>> cache_;  // freed blocks by rounded size
   std::size_t cached_bytes_ = 0;
-  std::unordered_map<std::size_t, std::vector<void*>> small_cache_;  // freed small blocks by rounded size
+  // A freed small block and its sizes_ entry's value (a map's elements stay put until erased,
+  // and a listed block's entry is never erased), so reuse finds no hash node.
+  struct FreeSmall {
+    void* ptr;
+    std::size_t* size_entry;
+  };
+  std::unordered_map<std::size_t, std::vector<FreeSmall>> small_cache_;  // freed small blocks by rounded size
   std::size_t small_cached_bytes_ = 0;
   bool poison_freed_ = false;                                     // set_poison_freed
   std::size_t quarantine_cap_ = 0, quarantined_bytes_ = 0;
