@@ -32,10 +32,12 @@ void Gatherer::gather(Group& g) {
     cx_.device.host_func(*cx_.side, [read] { read->wait(); });
     cx_.device.copy(staging.data(), read->data(), staging.bytes(), *cx_.side);
     coll_.all_gather(staging.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
+    ready_.forget(model_.index_of(g));
     cx_.device.record(*g.param_ready, *cx_.side);
     cx_.frees.after_side(std::move(staging), 0, std::move(read));
   } else {
     coll_.all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
+    ready_.forget(model_.index_of(g));
     cx_.device.record(*g.param_ready, *cx_.side);
   }
   if (!stale) live_elements_ += L.padded_numel();
@@ -103,7 +105,7 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
       regions.push_back({at(g.param_full.data(), r * S), at(recv.data(), r * T + offsets[k]), static_cast<std::size_t>(S) * esz});
   }
   cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
-  for (int gi : gis) cx_.device.record(*model_.group(gi).param_ready, *cx_.side);
+  ready_.record(gis, *cx_.side);  // one point for them all
   cx_.frees.after_side(std::move(send), 0, std::move(reads));
   cx_.frees.after_side(std::move(recv));
   live_elements_ += padded;
@@ -138,7 +140,7 @@ void Gatherer::acquire(int module, bool backward) {
     gather_coalesced(m.groups);
   for (int gi : m.groups) ++model_.group(gi).active;
   prefetch();
-  for (int gi : m.groups) cx_.ready_for_compute(*model_.group(gi).param_ready);
+  for (int gi : m.groups) ready_.wait(gi, *model_.group(gi).param_ready);
 }
 
 void Gatherer::prefetch() {

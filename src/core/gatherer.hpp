@@ -21,6 +21,7 @@
 #include "src/core/trace_index.hpp"
 #include "src/core/model.hpp"
 #include "src/core/offload_tiers.hpp"
+#include "src/core/shared_ready.hpp"
 #include "src/core/update/updater.hpp"
 
 namespace zoe::core {
@@ -28,7 +29,7 @@ namespace zoe::core {
 class Gatherer {
  public:
   Gatherer(EngineContext& cx, Model& model, Collectives& coll, Updater& updater, OffloadTiers& tiers)
-      : cx_(cx), model_(model), coll_(coll), updater_(updater), tiers_(tiers) {}
+      : cx_(cx), model_(model), coll_(coll), updater_(updater), tiers_(tiers), ready_(cx.device, nullptr) {}
 
   /// Before module `module`'s forward (or `backward`): its groups gathered (and the next ones
   /// prefetched), the trainer's compute ordered after them. Records the call in the trace.
@@ -71,6 +72,7 @@ class Gatherer {
   OffloadTiers& tiers_;
   ExecutionTrace trace_;           // the order prefetch follows
   TraceIndex index_;               // the previous step's order, indexed (O(1) per call)
+  SharedReady ready_;              // one event per coalesced all-gather (its groups' readiness)
   std::vector<char> queued_;       // prefetch(): groups already in this call's bucket
   std::int64_t entries_visited_ = 0;  // prefetch walks' entries this step (test_hooks, at end_step)
   std::int64_t live_elements_ = 0;  // gathered parameter elements in use or prefetched

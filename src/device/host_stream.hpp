@@ -74,7 +74,10 @@ class HostQueue {
   std::deque<std::function<void()>> tasks_;
   // Written under mutex_ (the condition variables' predicates), read without it by
   // last_ticket() and done() (acquire: a completed task's writes are visible to the reader).
-  std::atomic<std::uint64_t> enqueued_{0}, completed_{0};
+  // Each on a cache line of its own: the queuing thread writes enqueued_ (and reads it for
+  // every record()), the worker writes completed_ after every task.
+  alignas(64) std::atomic<std::uint64_t> enqueued_{0};
+  alignas(64) std::atomic<std::uint64_t> completed_{0};
   std::exception_ptr error_;
   std::atomic<bool> has_error_{false};  // error_ is set (read without mutex_ by rethrow_error_up_to)
   std::uint64_t error_ticket_ = 0;

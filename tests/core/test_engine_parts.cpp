@@ -1,6 +1,7 @@
 // The parts EngineImpl composes, each alone: ExecutionTrace (the order stage-3 prefetch
 // follows), DeferredFrees (buffers freed once the device is past them) and ChunkPipeline
-// (construction's chunks filled on the caller's thread while the writer stores the previous one).
+// (construction's chunks filled on the caller's thread while the writer stores the previous one),
+// SharedReady (groups that become ready at one point share one event).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include "src/core/chunk_pipeline.hpp"
 #include "src/core/deferred_frees.hpp"
 #include "src/core/execution_trace.hpp"
+#include "src/core/shared_ready.hpp"
 #include "src/device/host_device.hpp"
 #include "zoe/error.hpp"
 
@@ -189,4 +191,33 @@ TEST(ChunkPipeline, AbandonWaitsForTheStoreInFlightAndMisuseIsRefused) {
     EXPECT_THROW(p.acquire(), UsageError) << "a second slot while one is being filled";
   }
   EXPECT_THROW(ChunkPipeline(4, 0), UsageError);
+}
+
+// Groups recorded at one shared point: the waiter waits for it once (one wait task on its
+// stream, however many groups), and is ordered after the point; a group that forgot its point
+// waits on its own event.
+TEST(SharedReady, TheWaiterWaitsOnceAPointAndAForgottenGroupUsesItsOwnEvent) {
+  HostDevice dev;
+  auto producer = dev.create_stream(), waiter = dev.create_stream();
+  SharedReady ready(dev, waiter.get());
+  std::promise<void> gate;
+  std::shared_future<void> open = gate.get_future().share();
+  std::atomic<int> produced{0}, seen{-1};
+  dev.host_func(*producer, [open] { open.wait(); });
+  dev.host_func(*producer, [&] { produced = 1; });
+  const std::vector<int> groups{0, 1, 2};
+  ready.record(groups, *producer);
+  auto own = dev.create_event();  // never recorded: complete
+  const std::uint64_t before = host_queue(*waiter).last_ticket();
+  for (int gi : groups) ready.wait(gi, *own);
+  EXPECT_EQ(host_queue(*waiter).last_ticket(), before + 1) << "one wait for the three groups";
+  dev.host_func(*waiter, [&] { seen = produced.load(); });
+  ready.forget(1);
+  ready.wait(1, *own);  // its own event: complete, nothing queued
+  EXPECT_EQ(host_queue(*waiter).last_ticket(), before + 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(seen.load(), -1) << "the waiter ran before the shared point";
+  gate.set_value();
+  dev.synchronize(*waiter);
+  EXPECT_EQ(seen.load(), 1);
 }

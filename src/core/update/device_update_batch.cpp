@@ -7,8 +7,9 @@ void DeviceUpdateBatch::add(const AdamTensor& t) {
   elements_ += static_cast<std::int64_t>(t.n);
 }
 
-void DeviceUpdateBatch::then(std::function<void()> after) {
+void DeviceUpdateBatch::then(std::function<void()> after, int group) {
   afters_.push_back(std::move(after));
+  if (group >= 0) sharing_.push_back(group);
   if (elements_ >= kElements) issue();
 }
 
@@ -18,6 +19,8 @@ void DeviceUpdateBatch::issue() {
   elements_ = 0;
   for (auto& f : afters_) f();  // (they queue work; none adds to the batch)
   afters_.clear();                // the capacity stays: the next step's batch reuses it
+  if (!sharing_.empty()) done_.record(sharing_, stream_);
+  sharing_.clear();
 }
 
 }  // namespace zoe::core

@@ -22,7 +22,8 @@ const void* grad_of(const StagePolicy& policy, const Group& g) {
 Updater::Updater(EngineContext& cx, Model& model, Collectives& coll, OffloadTiers& tiers)
     : cx_(cx), model_(model), coll_(coll), tiers_(tiers), scaler_(cx.config), lr_(cx.config.optimizer.lr),
       update_stream_(cx.device.create_stream()),
-      device_batch_(cx.device, *update_stream_, update_grad_dtype(), cx.dtype) {}
+      update_points_(cx.device, cx.side.get()),
+      device_batch_(cx.device, *update_stream_, update_grad_dtype(), cx.dtype, update_points_) {}
 
 DType Updater::update_grad_dtype() const {
   // Stage 1 reduces at the step, in the compute dtype; the others keep grad_dtype() shards.
@@ -138,15 +139,22 @@ void Updater::begin_group_update(int gi, const UpdatePlan& plan, const std::shar
     out = device_out->data();
   }
   if (out) update_on_device(g, plan, grad, out);
-  // After the batch's updates, on the update stream: the gradients are consumed (stages 0-1
-  // zero the persistent buffer for the next step), the group's event, and the buffers the
-  // device part reads are freed.
+  // After the batch's updates, on the update stream: the gradients are consumed, the group's
+  // event, and the buffers the device part reads are freed (lambdas of two pointers:
+  // std::function holds them without allocating). A group updated only on the device (no host
+  // part reads update_done, no parameter tier queries it) is done at its batch's shared point
+  // instead of its own event.
+  const bool simple = !snapshot && !cx_.policy.reduces_at_step;
+  const bool shares_point = simple && !tiers_.params && !has_offloaded_sub_groups(g);
+  if (!shares_point) update_points_.forget(gi);
   auto follow_up = [this, &g] {
-    if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update) cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
+    consume_gradients(g);
     cx_.device.record(*g.update_done, *update_stream_);
   };
-  if (!snapshot && !cx_.policy.reduces_at_step) {
-    device_batch_.then(follow_up);  // (two pointers: std::function holds it without allocating)
+  if (shares_point) {
+    device_batch_.then([this, &g] { consume_gradients(g); }, gi);
+  } else if (simple) {
+    device_batch_.then(follow_up);
   } else {
     std::shared_ptr<DeviceBuffer> read_grad;  // stage 1's shard, read by the update
     if (cx_.policy.reduces_at_step) read_grad = std::make_shared<DeviceBuffer>(std::move(g.grad_shard));
@@ -236,7 +244,7 @@ void Updater::after_update(Group& g) {
 void Updater::settle_update(Group& g) {
   if (g.update_state != Group::UpdateState::pending) return;
   g.update_state = Group::UpdateState::settled;
-  cx_.device.wait(*cx_.side, *g.update_done);
+  update_points_.wait(model_.index_of(g), *g.update_done);
   // The host part: wait on the side stream (not on this thread) for its latch.
   if (g.host_done) cx_.device.host_func(*cx_.side, [done = g.host_done] { done->wait(); });
   if (g.updated) {
@@ -293,6 +301,12 @@ kernels::AdamCoeffs Updater::coeffs_for(const optim::AdamHyper& h, const UpdateP
                                        plan.grad_scale, h.bias_correction),
                   true};
   return m.coeffs;
+}
+
+void Updater::consume_gradients(Group& g) {
+  // Stages 0-1 zero the persistent gradient buffer for the next step.
+  if (!cx_.policy.shards_grads && !cx_.config.zoe.delayed_update)
+    cx_.device.fill(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f, *update_stream_);
 }
 
 void Updater::update_on_device(Group& g, const UpdatePlan& plan, const void* grad_data, void* out_data) {

@@ -148,6 +148,9 @@ class Updater {
  private:
   int device_sub_group_count() const;
   void place_sub_groups(Group& g, int& device_left);
+  /// On the update stream after group g's update: its gradients are consumed (stages 0-1 zero
+  /// the persistent buffer for the next step).
+  void consume_gradients(Group& g);
   // Which optimizers a group's sub-groups use, one byte per group (kSomeOnDevice |
   // kSomeOffloaded), set by place_sub_groups().
   static constexpr std::uint8_t kSomeOnDevice = 1, kSomeOffloaded = 2;
@@ -180,6 +183,7 @@ class Updater {
   double lr_;
   std::int64_t steps_ = 0;
   std::unique_ptr<Stream> update_stream_;  // the device sub-groups' updates, in batches
+  SharedReady update_points_;               // "done" points shared by a batch's groups (the side stream waits)
   DeviceUpdateBatch device_batch_;          // queues them on update_stream_
   // With optimizer or parameter offload: the CPU optimizer's pipeline and the gradients' way
   // into the tier. Declared after what they use: destroyed first.
