@@ -39,11 +39,14 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
   for (const Group& g : groups) {
     if (g.frozen) continue;
     const std::int64_t S = g.layout->shard_numel();
+    // (Asked of the Updater's byte per group: most groups have no offloaded sub-group, and
+    // their sub-group vectors need not be read.)
+    const bool any_offloaded = policy.shards_optimizer && updater.has_offloaded_sub_groups(g);
     for (int r = 0; r < parts; ++r) {
       for (std::int64_t c = 0; c < S; c += sub_group_numel()) {
         const std::int64_t n = std::min(sub_group_numel(), S - c);
         int id = -1;
-        if (policy.shards_optimizer) {
+        if (any_offloaded) {
           const SubGroup& sg = g.subgroups[static_cast<std::size_t>(c / sub_group_numel())];
           id = sg.offload_id;
         }
