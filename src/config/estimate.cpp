@@ -1,12 +1,11 @@
 #include "src/config/estimate.hpp"
 
-#include "src/common/host_memory.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "src/common/check.hpp"
+#include "src/common/host_memory.hpp"
 #include "src/config/stage_policy.hpp"
 
 namespace zoe::estimate {

@@ -24,6 +24,7 @@ void Gatherer::gather(Group& g) {
   if (!cx_.config.zoe.delayed_update) updater_.settle_update(g);
   if (!stale) g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, L.padded_numel());
   g.param_state = Group::ParamState::gathered;
+  ready_.forget(model_.index_of(g));  // its own param_ready, recorded below, decides
   if (tiers_.params) {
     // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
     // stream after the group's update (which writes the shard back) is done.
@@ -32,12 +33,10 @@ void Gatherer::gather(Group& g) {
     cx_.device.host_func(*cx_.side, [read] { read->wait(); });
     cx_.device.copy(staging.data(), read->data(), staging.bytes(), *cx_.side);
     coll_.all_gather(staging.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
-    ready_.forget(model_.index_of(g));
     cx_.device.record(*g.param_ready, *cx_.side);
     cx_.frees.after_side(std::move(staging), 0, std::move(read));
   } else {
     coll_.all_gather(g.param_shard.data(), g.param_full.data(), L.shard_numel(), cx_.dtype, coll_.params_tag(g));
-    ready_.forget(model_.index_of(g));
     cx_.device.record(*g.param_ready, *cx_.side);
   }
   if (!stale) live_elements_ += L.padded_numel();

@@ -15,8 +15,8 @@ void SharedReady::record(std::span<const int> groups, Stream& side) {
 
 void SharedReady::wait(int gi, Event& own) {
   const std::uint32_t p = static_cast<std::size_t>(gi) < point_of_.size() ? point_of_[static_cast<std::size_t>(gi)] : 0;
-  Event& e = p == 0 ? own : *events_[p % kEvents];
   if (p != 0 && p == waited_point_) return;  // the waiter is already after this point
+  Event& e = p == 0 ? own : *events_[p % kEvents];
   if (waiter_) {
     device_.wait(*waiter_, e);
   } else {

@@ -280,12 +280,11 @@ void HostDevice::record(Event& event, Stream& stream) {
 
 void HostDevice::wait(Stream& stream, Event& event) {
   HostEvent& e = host_event(event);
-  if (e.completed()) return;  // nothing to wait for: no copy of the queue's handle either
+  // Already complete: nothing to wait for, so no task (and no wake-up of the stream's thread);
+  // done()'s acquire load orders the event's work before what is queued next.
+  if (e.completed()) return;
   HostEvent::Point p = e.point();
   if (!p.queue || p.queue.get() == &host_queue(stream)) return;  // same stream: already ordered
-  // Already complete: nothing to wait for, so no task (and no wake-up of the stream's thread).
-  // done() takes the queue's mutex, which orders the event's work before what is queued next.
-  if (p.queue->done(p.ticket)) return;
   host_queue(stream).enqueue_wait(p.queue, p.ticket);  // nothing queued if an earlier wait covers it
 }
 

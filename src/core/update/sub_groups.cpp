@@ -28,9 +28,8 @@ void Updater::place_sub_groups() {
   for (Group& g : model_.groups) place_sub_groups(g, device_left);
   // Asked per group and call (the reducer, the update): one contiguous byte per group, not a
   // walk over each group's own sub-group vector.
-  sub_group_mix_.assign(model_.groups.size(), 0);
-  for (std::size_t gi = 0; gi < model_.groups.size(); ++gi)
-    for (const SubGroup& sg : model_.groups[gi].subgroups) sub_group_mix_[gi] |= sg.offloaded() ? kSomeOffloaded : kSomeOnDevice;
+  sub_group_mix_.clear();
+  for (const Group& g : model_.groups) sub_group_mix_.push_back(mix_of(g));
   // zoe.update_in_backward on NVMe: a group's gradients wait in host memory only until its
   // update, which starts in backward, so a few recycled buffers keep every gradient off NVMe.
   // A wave waits for all of its group's gradients: the most sub-groups of one group, plus one

@@ -355,12 +355,14 @@ void Updater::zero_offloaded_gradients(Group& g) {
   for (const SubGroup& sg : g.subgroups)
     if (sg.offloaded()) grad_sink_->zero(sg.offload_id, g.host_done);
 }
-std::uint8_t Updater::sub_group_mix(const Group& g) const {
-  const auto gi = static_cast<std::size_t>(model_.index_of(g));
-  if (gi < sub_group_mix_.size()) return sub_group_mix_[gi];
-  std::uint8_t mix = 0;  // not placed yet: from the group itself
+std::uint8_t Updater::mix_of(const Group& g) {
+  std::uint8_t mix = 0;
   for (const SubGroup& sg : g.subgroups) mix |= sg.offloaded() ? kSomeOffloaded : kSomeOnDevice;
   return mix;
+}
+std::uint8_t Updater::sub_group_mix(const Group& g) const {
+  const auto gi = static_cast<std::size_t>(model_.index_of(g));
+  return gi < sub_group_mix_.size() ? sub_group_mix_[gi] : mix_of(g);  // (not placed yet: from the group)
 }
 bool Updater::has_device_sub_groups(const Group& g) const {
   if (!tiers_.states) return true;  // no offload: everything is on the device, even an empty group

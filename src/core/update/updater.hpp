@@ -154,6 +154,7 @@ class Updater {
   // Which optimizers a group's sub-groups use, one byte per group (kSomeOnDevice |
   // kSomeOffloaded), set by place_sub_groups().
   static constexpr std::uint8_t kSomeOnDevice = 1, kSomeOffloaded = 2;
+  static std::uint8_t mix_of(const Group& g);  // from its sub-group vector
   std::uint8_t sub_group_mix(const Group& g) const;
   std::vector<std::uint8_t> sub_group_mix_;
   /// The executor: queues group gi's update (device part on the update stream, host part
