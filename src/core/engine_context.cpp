@@ -49,15 +49,9 @@ DeviceBuffer EngineContext::alloc(MemKind kind, DType dt, std::int64_t numel) {
 
 void EngineContext::ready_for_compute(Event& event) { device.compute_waits(event); }
 
-void EngineContext::side_waits_for_compute() {
-  device.record(*compute_mark, device.compute_stream());
-  device.wait(*side, *compute_mark);
-}
+void EngineContext::side_waits_for_compute() { device.stream_waits_for(*side, device.compute_stream(), *compute_mark); }
 
-void EngineContext::compute_waits_for_side() {
-  device.record(*side_mark, *side);
-  ready_for_compute(*side_mark);
-}
+void EngineContext::compute_waits_for_side() { device.compute_waits_for(*side, *side_mark); }
 
 std::int64_t EngineContext::sub_group_numel() const {
   return std::max<std::int64_t>(FlatLayout::kAlign,

@@ -57,8 +57,9 @@ struct EngineContext {
   MemoryLedger ledger;
   DeferredFrees frees;  // zoe.debug_poison: NaN-filled frees
   ReadbackArea readback;
-  // The two marks the calls above record and wait on at once (a wait takes the event's
-  // state when it is queued, on CUDA as on the host device), so one of each serves every call.
+  // The scratch events of side_waits_for_compute / compute_waits_for_side (Device's
+  // stream_waits_for / compute_waits_for; CUDA records one and waits on it at once, and a wait
+  // takes the event's state when it is queued, so one of each serves every call).
   std::unique_ptr<Event> compute_mark, side_mark;
 
   /// An accounted device allocation of `numel` elements. Throws OutOfMemoryError.

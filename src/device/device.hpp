@@ -142,6 +142,24 @@ class Device {
   /// streams, as on CUDA): the compute stream waits, the caller does not block. The host device,
   /// whose trainer computes on the calling thread, blocks until the event completes.
   virtual void compute_waits(Event& event) { wait(compute_stream(), event); }
+  /// Work queued on `waiter` after this call waits for everything queued on `producer` so far
+  /// (an event recorded on `producer` and waited on by `waiter`, which is what the default does
+  /// with `scratch`: an event of the caller's that holds nothing else). The host device records
+  /// nothing: it compares `producer`'s last queued task with what has run and with `waiter`'s
+  /// earlier waits, so a producer with nothing new costs two loads. Thread-safety: as record
+  /// and wait (`scratch` used by one thread at a time).
+  virtual void stream_waits_for(Stream& waiter, Stream& producer, Event& scratch) {
+    record(scratch, producer);
+    wait(waiter, scratch);
+  }
+  /// The trainer's next compute waits for everything queued on `producer` so far (as
+  /// compute_waits of an event recorded there; `scratch` as in stream_waits_for). The host
+  /// device blocks until that work has run, and rethrows the first error of `producer`'s tasks
+  /// up to there.
+  virtual void compute_waits_for(Stream& producer, Event& scratch) {
+    record(scratch, producer);
+    compute_waits(scratch);
+  }
   /// dst[i] = value (as fill) for a buffer no queued work uses (a fresh allocation), ordered
   /// before the trainer's next compute. Default (kernels on the device's own streams, as on
   /// CUDA): queued on the compute stream, the caller does not block. The host device, whose

@@ -34,6 +34,7 @@ HostDevice::HostDevice(std::size_t capacity_bytes) : HostDevice(HostDeviceOption
 HostDevice::HostDevice(const HostDeviceOptions& options)
     : options_((validate(options), options)),
       capacity_(options.capacity_bytes),
+      small_cache_(kCacheMinBytes / kAlignment),
       compute_(std::make_unique<HostStream>("compute")) {
   if (options_.memory == HostMemoryModel::discrete) {
     const CopyModel model{options_.copy_gbps, options_.copy_latency_us};
@@ -61,12 +62,13 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
     for (void* p : blocks) free_block(p);
   cache_.clear();
   cached_bytes_ = 0;
-  for (auto& [bytes, blocks] : small_cache_)
+  for (std::vector<FreeSmall>& blocks : small_cache_) {
     for (const FreeSmall& b : blocks) {
       sizes_.erase(b.ptr);
       free_block(b.ptr);
     }
-  small_cache_.clear();
+    blocks.clear();
+  }
   small_cached_bytes_ = 0;
 }
 
@@ -116,9 +118,9 @@ void* HostDevice::allocate(std::size_t bytes) {
       return ptr;
     }
     if (!cacheable) {
-      if (auto small = small_cache_.find(rounded); small != small_cache_.end() && !small->second.empty()) {
-        const FreeSmall b = small->second.back();
-        small->second.pop_back();
+      if (std::vector<FreeSmall>& small = small_cache_[rounded / kAlignment]; !small.empty()) {
+        const FreeSmall b = small.back();
+        small.pop_back();
         small_cached_bytes_ -= rounded;
         *b.size_entry = bytes;  // its entry stayed (kInFreeList): live again
         return b.ptr;
@@ -165,7 +167,7 @@ void HostDevice::deallocate(void* ptr) {
       // A small block keeps its entry, marked, while its free list holds it: no node to free
       // now and allocate again at its reuse (many small modules: one per module and call).
       it->second = bytes | kInFreeList;
-      small_cache_[rounded].push_back(FreeSmall{ptr, &it->second});
+      small_cache_[rounded / kAlignment].push_back(FreeSmall{ptr, &it->second});
       small_cached_bytes_ += rounded;
       return;
     }
@@ -288,6 +290,25 @@ void HostDevice::wait(Stream& stream, Event& event) {
   host_queue(stream).enqueue_wait(p.queue, p.ticket);  // nothing queued if an earlier wait covers it
 }
 
+void HostDevice::stream_waits_for(Stream& waiter, Stream& producer, Event&) {
+  ZOE_CHECK_USAGE(typeid(producer) == typeid(HostStream),
+                  "HostDevice::stream_waits_for: stream was not created by a HostDevice");
+  const std::shared_ptr<HostQueue>& p = static_cast<HostStream&>(producer).queue();
+  HostQueue& w = host_queue(waiter);
+  if (p.get() == &w) return;  // one queue: already in order
+  const std::uint64_t ticket = p->last_ticket();
+  if (p->done(ticket)) return;  // run already: nothing to wait for
+  w.enqueue_wait(p, ticket);    // nothing queued if an earlier wait covers it
+}
+
+void HostDevice::compute_waits_for(Stream& producer, Event&) {
+  HostQueue& p = host_queue(producer);
+  const std::uint64_t ticket = p.last_ticket();
+  if (p.done(ticket) && !p.has_error()) return;
+  p.wait_for(ticket);
+  p.rethrow_error_up_to(ticket);
+}
+
 void HostDevice::synchronize(Event& event) {
   HostEvent& e = host_event(event);
   if (e.settled()) return;  // done and no error to rethrow (most waits of the engine's calls)
@@ -352,7 +373,11 @@ void HostDevice::copy_batch(std::span<const CopyRegion> regions, CopyPlaces plac
   }
   if (routed.empty()) return;
   host_queue(stream).enqueue([routed = std::move(routed), h2d = h2d_, d2h = d2h_] {
-    for (const Routed& x : routed) copy_by_route(x.route, h2d.get(), d2h.get(), x.region);
+    for (std::size_t i = 0; i < routed.size(); ++i) {
+      // (Many small regions, each in a block of its own: see host_ops::prefetch_read.)
+      if (i + 1 < routed.size()) host_ops::prefetch_read(routed[i + 1].region.src, routed[i + 1].region.bytes);
+      copy_by_route(routed[i].route, h2d.get(), d2h.get(), routed[i].region);
+    }
   });
 }
 
@@ -396,22 +421,35 @@ void HostDevice::adam_step(const kernels::AdamCoeffs& c, float* master, float* e
 void HostDevice::sum_squares_batch(std::span<const TensorRegion> xs, DType dtype, double* out, Stream& stream) {
   if (xs.empty()) return;
   host_queue(stream).enqueue([xs = std::vector<TensorRegion>(xs.begin(), xs.end()), dtype, out] {
-    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = host_ops::sum_squares(xs[i].data, dtype, xs[i].n);
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      if (i + 1 < xs.size()) host_ops::prefetch_read(xs[i + 1].data, xs[i + 1].n * dtype_size(dtype));
+      out[i] = host_ops::sum_squares(xs[i].data, dtype, xs[i].n);
+    }
   });
 }
 
 void HostDevice::all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) {
   if (xs.empty()) return;
   host_queue(stream).enqueue([xs = std::vector<TensorRegion>(xs.begin(), xs.end()), dtype, out] {
-    for (std::size_t i = 0; i < xs.size(); ++i) out[i] = host_ops::all_finite(xs[i].data, dtype, xs[i].n) ? 1 : 0;
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      if (i + 1 < xs.size()) host_ops::prefetch_read(xs[i + 1].data, xs[i + 1].n * dtype_size(dtype));
+      out[i] = host_ops::all_finite(xs[i].data, dtype, xs[i].n) ? 1 : 0;
+    }
   });
 }
 
 void HostDevice::adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtype, DType out_dtype, Stream& stream) {
   if (ts.empty()) return;
   host_queue(stream).enqueue([ts = std::vector<AdamTensor>(ts.begin(), ts.end()), grad_dtype, out_dtype] {
-    for (const AdamTensor& t : ts)
+    for (std::size_t i = 0; i < ts.size(); ++i) {
+      // Many small tensors (thousands of small modules) lie in blocks of their own: the next
+      // one's arrays are fetched while this one computes, since a hardware prefetcher finds a
+      // stream only after its first lines.
+      if (i + 1 < ts.size()) host_ops::prefetch_adam(ts[i + 1].master, ts[i + 1].exp_avg, ts[i + 1].exp_avg_sq,
+                                                      ts[i + 1].grad, grad_dtype, ts[i + 1].out, out_dtype, ts[i + 1].n);
+      const AdamTensor& t = ts[i];
       host_ops::adam_step(t.c, t.master, t.exp_avg, t.exp_avg_sq, t.grad, grad_dtype, t.out, out_dtype, t.n);
+    }
   });
 }
 

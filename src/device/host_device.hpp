@@ -143,6 +143,8 @@ class HostDevice final : public Device {
   void host_func(Stream& stream, std::function<void()> fn) override;
   /// The trainer computes on the calling thread: blocks until `event` completes.
   void compute_waits(Event& event) override { synchronize(event); }
+  void stream_waits_for(Stream& waiter, Stream& producer, Event& scratch) override;
+  void compute_waits_for(Stream& producer, Event& scratch) override;
   void fill_for_compute(void* dst, DType dtype, std::size_t n, float value) override;
 
   void copy(void* dst, const void* src, std::size_t bytes, Stream& stream) override;
@@ -191,7 +193,9 @@ class HostDevice final : public Device {
     void* ptr;
     std::size_t* size_entry;
   };
-  std::unordered_map<std::size_t, std::vector<FreeSmall>> small_cache_;  // freed small blocks by rounded size
+  // Freed small blocks by rounded size: list k holds blocks of k * 256 bytes (an array, not a
+  // hash map: one index per free and reuse, thousands of small modules' buffers per step).
+  std::vector<std::vector<FreeSmall>> small_cache_;
   std::size_t small_cached_bytes_ = 0;
   bool poison_freed_ = false;                                     // set_poison_freed
   std::size_t quarantine_cap_ = 0, quarantined_bytes_ = 0;

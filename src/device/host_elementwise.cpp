@@ -99,4 +99,27 @@ void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, floa
   });
 }
 
+namespace {
+constexpr std::size_t kLine = 64;
+}  // namespace
+
+void prefetch_read(const void* p, std::size_t bytes) {
+  const auto* c = static_cast<const char*>(p);
+  for (std::size_t b = 0; b < std::min(bytes, kPrefetchBytes); b += kLine) __builtin_prefetch(c + b, 0);
+}
+
+void prefetch_write(const void* p, std::size_t bytes) {
+  const auto* c = static_cast<const char*>(p);
+  for (std::size_t b = 0; b < std::min(bytes, kPrefetchBytes); b += kLine) __builtin_prefetch(c + b, 1);
+}
+
+void prefetch_adam(const float* master, const float* exp_avg, const float* exp_avg_sq, const void* grad,
+                   DType grad_dtype, const void* out, DType out_dtype, std::size_t n) {
+  prefetch_read(grad, n * dtype_size(grad_dtype));
+  prefetch_write(master, n * sizeof(float));
+  prefetch_write(exp_avg, n * sizeof(float));
+  prefetch_write(exp_avg_sq, n * sizeof(float));
+  if (out) prefetch_write(out, n * dtype_size(out_dtype));
+}
+
 }  // namespace zoe::host_ops

@@ -22,5 +22,16 @@ bool all_finite(const void* x, DType dtype, std::size_t n);
 /// (elementwise, so the split never changes a bit).
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                DType grad_dtype, void* out, DType out_dtype, std::size_t n);
+/// Software prefetch for loops over many small blocks (thousands of small modules' groups, each
+/// in an allocation of its own), where a hardware prefetcher finds a stream only after its
+/// first lines: the next block is asked for while this one is processed. Hints only: no value
+/// changes. At most the first kPrefetchBytes of a block (a small group's array whole; a large
+/// one's start, after which the hardware prefetcher has it).
+inline constexpr std::size_t kPrefetchBytes = 4096;
+void prefetch_read(const void* p, std::size_t bytes);
+void prefetch_write(const void* p, std::size_t bytes);
+/// Prefetch of the arrays adam_step with these arguments reads and writes. `out` may be null.
+void prefetch_adam(const float* master, const float* exp_avg, const float* exp_avg_sq, const void* grad,
+                   DType grad_dtype, const void* out, DType out_dtype, std::size_t n);
 
 }  // namespace zoe::host_ops

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "tests/core/test_net.hpp"
 
@@ -96,6 +97,58 @@ TEST(Engine, InfInOneBf16GradientSkipsTheStepBitwise) {
     EXPECT_TRUE(bitwise_equal(poisoned3, clean2)) << "stage " << stage;
     for (const auto& p : poisoned3.params)
       for (float v : p) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+// The step's finite check is its fp64 sum of squares (no second pass over the gradients): a
+// NaN anywhere skips the step, the largest finite value of the compute dtype does not (its
+// square, taken in fp64, is finite), at stages 0-3 and 1-2 ranks, in fp32 and bf16, with the
+// optimizer on the device and offloaded (the bf16 gradient tier keeps a gradient as it arrives).
+TEST(Engine, TheSumOfSquaresIsTheFiniteCheck) {
+  auto step_with = [](int stage, int world, DType dtype, float value, OffloadDevice offload) {
+    Config c = base_config(stage, dtype);
+    c.zero_optimization.offload_optimizer.device = offload;
+    c.train_batch_size = world;
+    c.train_micro_batch_size_per_gpu = 1;
+    std::vector<StepResult> steps(static_cast<std::size_t>(world));
+    auto ranks = make_local_ranks(world, 60.0);
+    run_ranks(ranks, [&](RankContext& ctx) {
+      Engine e(c, ctx);
+      auto init = [](std::int64_t, std::span<float> out) { std::fill(out.begin(), out.end(), 0.25f); };
+      ParamId a = e.add_parameter("a.w", {100}, init);
+      ParamId b = e.add_parameter("b.w", {37}, init);
+      ModuleId ma = e.add_module("a", {a}), mb = e.add_module("b", {b});
+      for (ModuleId m : {ma, mb}) {
+        e.begin_forward(m);
+        e.end_forward(m);
+      }
+      for (ModuleId m : {mb, ma}) {
+        ModuleTensors t = e.begin_backward(m);
+        const std::int64_t n = t.grads[0].numel();
+        for (std::int64_t i = 0; i < n; ++i) {
+          const bool odd = ctx.rank == 0 && m.index == mb.index && i == n - 1;  // one element of one rank's gradient
+          test::add(t.grads[0], i, odd ? value : 1e-3f);
+        }
+        e.end_backward(m);
+      }
+      steps[static_cast<std::size_t>(ctx.rank)] = e.step();
+    });
+    return steps;
+  };
+  for (OffloadDevice offload : {OffloadDevice::none, OffloadDevice::cpu}) {
+    for (DType dtype : {DType::f32, DType::bf16})
+      for (int stage : {0, 2, 3})
+        for (int world : {1, 2}) {
+          if (offload != OffloadDevice::none && stage == 0) continue;  // (ZeRO-Offload needs stage >= 1)
+          const float largest = dtype == DType::f32 ? std::numeric_limits<float>::max() : kernels::bf16_to_f32(0x7F7F);
+          for (const StepResult& r : step_with(stage, world, dtype, std::numeric_limits<float>::quiet_NaN(), offload))
+            EXPECT_TRUE(r.skipped) << "NaN, stage " << stage << " world " << world;
+          for (const StepResult& r : step_with(stage, world, dtype, largest, offload)) {
+            EXPECT_FALSE(r.skipped) << "largest finite, stage " << stage << " world " << world;
+            // The norm of the averaged gradient: the large element over the world size.
+            EXPECT_NEAR(r.grad_norm, double(largest) / world, 1e-6 * double(largest)) << "stage " << stage;
+          }
+        }
   }
 }
 

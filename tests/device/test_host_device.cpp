@@ -298,6 +298,46 @@ TEST(HostDevice, AWaitCoveredByAnEarlierOneQueuesNothing) {
   b.synchronize();
 }
 
+// Device::stream_waits_for / compute_waits_for on the host device: no event is recorded; a
+// producer with queued work is waited for once (a second wait is covered), a producer whose
+// work has run costs no task, and compute_waits_for blocks for the work and rethrows its error.
+TEST(HostDevice, AStreamWaitsForAnotherStreamWithoutAnEvent) {
+  HostDevice dev;
+  auto a = dev.create_stream(), b = dev.create_stream();
+  auto scratch = dev.create_event();
+  auto ticket = [](Stream& s) { return static_cast<HostStream&>(s).queue()->last_ticket(); };
+  Gate gate;
+  std::atomic<int> a_done{0}, b_saw{-1};
+  dev.host_func(*a, gate.task());
+  dev.host_func(*a, [&] { a_done = 1; });
+  const std::uint64_t b0 = ticket(*b);
+  dev.stream_waits_for(*b, *a, *scratch);
+  EXPECT_EQ(ticket(*b), b0 + 1);  // one wait task
+  dev.stream_waits_for(*b, *a, *scratch);
+  EXPECT_EQ(ticket(*b), b0 + 1);  // covered by the first
+  dev.host_func(*b, [&] { b_saw = a_done.load(); });
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(b_saw.load(), -1);  // behind a's gate
+  gate.open();
+  dev.synchronize(*b);
+  EXPECT_EQ(b_saw.load(), 1);
+  const std::uint64_t b1 = ticket(*b);
+  dev.stream_waits_for(*b, *a, *scratch);  // a's work has run: nothing to queue
+  EXPECT_EQ(ticket(*b), b1);
+  EXPECT_TRUE(dev.query(*scratch));  // never recorded
+
+  std::atomic<bool> slow_done{false};
+  dev.host_func(*a, [&] {
+    std::this_thread::sleep_for(20ms);
+    slow_done = true;
+  });
+  dev.compute_waits_for(*a, *scratch);
+  EXPECT_TRUE(slow_done.load());
+  dev.host_func(*a, [] { throw IoError("/y", 0, 512, 5, "read", __FILE__, __LINE__); });
+  EXPECT_THROW(dev.compute_waits_for(*a, *scratch), IoError);
+  EXPECT_THROW(dev.synchronize(*a), IoError);  // kept for the stream's own synchronize
+}
+
 TEST(HostDevice, TaskErrorIsRethrownAtSynchronize) {
   HostDevice dev;
   auto s = dev.create_stream();

@@ -2,6 +2,11 @@
 // pieces, from the reduced gradients (device sub-groups on the device, offloaded ones as the
 // gradient sink recorded them), with one small fp64 all-reduce.
 //
+// The device's gradients are read once, for the sum of squares, which is also their finite
+// check: a square is never negative and, taken in fp64, never overflows (an fp32 value's
+// square is at most 1.2e77, and 2^63 of them sum to at most 1.1e96), so the sum is finite
+// exactly when every element is; step() tests both the count and the sum.
+//
 // Bitwise agreement between stages: each rank's shard of each group is summed in pieces of
 // sub_group_size elements (the sub-groups), in fp64, and the pieces are added in order: the
 // same in every stage (stage 0 forms all ranks' partials itself) and added in rank order, as
@@ -24,7 +29,7 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
   auto grad_of = [&policy](const Group& g) -> const void* {
     return policy.shards_optimizer ? g.grad_shard.data() : g.grad_full.data();
   };
-  // ---- sums of squares and finite flags. Each rank's shard of each group is summed in
+  // ---- sums of squares (and so finite checks, above). Each rank's shard of each group is summed in
   // pieces of sub_group_size elements (the sub-groups), in fp64, and the pieces are added in
   // order: the same in every stage (stage 0 forms all ranks' partials itself) whether a
   // piece's gradient is on the device or offloaded (whose sum add_grad recorded).
@@ -54,9 +59,9 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
       }
     }
   }
-  // The device's pieces and groups, each reduced by one batched operation (one queued
-  // operation for the step, not two per group).
-  std::vector<TensorRegion> piece_regions, group_regions;
+  // The device's pieces, reduced by one batched operation (one queued operation for the step,
+  // not one per group).
+  std::vector<TensorRegion> piece_regions;
   std::vector<std::size_t> piece_at;  // piece_regions[j] is pieces[piece_at[j]]
   for (std::size_t i = 0; i < pieces.size(); ++i) {
     const Piece& p = pieces[i];
@@ -65,24 +70,15 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
     piece_regions.push_back({static_cast<const char*>(grad_of(*p.group)) + at * dtype_size(gdt), static_cast<std::size_t>(p.numel)});
     piece_at.push_back(i);
   }
-  for (const Group& g : groups) {
-    if (g.frozen || !grad_of(g)) continue;  // every sub-group offloaded: the sink recorded its flag
-    const std::int64_t n = policy.shards_optimizer ? g.layout->shard_numel() : g.layout->padded_numel();
-    group_regions.push_back({grad_of(g), static_cast<std::size_t>(n)});
-  }
-  const std::size_t P = piece_regions.size(), F = group_regions.size();
+  const std::size_t P = piece_regions.size();
   DeviceBuffer sums = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(2 * std::max<std::size_t>(P, 1)));
-  DeviceBuffer finite = cx.alloc(MemKind::buffer, DType::f32, static_cast<std::int64_t>(std::max<std::size_t>(F, 1)));  // ints
-  // The step's read-backs (sums, finite flags, the all-reduced pair) land in registered host
-  // memory: no pageable copy on the hot path. Layout: [P doubles | 2 doubles | F ints].
-  std::byte* area = cx.readback.get(P * sizeof(double) + 2 * sizeof(double) + F * sizeof(int));
+  // The step's read-backs (sums, the all-reduced pair) land in registered host memory: no
+  // pageable copy on the hot path. Layout: [P doubles | 2 doubles].
+  std::byte* area = cx.readback.get(P * sizeof(double) + 2 * sizeof(double));
   auto* device_sums = reinterpret_cast<double*>(area);
   double* local = reinterpret_cast<double*>(area) + P;
-  auto* device_finite = reinterpret_cast<int*>(local + 2);
   device.sum_squares_batch(piece_regions, gdt, static_cast<double*>(sums.data()), s);
-  device.all_finite_batch(group_regions, gdt, static_cast<int*>(finite.data()), s);
   device.copy(device_sums, sums.data(), P * sizeof(double), s);
-  device.copy(device_finite, finite.data(), F * sizeof(int), s);
   device.synchronize(s);
   updater.drain_gradients();  // the offloaded gradients' add_grad (their sums of squares)
   std::vector<double> host_sums(pieces.size(), 0.0);
@@ -93,7 +89,6 @@ GradStats measure_gradients(EngineContext& cx, const Model& model, Updater& upda
     host_sums[i] = tiers.states->grad_sum_squares(pieces[i].offload_id);
     nonfinite += tiers.states->grad_finite(pieces[i].offload_id) ? 0.0 : 1.0;
   }
-  for (std::size_t j = 0; j < F; ++j) nonfinite += device_finite[j] ? 0.0 : 1.0;
   if (!policy.shards_optimizer) {
     for (int r = 0; r < parts; ++r) {
       double partial = 0.0;
