@@ -10,10 +10,20 @@ void DeferredFrees::after_side(DeviceBuffer buffer, std::int64_t gathered_elemen
     device_.fill(buffer.data(), buffer.dtype(), static_cast<std::size_t>(buffer.numel()),
                  std::numeric_limits<float>::quiet_NaN(), side_);
   releasing_elements_ += gathered_elements;
-  Pending p{std::move(buffer), device_.create_event(), gathered_elements, std::move(hold)};
-  device_.record(*p.after, side_);
-  pending_.push_back(std::move(p));
+  pending_.push_back(Pending{std::move(buffer), event_at(side_), nullptr, gathered_elements, std::move(hold)});
   ++queued_;
+}
+
+std::unique_ptr<Event> DeferredFrees::event_at(Stream& stream) {
+  std::unique_ptr<Event> e;
+  if (spare_.empty()) {
+    e = device_.create_event();
+  } else {
+    e = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  device_.record(*e, stream);
+  return e;
 }
 
 void DeferredFrees::after_side(std::vector<DeviceBuffer> buffers) {
@@ -27,19 +37,21 @@ void DeferredFrees::after_side(std::vector<DeviceBuffer> buffers) {
 
 void DeferredFrees::after(DeviceBuffer buffer, std::shared_ptr<Event> event, std::shared_ptr<void> hold) {
   if (!buffer && !hold) return;
-  pending_.push_back(Pending{std::move(buffer), std::move(event), 0, std::move(hold)});
+  pending_.push_back(Pending{std::move(buffer), nullptr, std::move(event), 0, std::move(hold)});
   ++queued_;
 }
 
 void DeferredFrees::after_stream(Stream& stream, DeviceBuffer buffer, std::shared_ptr<void> hold) {
   if (!buffer && !hold) return;
-  std::shared_ptr<Event> event = device_.create_event();
-  device_.record(*event, stream);
-  after(std::move(buffer), std::move(event), std::move(hold));
+  pending_.push_back(Pending{std::move(buffer), event_at(stream), nullptr, 0, std::move(hold)});
+  ++queued_;
 }
 
 void DeferredFrees::pop() {
-  releasing_elements_ -= pending_.front().gathered_elements;
+  Pending& p = pending_.front();
+  releasing_elements_ -= p.gathered_elements;
+  // Its event has completed (the caller waited or asked): a later free may record it again.
+  if (p.own) spare_.push_back(std::move(p.own));
   pending_.pop_front();
   ++done_;
 }
@@ -48,8 +60,8 @@ void DeferredFrees::reap(bool wait_all) {
   while (!pending_.empty()) {
     Pending& p = pending_.front();
     if (wait_all) {
-      device_.synchronize(*p.after);
-    } else if (!device_.query(*p.after)) {
+      device_.synchronize(p.event());
+    } else if (!device_.query(p.event())) {
       break;
     }
     pop();
@@ -58,14 +70,14 @@ void DeferredFrees::reap(bool wait_all) {
 
 bool DeferredFrees::reap_oldest() {
   if (pending_.empty()) return false;
-  device_.synchronize(*pending_.front().after);
+  device_.synchronize(pending_.front().event());
   pop();
   return true;
 }
 
 void DeferredFrees::reap_before(std::uint64_t point) {
   while (!pending_.empty() && done_ < point) {
-    device_.synchronize(*pending_.front().after);
+    device_.synchronize(pending_.front().event());
     pop();
   }
 }

@@ -55,16 +55,22 @@ class DeferredFrees {
  private:
   struct Pending {
     DeviceBuffer buffer;
-    std::shared_ptr<Event> after;
+    std::unique_ptr<Event> own;    // recorded here (after_side, after_stream): back to spare_ once done
+    std::shared_ptr<Event> given;  // or the caller's (after)
     std::int64_t gathered_elements = 0;
     std::shared_ptr<void> hold;
+    Event& event() const { return own ? *own : *given; }
   };
   void pop();
+  // An event recorded at the current end of `stream`: a spare one if any (thousands of small
+  // modules free a buffer per module and call: no allocation each time).
+  std::unique_ptr<Event> event_at(Stream& stream);
 
   Device& device_;
   Stream& side_;
   const bool poison_;
   std::deque<Pending> pending_;
+  std::vector<std::unique_ptr<Event>> spare_;  // events of frees performed, for reuse
   std::int64_t releasing_elements_ = 0;
   std::uint64_t queued_ = 0;  // frees queued so far
   std::uint64_t done_ = 0;    // frees performed so far (the front of pending_ is number done_)
