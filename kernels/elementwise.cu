@@ -66,13 +66,6 @@ __global__ void sum_squares_pass2(const double* partials, double* out) {
   if (threadIdx.x == 0) *out = s[0];
 }
 
-__global__ void set_int_kernel(int* out, int value) { *out = value; }
-__global__ void all_finite_kernel(const void* x, DType t, std::size_t n, int* out) {
-  ZOE_GRID_STRIDE(i, n) {
-    if (!is_finite_f32(load_f32(x, t, i))) *out = 0;  // every writer writes the same value
-  }
-}
-
 __global__ void reduce_ranks_kernel(const void* base, DType t, int world, std::size_t count, void* out, bool avg) {
   ZOE_GRID_STRIDE(i, count) store_f32(out, t, i, reduce_ranks_strided(base, t, world, count, i, avg));
 }
@@ -113,12 +106,6 @@ int sum_squares(const void* x, DType t, std::size_t n, double* out, double* part
                 "pass 2 runs one thread per partial in a power-of-two tree");
   sum_squares_pass1<<<kSumSquaresBlocks, kThreads, 0, as_stream(stream)>>>(x, t, n, partials);
   sum_squares_pass2<<<1, kSumSquaresBlocks, 0, as_stream(stream)>>>(partials, out);
-  return last_error();
-}
-
-int all_finite(const void* x, DType t, std::size_t n, int* out, void* stream) {
-  set_int_kernel<<<1, 1, 0, as_stream(stream)>>>(out, 1);
-  if (n > 0) all_finite_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(x, t, n, out);
   return last_error();
 }
 

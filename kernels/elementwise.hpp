@@ -40,7 +40,7 @@ ZOE_HD float accumulate_value(float acc, float x) { return acc + x; }
 /// sum_squares term: x^2 in fp64 (exact for any fp32 x, so the only rounding is the sum).
 ZOE_HD double square_f64(float x) { return static_cast<double>(x) * static_cast<double>(x); }
 
-/// all_finite: false for +-inf and NaN. Tested on the bits so fast-math cannot fold it.
+/// False for +-inf and NaN. Tested on the bits so fast-math cannot fold it.
 ZOE_HD bool is_finite_f32(float x) { return (f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
 
 /// sum_squares works in chunks of this many elements: each chunk's squares are summed in

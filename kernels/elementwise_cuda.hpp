@@ -23,8 +23,6 @@ inline constexpr int kSumSquaresBlocks = 512;
 /// each summing fixed element sets in a fixed order into `partials` (device memory),
 /// then one block sums the partials in a fixed tree. Independent of timing and GPU model.
 int sum_squares(const void* x, DType t, std::size_t n, double* out, double* partials, void* stream);
-/// *out = 1 if all x[i] are finite, else 0.
-int all_finite(const void* x, DType t, std::size_t n, int* out, void* stream);
 
 /// out[i] = reduction over ranks r of base[r*count + i] (kernels::reduce_ranks_strided).
 /// `out` must not overlap `base`.

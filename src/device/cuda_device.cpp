@@ -302,11 +302,6 @@ void CudaDevice::sum_squares(const void* x, DType dtype, std::size_t n, double* 
   ZOE_CUDA_LAUNCH(kernels::cuda::sum_squares(x, dtype, n, out, s.partials, s.stream), "sum_squares");
 }
 
-void CudaDevice::all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) {
-  make_current();
-  ZOE_CUDA_LAUNCH(kernels::cuda::all_finite(x, dtype, n, out, cuda_stream(stream).stream), "all_finite");
-}
-
 void CudaDevice::adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
                            const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n,
                            Stream& stream) {

@@ -68,7 +68,6 @@ class CudaDevice final : public Device {
   void scale(void* x, DType dtype, std::size_t n, float factor, Stream& stream) override;
   void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n, Stream& stream) override;
   void sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) override;
-  void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) override;
   void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                  DType grad_dtype, void* out, DType out_dtype, std::size_t n, Stream& stream) override;
 

@@ -53,7 +53,7 @@ struct CopyRegion {
 /// (debug builds check it).
 enum class CopyPlaces { any, within_device };
 
-/// One tensor of a batched reduction (Device::sum_squares_batch, all_finite_batch): `n`
+/// One tensor of a batched reduction (Device::sum_squares_batch): `n`
 /// elements of the batch's dtype at `data` (device memory).
 struct TensorRegion {
   const void* data = nullptr;
@@ -195,19 +195,12 @@ class Device {
   /// *out = sum of float(x[i])^2 accumulated in fp64 in a fixed order (deterministic for
   /// any thread count). `out` is device memory.
   virtual void sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) = 0;
-  /// *out = 1 if every x[i] is finite, else 0. `out` is device memory.
-  virtual void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) = 0;
   /// out[i] = sum_squares of xs[i] (same bits as sum_squares of each), as one operation on
   /// `stream` (multi-tensor apply): a step over thousands of small groups queues one
   /// operation, not one per group. `out` is device memory of xs.size() doubles. Default:
   /// sum_squares per tensor. Thread-safety: as sum_squares.
   virtual void sum_squares_batch(std::span<const TensorRegion> xs, DType dtype, double* out, Stream& stream) {
     for (std::size_t i = 0; i < xs.size(); ++i) sum_squares(xs[i].data, dtype, xs[i].n, out + i, stream);
-  }
-  /// out[i] = all_finite of xs[i], as one operation (see sum_squares_batch). `out` is device
-  /// memory of xs.size() ints. Default: all_finite per tensor.
-  virtual void all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) {
-    for (std::size_t i = 0; i < xs.size(); ++i) all_finite(xs[i].data, dtype, xs[i].n, out + i, stream);
   }
 
   // ---- the device optimizer ----

@@ -407,10 +407,6 @@ void HostDevice::sum_squares(const void* x, DType dtype, std::size_t n, double* 
   host_queue(stream).enqueue([=] { *out = host_ops::sum_squares(x, dtype, n); });
 }
 
-void HostDevice::all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) {
-  host_queue(stream).enqueue([=] { *out = host_ops::all_finite(x, dtype, n) ? 1 : 0; });
-}
-
 void HostDevice::adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
                            const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n,
                            Stream& stream) {
@@ -424,16 +420,6 @@ void HostDevice::sum_squares_batch(std::span<const TensorRegion> xs, DType dtype
     for (std::size_t i = 0; i < xs.size(); ++i) {
       if (i + 1 < xs.size()) host_ops::prefetch_read(xs[i + 1].data, xs[i + 1].n * dtype_size(dtype));
       out[i] = host_ops::sum_squares(xs[i].data, dtype, xs[i].n);
-    }
-  });
-}
-
-void HostDevice::all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) {
-  if (xs.empty()) return;
-  host_queue(stream).enqueue([xs = std::vector<TensorRegion>(xs.begin(), xs.end()), dtype, out] {
-    for (std::size_t i = 0; i < xs.size(); ++i) {
-      if (i + 1 < xs.size()) host_ops::prefetch_read(xs[i + 1].data, xs[i + 1].n * dtype_size(dtype));
-      out[i] = host_ops::all_finite(xs[i].data, dtype, xs[i].n) ? 1 : 0;
     }
   });
 }

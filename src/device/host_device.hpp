@@ -156,12 +156,10 @@ class HostDevice final : public Device {
   void scale(void* x, DType dtype, std::size_t n, float factor, Stream& stream) override;
   void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n, Stream& stream) override;
   void sum_squares(const void* x, DType dtype, std::size_t n, double* out, Stream& stream) override;
-  void all_finite(const void* x, DType dtype, std::size_t n, int* out, Stream& stream) override;
   void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                  DType grad_dtype, void* out, DType out_dtype, std::size_t n, Stream& stream) override;
   // The batches: one task each.
   void sum_squares_batch(std::span<const TensorRegion> xs, DType dtype, double* out, Stream& stream) override;
-  void all_finite_batch(std::span<const TensorRegion> xs, DType dtype, int* out, Stream& stream) override;
   void adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtype, DType out_dtype, Stream& stream) override;
 
  private:

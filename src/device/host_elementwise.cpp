@@ -64,18 +64,6 @@ double sum_squares(const void* x, DType dtype, std::size_t n) {
   return total;
 }
 
-bool all_finite(const void* x, DType dtype, std::size_t n) {
-  bool finite = true;
-  with_dtype(dtype, [&](auto t) {
-    for (std::size_t i = 0; i < n; ++i)
-      if (!k::is_finite_f32(k::load_f32(x, t, i))) {
-        finite = false;
-        return;
-      }
-  });
-  return finite;
-}
-
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                DType grad_dtype, void* out, DType out_dtype, std::size_t n) {
   constexpr std::size_t kGrain = 1 << 15;  // elements per task: ~0.5 MiB of states

@@ -17,7 +17,6 @@ void scale(void* x, DType dtype, std::size_t n, float factor);
 void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n);
 /// Sum of squares in fp64 in the fixed order of kernels::kSumSquaresChunk.
 double sum_squares(const void* x, DType dtype, std::size_t n);
-bool all_finite(const void* x, DType dtype, std::size_t n);
 /// Device::adam_step's loop: kernels::adam_update per element, split over oneTBB threads
 /// (elementwise, so the split never changes a bit).
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,

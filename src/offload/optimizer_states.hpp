@@ -38,8 +38,8 @@
 // very fp32 value the cast would have stored, and its sum of squares is the same). add_grad's last call of a step also
 // records the gradient's sum of squares and finiteness, so the global norm needs no extra pass.
 // The gradient add is optim::CpuAdam::add_grad (cast or fp32 add, sum of squares and finiteness
-// in one pass over the CpuAdam's threads; bitwise what host_ops cast / accumulate, sum_squares
-// and all_finite give): the engine hands the tier its own CpuAdam (OptimizerStatesOptions::adam),
+// in one pass over the CpuAdam's threads; bitwise what host_ops cast / accumulate and
+// sum_squares give): the engine hands the tier its own CpuAdam (OptimizerStatesOptions::adam),
 // so the gradient add and the update share one oneTBB arena of zoe.optimizer_threads.
 //
 // Where a gradient waits (GradientHome): in a host buffer of its own (the cpu tier; on the nvme

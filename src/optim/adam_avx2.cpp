@@ -230,34 +230,12 @@ double sum_squares(const void* x, DType dtype, std::size_t begin, std::size_t en
   return 0.0;
 }
 
-bool all_finite(const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  std::size_t i = begin;
-  __m256i bad = _mm256_setzero_si256();
-  if (dtype == DType::f32) {
-    const auto* f = static_cast<const float*>(x);
-    const __m256i exp = _mm256_set1_epi32(0x7f800000);
-    for (; i + 8 <= end; i += 8) {
-      const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(f + i));
-      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(u, exp), exp));
-    }
-  } else {
-    const auto* h = static_cast<const std::uint16_t*>(x);
-    const __m256i exp = _mm256_set1_epi16(static_cast<short>(dtype == DType::bf16 ? 0x7f80 : 0x7c00));
-    for (; i + 16 <= end; i += 16) {
-      const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
-      bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(_mm256_and_si256(u, exp), exp));
-    }
-  }
-  if (!_mm256_testz_si256(bad, bad)) return false;
-  return all_finite_scalar(x, dtype, i, end);
-}
-
 }  // namespace
 
 const KernelTable& avx2_kernels() {
   // add_grad: the scalar loop (its fp64 sums are in index order per chunk; only the AVX-512
   // path has the chunk-transposed vector version).
-  static const KernelTable table{adam, sum_squares, all_finite, add_grad_scalar};
+  static const KernelTable table{adam, sum_squares, add_grad_scalar};
   return table;
 }
 

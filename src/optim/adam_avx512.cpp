@@ -301,26 +301,6 @@ double sum_squares(const void* x, DType dtype, std::size_t begin, std::size_t en
   return 0.0;
 }
 
-bool all_finite(const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  std::size_t i = begin;
-  if (dtype == DType::f32) {
-    const auto* f = static_cast<const float*>(x);
-    const __m512i exp = _mm512_set1_epi32(0x7f800000);
-    __mmask16 bad = 0;
-    for (; i + 16 <= end; i += 16)
-      bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(f + i)), exp), exp);
-    if (bad) return false;
-  } else {
-    const auto* h = static_cast<const std::uint16_t*>(x);
-    const __m512i exp = _mm512_set1_epi16(static_cast<short>(dtype == DType::bf16 ? 0x7f80 : 0x7c00));
-    __mmask32 bad = 0;
-    for (; i + 32 <= end; i += 32)
-      bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(h + i), exp), exp);
-    if (bad) return false;
-  }
-  return all_finite_scalar(x, dtype, i, end);
-}
-
 // 8 rows of 8 doubles -> 8 columns: c[k] lane j = r[j] lane k.
 void transpose8x8(const __m512d r[8], __m512d c[8]) {
   __m512d t[8], u[8];
@@ -425,7 +405,7 @@ bool add_grad(const void* src, DType src_dtype, float* grad, bool first, bool st
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable table{adam, sum_squares, all_finite, add_grad};
+  static const KernelTable table{adam, sum_squares, add_grad};
   return table;
 }
 

@@ -34,7 +34,6 @@ struct KernelTable {
   /// The chunk partial of sum_squares for [begin, end) (end - begin <= kChunk), in the order
   /// CpuAdam::kSumLanes documents.
   double (*sum_squares)(const void* x, DType dtype, std::size_t begin, std::size_t end);
-  bool (*all_finite)(const void* x, DType dtype, std::size_t begin, std::size_t end);
   /// CpuAdam::add_grad over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
   /// grad[i] = float(src[i]) (first) or grad[i] + float(src[i]) (fp32 add); sums[k] = the sum
   /// of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk of the range.
@@ -73,7 +72,6 @@ void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end);
 void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size_t begin, std::size_t end);
 /// acc[0] + acc[1] + ... + acc[kSumLanes - 1], left to right.
 double reduce_lanes(const double* acc);
-bool all_finite_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end);
 /// KernelTable::add_grad, scalar (also the tail of the vector paths).
 bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
                      std::size_t end, double* sums);

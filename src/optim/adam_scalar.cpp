@@ -106,20 +106,6 @@ double reduce_lanes(const double* acc) {
   return s;
 }
 
-bool all_finite_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  if (dtype == DType::f32) {
-    const auto* u = static_cast<const std::uint32_t*>(x);
-    for (std::size_t i = begin; i < end; ++i)
-      if ((u[i] & 0x7f800000u) == 0x7f800000u) return false;
-    return true;
-  }
-  const auto* h = static_cast<const std::uint16_t*>(x);
-  const std::uint16_t exp_mask = dtype == DType::bf16 ? 0x7f80u : 0x7c00u;
-  for (std::size_t i = begin; i < end; ++i)
-    if ((h[i] & exp_mask) == exp_mask) return false;
-  return true;
-}
-
 bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool /*stream*/, std::size_t begin,
                      std::size_t end, double* sums) {
   bool finite = true;
@@ -139,7 +125,7 @@ bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, 
 }
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{adam_scalar_whole, sum_squares_scalar, all_finite_scalar, add_grad_scalar};
+  static const KernelTable table{adam_scalar_whole, sum_squares_scalar, add_grad_scalar};
   return table;
 }
 

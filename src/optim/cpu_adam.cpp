@@ -355,17 +355,6 @@ double CpuAdam::sum_squares(const void* x, DType dtype, std::size_t n) {
   return total;
 }
 
-bool CpuAdam::all_finite(const void* x, DType dtype, std::size_t n) {
-  if (n == 0) return true;
-  ZOE_CHECK_USAGE(x, "CpuAdam::all_finite: null array for n = ", n);
-  std::atomic<bool> bad{false};
-  const auto finite = impl_->kernels.all_finite;
-  impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) {
-    if (!bad.load(std::memory_order_relaxed) && !finite(x, dtype, begin, end)) bad.store(true, std::memory_order_relaxed);
-  });
-  return !bad.load();
-}
-
 CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first) {
   GradStats r;
   if (n == 0) return r;

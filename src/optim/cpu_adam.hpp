@@ -40,8 +40,8 @@
 // the real update (67 calls of a class with a half copy, 45 without). Store kinds and prefetch
 // never change a result bit (tested), so the choice affects speed only.
 //
-// Thread-safety: a CpuAdam runs its own oneTBB arena of the size given. step, sum_squares and
-// all_finite may be called from one thread at a time, and add_grad from one thread at a time,
+// Thread-safety: a CpuAdam runs its own oneTBB arena of the size given. step and sum_squares
+// may be called from one thread at a time, and add_grad from one thread at a time,
 // which may be another one running beside them (the engine: the gradient sink's I/O worker adds
 // gradients while the update pipeline's worker runs step; they touch disjoint measurement
 // state). Both then run in the one arena, so together they use at most threads() threads (with
@@ -227,8 +227,6 @@ class CpuAdam {
   /// at kSumLanes (squares of floats are exact in fp64), so the result is bitwise the same for
   /// any thread count and ISA. NaN / inf propagate. Throws zoe::UsageError for null x with n > 0.
   double sum_squares(const void* x, DType dtype, std::size_t n);
-  /// True if every x[i] (n elements of dtype) is finite (not inf, not NaN); true for n = 0.
-  bool all_finite(const void* x, DType dtype, std::size_t n);
 
   /// What add_grad reports about the gradient it wrote.
   struct GradStats {
@@ -239,7 +237,7 @@ class CpuAdam {
   /// pass over this object's threads: grad[i] = float(src[i]) when `first`, else grad[i] +
   /// float(src[i]) in fp32, for n elements (src of src_dtype, grad fp32, not overlapping), and of
   /// the result its sum of squares and finiteness. Bitwise what host_ops::cast / accumulate then
-  /// host_ops::sum_squares and all_finite give, for any thread count and ISA (tested; one
+  /// host_ops::sum_squares give, for any thread count and ISA (tested; one
   /// exception: an fp16 signalling NaN becomes a quiet NaN on the AVX-512 path, as in step). The
   /// AVX-512 path sums 8 chunks at once, one chunk per fp64 lane, so the chunk order is kept.
   /// grad's stores follow the store policy like step's (measured apart, class comment);
@@ -248,8 +246,8 @@ class CpuAdam {
 
   /// Split master weights (src/optim/split_master.hpp: arrays, layout and why it is exact) on
   /// this CpuAdam's threads, in kChunk-element pieces (whole bytes of bits each): the same bytes
-  /// as the free functions. Thread-safety: as step (one call at a time with step, sum_squares and
-  /// all_finite). Throws zoe::UsageError for a null array with n > 0.
+  /// as the free functions. Thread-safety: as step (one call at a time with step and
+  /// sum_squares). Throws zoe::UsageError for a null array with n > 0.
   void join_master(const std::uint16_t* high, const std::uint16_t* low, const std::uint8_t* rounded_up, float* master,
                    std::size_t n);
   void split_master(const float* master, const std::uint16_t* high, std::uint16_t* low, std::uint8_t* rounded_up,

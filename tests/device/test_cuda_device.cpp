@@ -72,7 +72,7 @@ TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   auto* dh = static_cast<std::uint16_t*>(dev.allocate(n * 2));
   auto* dacc = static_cast<float*>(dev.allocate(n * 4));
   auto* dsum = static_cast<double*>(dev.allocate(8));
-  auto* dfin = static_cast<int*>(dev.allocate(2 * sizeof(int)));
+  auto* dbsum = static_cast<double*>(dev.allocate(8));  // the bf16 data's sum (its finite check)
   EXPECT_EQ(dev.memory_stats().current_bytes, std::int64_t(n * 10 + 8 + 8));
   // The pool reserves at least what is allocated (its granularity rounds up).
   EXPECT_GE(dev.memory_stats().reserved_bytes, dev.memory_stats().current_bytes);
@@ -83,15 +83,15 @@ TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   dev.fill(dacc, DType::f32, n, 0.5f, *s);
   dev.accumulate(dh, DType::bf16, dacc, n, *s);
   dev.sum_squares(dx, DType::f32, n, dsum, *s);
-  dev.all_finite(dh, DType::bf16, n, dfin, *s);
+  dev.sum_squares(dh, DType::bf16, n, dbsum, *s);
   std::vector<std::uint16_t> h(n);
   std::vector<float> acc(n);
   double sum = 0;
-  int fin = -1;
+  double bsum = 0;
   dev.copy(h.data(), dh, n * 2, *s);
   dev.copy(acc.data(), dacc, n * 4, *s);
   dev.copy(&sum, dsum, 8, *s);
-  dev.copy(&fin, dfin, 4, *s);
+  dev.copy(&bsum, dbsum, 8, *s);
   dev.synchronize(*s);
 
   std::vector<std::uint16_t> rh(n);
@@ -106,7 +106,9 @@ TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   }
   double ref = host_ops::sum_squares(x.data(), DType::f32, n);
   EXPECT_NEAR(sum, ref, ref * 1e-12);  // a different fixed order than the host's
-  EXPECT_EQ(fin, 1);
+  const double bref = host_ops::sum_squares(rh.data(), DType::bf16, n);
+  EXPECT_NEAR(bsum, bref, bref * 1e-12);
+  EXPECT_TRUE(std::isfinite(bsum));
 
   // Determinism: a second run gives the same bits.
   double again = 0;
@@ -128,7 +130,7 @@ TEST(CudaDeviceOnGpu, KernelsMatchTheHostDevice) {
   EXPECT_THROW(dev.synchronize(*s2), IoError);
   EXPECT_EQ(again, 4.0 * double(n));
   for (void* p : {static_cast<void*>(dx), static_cast<void*>(dh), static_cast<void*>(dacc),
-                  static_cast<void*>(dsum), static_cast<void*>(dfin)})
+                  static_cast<void*>(dsum), static_cast<void*>(dbsum)})
     dev.deallocate(p);
   EXPECT_EQ(dev.memory_stats().current_bytes, 0);
   // Freed memory stays in the pool (release threshold UINT64_MAX): still reserved, as torch's

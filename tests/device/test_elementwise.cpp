@@ -1,5 +1,6 @@
 // The host device's elementwise ops against direct computations: fill, cast, scale,
-// accumulate, sum_squares (fp64, fixed order), all_finite, for fp32/bf16/fp16.
+// accumulate, sum_squares (fp64, fixed order; non-finite exactly when an element is), for
+// fp32/bf16/fp16.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -130,32 +131,34 @@ TEST_F(Elementwise, SumSquaresIsFp64AndDeterministic) {
   dev.deallocate(out);
 }
 
-TEST_F(Elementwise, AllFinite) {
-  int* out = static_cast<int*>(dev.allocate(8 * sizeof(int)));
-  std::vector<float> f(1000, 1.0f);
-  dev.all_finite(f.data(), DType::f32, f.size(), out, *s);
+// The engine's finite check is the fp64 sum of squares: non-finite exactly when an element is.
+// The largest values of each dtype square to finite fp64 (fp32: 1.2e77 each), inf and NaN of
+// any dtype make it inf or NaN.
+TEST_F(Elementwise, SumSquaresIsNonFiniteExactlyWhenAnElementIs) {
+  auto* out = static_cast<double*>(dev.allocate(6 * sizeof(double)));
+  std::vector<float> f(1000, std::numeric_limits<float>::max());
+  dev.sum_squares(f.data(), DType::f32, f.size(), out, *s);
   dev.synchronize(*s);  // the ops are asynchronous: don't change f under them
   f[999] = std::numeric_limits<float>::infinity();
-  dev.all_finite(f.data(), DType::f32, f.size(), out + 1, *s);
-  dev.all_finite(f.data(), DType::f32, 999, out + 2, *s);  // the inf is past n
+  dev.sum_squares(f.data(), DType::f32, f.size(), out + 1, *s);
   dev.synchronize(*s);
   f[999] = -std::numeric_limits<float>::quiet_NaN();
-  dev.all_finite(f.data(), DType::f32, f.size(), out + 3, *s);
-  std::vector<std::uint16_t> b(10, 0x3f80), h(10, 0x3c00);
+  dev.sum_squares(f.data(), DType::f32, f.size(), out + 2, *s);
+  std::vector<std::uint16_t> b(10, 0x7f7f), h(10, 0x7bff);  // the largest finite bf16, fp16
+  dev.sum_squares(b.data(), DType::bf16, 10, out + 3, *s);
+  dev.synchronize(*s);
   b[5] = 0x7f80;  // bf16 +inf
   h[9] = 0x7e00;  // fp16 NaN
-  dev.all_finite(b.data(), DType::bf16, 10, out + 4, *s);
-  dev.all_finite(h.data(), DType::f16, 10, out + 5, *s);
-  dev.all_finite(h.data(), DType::f16, 9, out + 6, *s);
-  dev.all_finite(h.data(), DType::f16, 0, out + 7, *s);
+  dev.sum_squares(b.data(), DType::bf16, 10, out + 4, *s);
+  dev.sum_squares(h.data(), DType::f16, 10, out + 5, *s);
   dev.synchronize(*s);
-  EXPECT_EQ(out[0], 1);
-  EXPECT_EQ(out[1], 0);
-  EXPECT_EQ(out[2], 1);
-  EXPECT_EQ(out[3], 0);
-  EXPECT_EQ(out[4], 0);
-  EXPECT_EQ(out[5], 0);
-  EXPECT_EQ(out[6], 1);
-  EXPECT_EQ(out[7], 1);
+  EXPECT_TRUE(std::isfinite(out[0]));
+  const double top = double(std::numeric_limits<float>::max()) * double(std::numeric_limits<float>::max());
+  EXPECT_NEAR(out[0] / (1000.0 * top), 1.0, 1e-12);
+  EXPECT_EQ(out[1], std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(out[2]));
+  EXPECT_TRUE(std::isfinite(out[3]));
+  EXPECT_EQ(out[4], std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(out[5]));
   dev.deallocate(out);
 }
