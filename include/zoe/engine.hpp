@@ -154,7 +154,8 @@ struct ComputePlace {
 struct StepResult {
   std::int64_t step = 0;        // optimizer steps taken so far (skipped ones not counted)
   bool skipped = false;         // an inf/NaN gradient on any rank: nothing was updated
-  double grad_norm = 0.0;       // global L2 norm of the unscaled, averaged gradient
+  double grad_norm = 0.0;       // global L2 norm of the unscaled, averaged gradient (a skipped
+                                // step: inf or NaN, the norm of the gradients that skipped it)
   double clip_coef = 1.0;       // factor applied (<= 1) by gradient clipping
   double loss_scale = 1.0;      // fp16 loss scale used for this step (1 otherwise)
 };

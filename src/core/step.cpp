@@ -66,7 +66,10 @@ StepResult core::EngineImpl::step() {
   if (overflow) {
     updater.check_overflow_skippable();
     result.skipped = true;
-    ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped, loss scale {}", cx.rank, updater.scaler().scale());
+    if (cx.config.fp16.enabled)
+      ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped, loss scale {}", cx.rank, updater.scaler().scale());
+    else
+      ZOE_LOG_WARN("rank {}: inf/NaN in the gradients; step skipped (nothing updated)", cx.rank);
   } else {
     updater.start_update(updater.plan(static_cast<float>(inv * result.clip_coef)));
   }

@@ -141,8 +141,10 @@ TEST(Engine, TheSumOfSquaresIsTheFiniteCheck) {
         for (int world : {1, 2}) {
           if (offload != OffloadDevice::none && stage == 0) continue;  // (ZeRO-Offload needs stage >= 1)
           const float largest = dtype == DType::f32 ? std::numeric_limits<float>::max() : kernels::bf16_to_f32(0x7F7F);
-          for (const StepResult& r : step_with(stage, world, dtype, std::numeric_limits<float>::quiet_NaN(), offload))
+          for (const StepResult& r : step_with(stage, world, dtype, std::numeric_limits<float>::quiet_NaN(), offload)) {
             EXPECT_TRUE(r.skipped) << "NaN, stage " << stage << " world " << world;
+            EXPECT_TRUE(std::isnan(r.grad_norm)) << "a skipped step's norm, stage " << stage;
+          }
           for (const StepResult& r : step_with(stage, world, dtype, largest, offload)) {
             EXPECT_FALSE(r.skipped) << "largest finite, stage " << stage << " world " << world;
             // The norm of the averaged gradient: the large element over the world size.
