@@ -280,42 +280,48 @@ void HostDevice::record(Event& event, Stream& stream) {
   host_event(event).set(q, q->last_ticket());
 }
 
+namespace {
+// The two ways of waiting for a point (queue, ticket), shared by events and streams.
+// Later tasks of `waiter` run after the point: no task when the point was never recorded, is on
+// `waiter` itself (already in order) or has run (done()'s acquire load orders its work before
+// what is queued next), and none when an earlier wait of `waiter` covers it (enqueue_wait).
+void queue_wait_for(HostQueue& waiter, const std::shared_ptr<HostQueue>& source, std::uint64_t ticket) {
+  if (!source || source.get() == &waiter || source->done(ticket)) return;
+  waiter.enqueue_wait(source, ticket);
+}
+// The calling thread waits for the point and rethrows the first task error up to it.
+void block_until(const HostQueue& queue, std::uint64_t ticket) {
+  queue.wait_for(ticket);
+  queue.rethrow_error_up_to(ticket);
+}
+}  // namespace
+
 void HostDevice::wait(Stream& stream, Event& event) {
   HostEvent& e = host_event(event);
-  // Already complete: nothing to wait for, so no task (and no wake-up of the stream's thread);
-  // done()'s acquire load orders the event's work before what is queued next.
-  if (e.completed()) return;
-  HostEvent::Point p = e.point();
-  if (!p.queue || p.queue.get() == &host_queue(stream)) return;  // same stream: already ordered
-  host_queue(stream).enqueue_wait(p.queue, p.ticket);  // nothing queued if an earlier wait covers it
+  if (e.completed()) return;  // the usual case, without copying the point
+  const HostEvent::Point p = e.point();
+  queue_wait_for(host_queue(stream), p.queue, p.ticket);
 }
 
 void HostDevice::stream_waits_for(Stream& waiter, Stream& producer, Event&) {
   ZOE_CHECK_USAGE(typeid(producer) == typeid(HostStream),
                   "HostDevice::stream_waits_for: stream was not created by a HostDevice");
   const std::shared_ptr<HostQueue>& p = static_cast<HostStream&>(producer).queue();
-  HostQueue& w = host_queue(waiter);
-  if (p.get() == &w) return;  // one queue: already in order
-  const std::uint64_t ticket = p->last_ticket();
-  if (p->done(ticket)) return;  // run already: nothing to wait for
-  w.enqueue_wait(p, ticket);    // nothing queued if an earlier wait covers it
+  queue_wait_for(host_queue(waiter), p, p->last_ticket());
 }
 
 void HostDevice::compute_waits_for(Stream& producer, Event&) {
-  HostQueue& p = host_queue(producer);
+  const HostQueue& p = host_queue(producer);
   const std::uint64_t ticket = p.last_ticket();
   if (p.done(ticket) && !p.has_error()) return;
-  p.wait_for(ticket);
-  p.rethrow_error_up_to(ticket);
+  block_until(p, ticket);
 }
 
 void HostDevice::synchronize(Event& event) {
   HostEvent& e = host_event(event);
   if (e.settled()) return;  // done and no error to rethrow (most waits of the engine's calls)
-  HostEvent::Point p = e.point();
-  if (!p.queue) return;
-  p.queue->wait_for(p.ticket);
-  p.queue->rethrow_error_up_to(p.ticket);
+  const HostEvent::Point p = e.point();
+  if (p.queue) block_until(*p.queue, p.ticket);
 }
 
 bool HostDevice::query(Event& event) { return host_event(event).completed(); }
