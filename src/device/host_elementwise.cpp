@@ -67,24 +67,20 @@ double sum_squares(const void* x, DType dtype, std::size_t n) {
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                DType grad_dtype, void* out, DType out_dtype, std::size_t n) {
   constexpr std::size_t kGrain = 1 << 15;  // elements per task: ~0.5 MiB of states
-  with_dtype(grad_dtype, [&](auto gt) {
-    with_dtype(out_dtype, [&](auto ot) {
-      auto body = [&](std::size_t begin, std::size_t end) {
-        for (std::size_t i = begin; i < end; ++i) {
-          k::adam_update(c, k::load_f32(grad, gt, i), master[i], exp_avg[i], exp_avg_sq[i]);
-          if (out) k::store_f32(out, ot, i, master[i]);
-        }
-      };
-      if (n <= kGrain) return body(0, n);  // one grain: no task to spawn (many small groups)
-      sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
-      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, kGrain), [&](const tbb::blocked_range<std::size_t>& r) {
-        edges.body_begins();
-        body(r.begin(), r.end());
-        edges.body_ends();
-      });
-      edges.joined();
-    });
+  const AdamIsa isa = best_adam_isa();
+  auto body = [&](std::size_t begin, std::size_t end) {
+    adam_range(isa, c, master + begin, exp_avg + begin, exp_avg_sq + begin,
+               static_cast<const char*>(grad) + begin * dtype_size(grad_dtype), grad_dtype,
+               out ? static_cast<char*>(out) + begin * dtype_size(out_dtype) : nullptr, out_dtype, end - begin);
+  };
+  if (n <= kGrain) return body(0, n);  // one grain: no task to spawn (many small groups)
+  sanitizers::ForkJoin edges;  // what libtbb synchronises, stated for ThreadSanitizer
+  tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, kGrain), [&](const tbb::blocked_range<std::size_t>& r) {
+    edges.body_begins();
+    body(r.begin(), r.end());
+    edges.body_ends();
   });
+  edges.joined();
 }
 
 namespace {

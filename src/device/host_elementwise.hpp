@@ -21,6 +21,18 @@ double sum_squares(const void* x, DType dtype, std::size_t n);
 /// (elementwise, so the split never changes a bit).
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,
                DType grad_dtype, void* out, DType out_dtype, std::size_t n);
+/// The builds of adam_step's loop (host_adam.cpp): one source compiled for the baseline
+/// x86-64, AVX2 (+F16C) and AVX-512 (F/BW/VL/DQ), all giving the same bits.
+enum class AdamIsa { baseline, avx2, avx512 };
+/// Whether this CPU can run build `isa` (CPUID). Thread-safe.
+bool adam_isa_available(AdamIsa isa);
+/// The widest available build (decided once). Thread-safe.
+AdamIsa best_adam_isa();
+/// adam_step's loop on the calling thread with build `isa` (which must be available: else
+/// the CPU faults): n elements, arguments as adam_step; `grad` is byte-addressed from its
+/// first element, as is `out` (nullptr: no output).
+void adam_range(AdamIsa isa, const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq,
+                const void* grad, DType grad_dtype, void* out, DType out_dtype, std::size_t n);
 /// Software prefetch for loops over many small blocks (thousands of small modules' groups, each
 /// in an allocation of its own), where a hardware prefetcher finds a stream only after its
 /// first lines: the next block is asked for while this one is processed. Hints only: no value
