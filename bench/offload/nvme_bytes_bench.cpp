@@ -11,7 +11,7 @@
 // bound is the formula, the ratio measured / formula. Step time: each mode's median step
 // against the all-on-NVMe mode's, the modes' steps taken in turn. stage3_max_reuse_distance is 0, as for a
 // model far larger than the reuse window, so each module is gathered in forward and again in
-// backward. Reads can be below the formula: a shard still in one of the parameter tier's
+// backward, and the prefetch reads one module ahead. Reads can be below the formula: a shard still in one of the parameter tier's
 // staging buffers when its backward starts is not read again.
 #include "bench/offload/nvme_bytes_bench.hpp"
 
@@ -51,6 +51,9 @@ Config mode_config(const NvmeBytesBenchOptions& o, const Mode& mode, std::int64_
   // As a model far larger than the reuse window (ZeRO-Infinity's case): every module gathered
   // again in backward rather than kept from its forward.
   c.zero_optimization.stage3_max_reuse_distance = 0;
+  // Likewise a prefetch of one module ahead (a model far larger than stage3_prefetch_bucket_size),
+  // not of this small model whole.
+  c.zero_optimization.stage3_prefetch_bucket_size = per_module;
   c.zero_optimization.offload_optimizer.device = OffloadDevice::nvme;
   c.zero_optimization.offload_optimizer.nvme_path = o.nvme_dir;
   c.zero_optimization.offload_param.device = OffloadDevice::nvme;
@@ -80,6 +83,7 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
       {"update in backward, host budget 2 B/param (shards)", shards, OptimizerStateDType::fp32, true},
       {"update in backward, host budget 2 B/param, bf16 states", shards, OptimizerStateDType::bf16, true},
       {"split masters", 0, OptimizerStateDType::fp32, false, true},
+      {"update in backward, split masters", 0, OptimizerStateDType::fp32, true, true},
       {"update in backward, host budget 2 B/param, split masters", shards, OptimizerStateDType::fp32, true, true},
       {"update in backward, host budget 2 B/param, bf16 states, split masters", shards, OptimizerStateDType::bf16, true,
        true},

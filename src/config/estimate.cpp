@@ -255,7 +255,13 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     r.nvme_traffic.written += std::max<std::int64_t>(B * t - params_in_host, 0);
     // Split masters: the update reads the shard it rewrites (the masters' high halves), except
     // the first groups' whose shards or states are in host memory (both are kept in order).
-    if (split) r.nvme_traffic.read += std::max<std::int64_t>(B * t - std::max(params_in_host, B * states_in_host), 0);
+    // With the update in backward it takes them from the step's last read of the shard instead
+    // (KeptShardReads), which holds while the prefetch reads at most
+    // offload_param.buffer_count - 2 modules ahead (a model larger than
+    // stage3_prefetch_bucket_size); a deeper prefetch gives some of those reads up and their
+    // updates read the shard again.
+    if (split && !config.zoe.update_in_backward)
+      r.nvme_traffic.read += std::max<std::int64_t>(B * t - std::max(params_in_host, B * states_in_host), 0);
   }
 
   r.traffic_elements = stage.shards_params ? 2 * psi + psi_t : 2 * psi_t;

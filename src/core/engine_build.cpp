@@ -8,6 +8,13 @@
 namespace zoe {
 
 core::EngineImpl::EngineImpl(const Config& config, RankContext rank) : cx(config, std::move(rank)) {
+  // A gather short of parameter read buffers may reduce the gradients waiting in the bucket,
+  // whose groups' updates then release the reads kept for them (KeptShardReads::free_one).
+  updater.kept_reads().set_reduce_waiting([this] {
+    if (!reducer.bucket_holds_any()) return false;
+    reducer.flush_bucket();
+    return true;
+  });
   ZOE_LOG_DEBUG("rank {}/{}: engine on {}, stage {}, compute {}", cx.rank, cx.world, cx.device.name(),
                 config.zero_optimization.stage, dtype_name(cx.dtype));
 }

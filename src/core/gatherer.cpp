@@ -29,6 +29,7 @@ void Gatherer::gather(Group& g) {
     // Parameter offload: NVMe -> pinned buffer -> device -> all-gather, all on the side
     // stream after the group's update (which writes the shard back) is done.
     std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
+    updater_.keep_shard_read(model_.index_of(g), read);
     DeviceBuffer staging = cx_.alloc(MemKind::buffer, cx_.dtype, L.shard_numel());
     cx_.device.host_func(*cx_.side, [read] { read->wait(); });
     cx_.device.copy(staging.data(), read->data(), staging.bytes(), *cx_.side);
@@ -86,6 +87,7 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
     const std::size_t bytes = static_cast<std::size_t>(g.layout->shard_numel()) * esz;
     if (tiers_.params) {
       std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
+      updater_.keep_shard_read(gis[k], read);
       cx_.device.host_func(*cx_.side, [read] { read->wait(); });
       cx_.device.copy(at(send.data(), offsets[k]), read->data(), bytes, *cx_.side);
       reads->push_back(std::move(read));
@@ -248,8 +250,10 @@ std::shared_ptr<offload::ShardRead> Gatherer::begin_shard_read(Group& g) {
   const bool final_now = cx_.device.query(*g.update_done) && (!g.host_done || g.host_done->ready());
   for (;;) {
     if (auto read = tiers_.params->try_begin_read(g.param_id, final_now)) return *read;
-    // Every read buffer belongs to a gather still on the side stream: wait for the oldest.
-    ZOE_CHECK(cx_.frees.reap_oldest(), "parameter offload: no pinned read buffer free and none in flight");
+    // Every read buffer is taken: by a gather still on the side stream (wait for the oldest),
+    // else by reads kept for updates (Updater::free_kept_read).
+    if (cx_.frees.reap_oldest()) continue;
+    ZOE_CHECK(updater_.free_kept_read(), "parameter offload: no pinned read buffer free and none in flight");
   }
 }
 

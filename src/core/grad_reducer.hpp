@@ -39,6 +39,8 @@ class GradReducer {
   void finish_backward(const ModuleInfo& m);
   /// Reduces the bucket's groups with one collective (nothing when empty).
   void flush_bucket();
+  /// Whether gradients wait in the bucket.
+  bool bucket_holds_any() const { return !bucket_.groups.empty(); }
   /// At step(): the gradients of groups no module ran backward for this step are zero.
   void zero_unused_gradients();
   /// At the end of step(): the persistent buffers of a skipped step are zeroed (stages 0-1),

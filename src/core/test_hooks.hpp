@@ -14,4 +14,9 @@ inline std::function<void(int)> after_group_update;
 /// divides it by the calls to show the walk is O(1) amortised per call, whatever the module
 /// count.
 inline std::atomic<std::int64_t> prefetch_entries_visited{0};
+/// Updates that took a kept read of their shard (KeptShardReads::hand_over found one) and
+/// kept reads given up for a gather's read buffer (free_one dropped one), over every engine in
+/// the process.
+inline std::atomic<std::int64_t> kept_shard_reads_taken{0};
+inline std::atomic<std::int64_t> kept_shard_reads_dropped{0};
 }  // namespace zoe::core::test_hooks

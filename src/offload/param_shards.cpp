@@ -137,6 +137,17 @@ void* ParamShards::write_buffer(int id, bool with_stored_bytes) {
   return writing_->data();
 }
 
+void* ParamShards::write_buffer_from(int id, ShardRead& stored) {
+  ZOE_CHECK_USAGE(finalized_, "ParamShards::write_buffer_from before finalize");
+  ZOE_CHECK_USAGE(stored.owner == this && stored.id == id && stored.buffer, "ParamShards::write_buffer_from(", id,
+                  "): the read given is of shard ", stored.id, stored.buffer ? "" : " (not an NVMe read)");
+  ZOE_CHECK_USAGE(!writing_, "ParamShards: one write-back at a time");
+  stored.wait();
+  writing_ = write_pool_->acquire();
+  std::memcpy(writing_->data(), stored.data(), bytes_[id]);
+  return writing_->data();
+}
+
 void ParamShards::commit(int id) {
   if (in_host(id)) return;
   ZOE_CHECK_USAGE(writing_.has_value(), "ParamShards::commit without write_buffer");

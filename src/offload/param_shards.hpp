@@ -103,6 +103,11 @@ class ParamShards {
   /// starts with the shard's stored bytes (nvme: read into it and waited, bytes(id) more NVMe
   /// reads; split master weights rebuild the masters from them); otherwise its bytes are undefined.
   void* write_buffer(int id, bool with_stored_bytes = false);
+  /// write_buffer(id, true) without reading NVMe: the buffer starts with the bytes of `stored`,
+  /// a read of shard `id` made since its last commit (so it holds the stored bytes; waited for
+  /// here if it is not complete). Throws UsageError if `stored` is another shard's or this
+  /// tier's host-memory shard is asked for through it, IoError / CorruptionError from the read.
+  void* write_buffer_from(int id, ShardRead& stored);
   void commit(int id);
   /// Gives the write buffer back without storing it (an update failed).
   void abort_write() { writing_.reset(); }

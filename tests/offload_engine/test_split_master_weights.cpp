@@ -7,11 +7,16 @@
 //    states in host memory by zoe.host_memory_budget (those keep fp32 masters), the update in
 //    backward, bf16 optimizer states; the NVMe tier holds 2 + 1/8 bytes of master per element
 //    instead of 4, and nothing in host memory changes.
+//  - With the update in backward each group's update takes the step's last read of its shard
+//    (KeptShardReads) instead of reading it again, every time while the prefetch stays within
+//    the read buffers, and when it does not (the reads given up are read again) the bits are
+//    the same.
 //  - Checkpoints and the safetensors export hold fp32 masters: a split-master checkpoint loads
 //    into fp32 masters and back, each continuing as the unbroken run.
 //  - The key is refused where it cannot be honoured, naming the key that stops it.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -24,6 +29,7 @@
 #include <vector>
 
 #include "kernels/half.hpp"
+#include "src/core/test_hooks.hpp"
 #include "src/optim/cpu_adam.hpp"
 #include "src/optim/split_master.hpp"
 #include "tests/core/config_refusal.hpp"
@@ -176,6 +182,43 @@ TEST(SplitMasterWeights, TrainBitwiseAsFp32MastersWithFewerNvmeBytes) {
       EXPECT_EQ(split.memory[k].host_model_states, ref.memory[k].host_model_states) << "rank " << k;
     }
   }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SplitMasterWeights, TheUpdateInBackwardTakesTheStepsReadOfTheShard) {
+  namespace hooks = zoe::core::test_hooks;
+  const std::string dir = zoe::test::temp_dir("split-master-kept");
+  std::atomic<std::int64_t> updates{0};
+  hooks::after_group_update = [&](int) { updates.fetch_add(1); };
+  for (int world : {1, 2}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    Config c = config_of(Mode{world, 1, OffloadDevice::nvme, 0, true}, true, dir);
+    const RunResult ref = train(config_of(Mode{world, 1, OffloadDevice::nvme, 0, true}, false, dir), kNet, world, 6, 16);
+    // Each module gathered again in backward, one module prefetched: every update finds its read.
+    c.zero_optimization.stage3_max_reuse_distance = 0;
+    c.zero_optimization.stage3_prefetch_bucket_size = 1;
+    updates = 0;
+    hooks::kept_shard_reads_taken = 0;
+    const RunResult kept = train(c, kNet, world, 6, 16);
+    EXPECT_GT(updates.load(), 0);
+    EXPECT_EQ(hooks::kept_shard_reads_taken.load(), updates.load()) << "an update read its shard from NVMe again";
+    EXPECT_TRUE(bitwise_equal(kept, ref));
+    EXPECT_EQ(kept.losses, ref.losses);
+    // The default prefetch reads this small model whole ahead, here more than its two read
+    // buffers hold: some reads are given up (and their shards read again), the same bits.
+    c.zero_optimization.stage3_prefetch_bucket_size = Config{}.zero_optimization.stage3_prefetch_bucket_size;
+    c.zero_optimization.offload_param.buffer_count = 3;
+    updates = 0;
+    hooks::kept_shard_reads_taken = 0;
+    hooks::kept_shard_reads_dropped = 0;
+    const RunResult deep = train(c, kNet, world, 6, 16);
+    EXPECT_LT(hooks::kept_shard_reads_taken.load(), updates.load());
+    EXPECT_GT(hooks::kept_shard_reads_dropped.load(), 0);
+    EXPECT_TRUE(bitwise_equal(deep, ref));
+    EXPECT_EQ(deep.losses, ref.losses);
+  }
+  hooks::after_group_update = nullptr;
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
   std::filesystem::remove_all(dir);
 }

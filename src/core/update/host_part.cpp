@@ -4,7 +4,9 @@
 // (stage 3, ZeRO-Infinity's parameter tier), straight into the shard's home: the worker takes
 // the tier's write buffer, copies the device sub-groups' output into it, lets the CPU optimizer
 // write the rest and commits it before the group's GroupDone is set, so the next gather,
-// ordered after that latch, reads the new values.
+// ordered after that latch, reads the new values. With split master weights the write buffer
+// starts with the shard's stored values (the masters' high halves): copied from the step's last
+// read of the shard when one was kept for this update (KeptShardReads), else read from NVMe.
 #include "src/common/check.hpp"
 #include "src/core/update/updater.hpp"
 
@@ -32,8 +34,11 @@ PipelineGroup Updater::host_part(Group& g, int gi, void* out, std::shared_ptr<De
   // first: the device sub-groups' output below overwrites only their own ranges).
   bool split = false;
   for (const SubGroup& sg : g.subgroups) split = split || (sg.offloaded() && tiers_.states->split_master(sg.offload_id));
-  pg.before = [this, &g, id, esz, device_part, device_out, split](PipelineGroup& self) {
-    void* home = tiers_.params->write_buffer(id, split);
+  // The step's last read of the shard, when one was kept for this update: copied, not read again.
+  std::shared_ptr<KeptShardReads::Handoff> kept = split ? kept_reads_.hand_over(gi) : nullptr;
+  pg.before = [this, &g, id, esz, device_part, device_out, split, kept](PipelineGroup& self) mutable {
+    void* home = kept ? tiers_.params->write_buffer_from(id, *kept->read) : tiers_.params->write_buffer(id, split);
+    kept.reset();  // its read buffer goes back to the gathers
     self.out = home;
     if (!device_out || !*device_out) return;
     Stream& copies = pipeline_->copy_stream();

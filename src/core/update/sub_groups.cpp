@@ -73,6 +73,19 @@ void Updater::build_paths() {
     grad_sink_ = std::make_unique<GradientSink>(cx_.device, *tiers_.states, go);
     cx_.ledger.add(Tier::host, MemKind::buffer, static_cast<std::int64_t>(grad_sink_->staging_bytes()));
   }
+  // Split masters with the update in backward: the groups whose update reads its shard's
+  // stored values (a sub-group with split masters) take them from the step's last read of the
+  // shard instead of a second NVMe read (update/kept_shard_reads.hpp).
+  keeps_reads_.assign(model_.groups.size(), 0);
+  if (!tiers_.params || !tiers_.states || !cx_.config.zoe.update_in_backward) return;
+  bool any = false;
+  for (std::size_t gi = 0; gi < model_.groups.size(); ++gi)
+    for (const SubGroup& sg : model_.groups[gi].subgroups)
+      if (sg.offloaded() && tiers_.states->split_master(sg.offload_id)) {
+        keeps_reads_[gi] = 1;
+        any = true;
+      }
+  kept_reads_.enable(any);
 }
 
 void Updater::place_sub_groups(Group& g, int& device_left) {

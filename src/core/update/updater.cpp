@@ -33,6 +33,7 @@ DType Updater::update_grad_dtype() const {
 Updater::~Updater() { stop(); }
 
 void Updater::stop() {
+  kept_reads_.clear();
   pipeline_.reset();   // waits for a running update
   grad_sink_.reset();  // and for gradients on their way to the tier
   try {
@@ -124,6 +125,7 @@ void Updater::start_update(const UpdatePlan& plan) {
     begin_group_update(static_cast<int>(gi), plan, snapshots[gi], host_parts);
   }
   device_batch_.issue();  // every group's event recorded before anything waits on it
+  kept_reads_.clear();    // every update of the step has begun: what was not taken is no one's
   if (!host_parts.empty()) pipeline_->start(std::move(host_parts), plan);
   if (!cx_.config.zoe.overlap_step && !cx_.config.zoe.delayed_update) finish_update();
 }
@@ -209,6 +211,14 @@ void Updater::start_in_backward(int gi) {
   host_parts.front().ready = std::make_shared<GroupDone>();
   grad_sink_->signal(host_parts.front().ready);
   pipeline_->start(std::move(host_parts), backward_plan_);
+}
+
+void Updater::keep_shard_read(int gi, std::shared_ptr<offload::ShardRead> read) {
+  if (!kept_reads_.enabled() || !keeps_reads_[static_cast<std::size_t>(gi)]) return;
+  // A group whose update began this step has read its shard already (a read now is for a
+  // later step).
+  if (phase_ == Phase::in_backward && model_.group(gi).update_step == backward_plan_.step) return;
+  kept_reads_.keep(gi, std::move(read));
 }
 
 void Updater::check_overflow_skippable() const {

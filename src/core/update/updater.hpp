@@ -40,6 +40,7 @@
 #include "src/core/offload_tiers.hpp"
 #include "src/core/update/device_update_batch.hpp"
 #include "src/core/update/gradient_sink.hpp"
+#include "src/core/update/kept_shard_reads.hpp"
 #include "src/core/update/update_pipeline.hpp"
 
 namespace zoe::core {
@@ -113,6 +114,17 @@ class Updater {
   /// Whether some of the group's sub-groups are on the device optimizer / offloaded.
   bool has_device_sub_groups(const Group& g) const;
   bool has_offloaded_sub_groups(const Group& g) const;
+
+  // ---- split master weights with the update in backward (update/kept_shard_reads.hpp)
+  /// Keeps `read` (an NVMe read of group gi's parameter shard made this step) for the group's
+  /// update when it reads the shard (split masters on NVMe, update in backward) and has not
+  /// started yet; otherwise does nothing.
+  void keep_shard_read(int gi, std::shared_ptr<offload::ShardRead> read);
+  /// A parameter tier read buffer held by a kept read back, or waited for
+  /// (KeptShardReads::free_one); false if none is held.
+  bool free_kept_read() { return kept_reads_.free_one(); }
+  /// Set once by the engine: how free_kept_read reduces the gradients waiting in the bucket.
+  KeptShardReads& kept_reads() { return kept_reads_; }
 
   // ---- misuse while the update is in backward
   /// Throws UsageError naming `call` while this step's update has begun in backward.
@@ -191,6 +203,10 @@ class Updater {
   std::unique_ptr<UpdatePipeline> pipeline_;
   std::unique_ptr<GradientSink> grad_sink_;
   Phase phase_ = Phase::between_steps;
+  // Reads of parameter shards kept for their groups' updates, and which groups use them (one
+  // byte per group, set by build_paths). A handed read shares its counter, not this object.
+  KeptShardReads kept_reads_;
+  std::vector<std::uint8_t> keeps_reads_;
   UpdatePlan backward_plan_{};  // the plan of the update begun in backward (phase in_backward)
   struct CoeffMemo {
     optim::AdamHyper hyper;
