@@ -7,7 +7,8 @@
 # ./gpu-out): summary.txt, machine.txt, build.log, tests.log, gpt.log, gpt-losses.txt,
 # bench.jsonl, overlap.jsonl (the update pipeline's overlap and transfer rates on the GPU),
 # gpt-losses-*.txt (zoe.update_in_backward's run against the update at step(), and split master
-# weights against fp32 masters with the states and parameters on NVMe).
+# weights against fp32 masters with the states and parameters on NVMe, with the update at step()
+# and in backward).
 #
 # Two ways to get the binaries, chosen by what is there:
 #  - out/gpu-bundle.tar.xz (made here by scripts/gpu-bundle.sh, carried along): prebuilt
@@ -164,8 +165,9 @@ gpt_equal_losses() {
   m0=$(mktemp --suffix .csv); m1=$(mktemp --suffix .csv)
   cfg0=$(mktemp --suffix .json); cfg1=$(mktemp --suffix .json)
   local base='"gradient_clipping": 0, "bf16": {"enabled": true}, "zero_optimization": {"stage": 3, '"${offload//NVME/$nvme}"', "reduce_bucket_size": 0, "sub_group_size": 1000000}'
-  echo "{$base, \"zoe\": {\"$key\": false}}" >"$cfg0"
-  echo "{$base, \"zoe\": {\"$key\": true}}" >"$cfg1"
+  # ZOE_EXTRA: more zoe keys, the same in both runs (e.g. '"update_in_backward": true, ').
+  echo "{$base, \"zoe\": {${ZOE_EXTRA:-}\"$key\": false}}" >"$cfg0"
+  echo "{$base, \"zoe\": {${ZOE_EXTRA:-}\"$key\": true}}" >"$cfg1"
   local args=(--data-dir "$data" --layers 8 --heads 8 --width 512 --context 128 --batch 8 --steps 20
         --warmup 5 --lr 1e-3 --zero-stage 3 --precision bf16 --nvme-path "$nvme" "$@"
         --eval-interval 0 --eval-batches 2 --sample-length 0 --log-every 5)
@@ -198,6 +200,11 @@ if [[ -x "$gpt" && -d "$data/gutenberg" ]]; then
   gpt_equal_losses update-in-backward update_in_backward '"offload_optimizer": {"device": "cpu"}' \
     --offload-optimizer cpu
   gpt_equal_losses split-master split_master_weights \
+    '"offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}, "offload_param": {"device": "nvme", "nvme_path": "NVME"}, "stage3_param_persistence_threshold": 0' \
+    --offload-optimizer nvme --offload-param nvme
+  # Split masters with the update in backward: the updates take the shard reads of the step
+  # (kept in the parameter tier's read buffers) instead of reading the shards again.
+  ZOE_EXTRA='"update_in_backward": true, ' gpt_equal_losses split-master-in-backward split_master_weights \
     '"offload_optimizer": {"device": "nvme", "nvme_path": "NVME"}, "offload_param": {"device": "nvme", "nvme_path": "NVME"}, "stage3_param_persistence_threshold": 0' \
     --offload-optimizer nvme --offload-param nvme
 else

@@ -13,10 +13,10 @@
 //   released  the Handoff is gone, or free_one() dropped it while kept (that group's update
 //             then reads the shard from NVMe, as without this class).
 // Kept and handed reads occupy the tier's read buffers, which the gathers need. When none is
-// free, free_one() gets one back in this order: wait for a handed read's copy (it needs nothing
-// from the engine's thread); else reduce the gradients waiting in the bucket (`reduce_waiting`,
-// GradReducer::flush_bucket: their groups' updates start and take their reads) and wait; else
-// drop the oldest kept read. Every choice depends on the engine thread's own state alone (a
+// free, free_one() gets some back in this order: wait until every handed read is copied (the
+// copies need nothing from the engine's thread); else reduce the gradients waiting in the bucket
+// (`reduce_waiting`, GradReducer::flush_bucket: their groups' updates start and take their
+// reads) and wait likewise; else drop the oldest kept read. Every choice depends on the engine thread's own state alone (a
 // wait ends only once every handed read is released), so every rank makes the same ones at the
 // same calls and the NVMe bytes of a step do not depend on thread timing.
 //
