@@ -52,16 +52,42 @@ void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n) {
 }
 
 double sum_squares(const void* x, DType dtype, std::size_t n) {
+  constexpr std::size_t C = k::kSumSquaresChunk;
   double total = 0.0;
   with_dtype(dtype, [&](auto t) {
-    for (std::size_t begin = 0; begin < n; begin += k::kSumSquaresChunk) {
-      std::size_t end = std::min(n, begin + k::kSumSquaresChunk);
+    std::size_t begin = 0;
+    // Four chunks at a time, each summed in its own order and added to the total in chunk
+    // order: the operations of one chunk after another, but four chains of dependent adds side
+    // by side (one chain is bound by the add's latency, not by memory).
+    for (; begin + 4 * C <= n; begin += 4 * C) {
+      double chunk[4] = {0.0, 0.0, 0.0, 0.0};
+      for (std::size_t i = begin; i < begin + C; ++i)
+        for (std::size_t j = 0; j < 4; ++j) chunk[j] += k::square_f64(k::load_f32(x, t, i + j * C));
+      for (double c : chunk) total += c;
+    }
+    for (; begin < n; begin += C) {
+      std::size_t end = std::min(n, begin + C);
       double chunk = 0.0;
       for (std::size_t i = begin; i < end; ++i) chunk += k::square_f64(k::load_f32(x, t, i));
       total += chunk;
     }
   });
   return total;
+}
+
+void sum_squares_of_four(const void* const xs[4], const std::size_t ns[4], DType dtype, double out[4]) {
+  with_dtype(dtype, [&](auto t) {
+    double chunk[4] = {0.0, 0.0, 0.0, 0.0};
+    const std::size_t common = std::min({ns[0], ns[1], ns[2], ns[3]});
+    for (std::size_t i = 0; i < common; ++i)
+      for (std::size_t j = 0; j < 4; ++j) chunk[j] += k::square_f64(k::load_f32(xs[j], t, i));
+    for (std::size_t j = 0; j < 4; ++j) {
+      for (std::size_t i = common; i < ns[j]; ++i) chunk[j] += k::square_f64(k::load_f32(xs[j], t, i));
+      double total = 0.0;  // as sum_squares: one chunk added to the total
+      total += chunk[j];
+      out[j] = total;
+    }
+  });
 }
 
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,

@@ -3,6 +3,7 @@
 // fp32/bf16/fp16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,8 +11,10 @@
 #include <random>
 #include <vector>
 
+#include "kernels/elementwise.hpp"
 #include "kernels/half.hpp"
 #include "src/device/host_device.hpp"
+#include "src/device/host_elementwise.hpp"
 #include "zoe/error.hpp"
 
 using namespace zoe;
@@ -129,6 +132,63 @@ TEST_F(Elementwise, SumSquaresIsFp64AndDeterministic) {
   EXPECT_EQ(out[0], 9.25);
   EXPECT_EQ(out[1], 0.0);
   dev.deallocate(out);
+}
+
+// The documented order, written out here: each kernels::kSumSquaresChunk-element chunk summed
+// element by element from 0, the chunks' sums added to the total in order. sum_squares sums
+// four chunks side by side and sum_squares_batch four small tensors side by side: the same bits
+// for every length around the chunk multiples, every dtype, values of every magnitude, inf and
+// NaN included (compared as bytes).
+TEST_F(Elementwise, SumSquaresSideBySideKeepsTheChunkOrder) {
+  auto reference = [](const void* x, DType t, std::size_t n) {
+    double total = 0.0;
+    for (std::size_t begin = 0; begin < n; begin += k::kSumSquaresChunk) {
+      double chunk = 0.0;
+      for (std::size_t i = begin; i < std::min(n, begin + k::kSumSquaresChunk); ++i) {
+        const double v = k::load_f32(x, t, i);
+        chunk += v * v;
+      }
+      total += chunk;
+    }
+    return total;
+  };
+  std::mt19937 gen(21);
+  std::uniform_real_distribution<float> exponent(-40.0f, 40.0f), unit(-1.0f, 1.0f);
+  auto values = [&](std::size_t n, bool specials) {
+    std::vector<float> v(n);
+    for (float& x : v) x = unit(gen) * std::exp2(exponent(gen));
+    if (specials && n > 10) {
+      v[n / 3] = std::numeric_limits<float>::infinity();
+      v[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    }
+    return v;
+  };
+  const std::size_t C = k::kSumSquaresChunk;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    std::vector<std::vector<float>> f32s;
+    std::vector<std::vector<std::uint16_t>> halves;
+    std::vector<std::size_t> sizes = {0, 1, 7, C - 1, C, C + 1, 4 * C - 1, 4 * C, 4 * C + 1, 9 * C + 17, 100003};
+    for (int i = 0; i < 40; ++i) sizes.push_back(std::uniform_int_distribution<std::size_t>(0, C + 300)(gen));
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      f32s.push_back(values(sizes[i], i % 7 == 3));
+      std::vector<std::uint16_t> h(sizes[i]);
+      for (std::size_t j = 0; j < h.size(); ++j) h[j] = to_half(f32s.back()[j], t);
+      halves.push_back(std::move(h));
+    }
+    auto data = [&](std::size_t i) -> const void* { return t == DType::f32 ? static_cast<const void*>(f32s[i].data()) : halves[i].data(); };
+    std::vector<TensorRegion> regions;
+    for (std::size_t i = 0; i < sizes.size(); ++i) regions.push_back(TensorRegion{data(i), sizes[i]});
+    double* out = static_cast<double*>(dev.allocate(sizes.size() * sizeof(double)));
+    dev.sum_squares_batch(regions, t, out, *s);
+    dev.synchronize(*s);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const double want = reference(data(i), t, sizes[i]);
+      const double one = host_ops::sum_squares(data(i), t, sizes[i]);
+      EXPECT_EQ(std::memcmp(&one, &want, sizeof(double)), 0) << dtype_name(t) << " n " << sizes[i] << ": " << one << " vs " << want;
+      EXPECT_EQ(std::memcmp(&out[i], &want, sizeof(double)), 0) << "batch, " << dtype_name(t) << " n " << sizes[i] << ": " << out[i] << " vs " << want;
+    }
+    dev.deallocate(out);
+  }
 }
 
 // The engine's finite check is the fp64 sum of squares: non-finite exactly when an element is.
