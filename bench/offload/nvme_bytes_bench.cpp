@@ -18,6 +18,7 @@
 #include "bench/offload/bench_model.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -87,6 +88,7 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
       {"update in backward, host budget 2 B/param, split masters", shards, OptimizerStateDType::fp32, true, true},
       {"update in backward, host budget 2 B/param, bf16 states, split masters", shards, OptimizerStateDType::bf16, true,
        true},
+      {"update in backward, bf16 states, split masters", 0, OptimizerStateDType::bf16, true, true},
   };
   struct Run {
     Config config;
@@ -143,6 +145,12 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
     return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
   };
   const double base_seconds = median(runs[0].seconds);
+  std::vector<double> moved(runs.size()), step_ratio(runs.size());  // per mode: B per parameter, step / all-on-NVMe
+  auto format_double = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3f", x);
+    return std::string(b);
+  };
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     const estimate::RankEstimate::Traffic f = estimate::estimate_rank(shape, 1, r.config).nvme_traffic;
@@ -157,6 +165,45 @@ void run_nvme_bytes_case(const NvmeBytesBenchOptions& o, const Report& report) {
     const double s = median(r.seconds);
     report.line(c + ": step time", s, "s", base_seconds, s / base_seconds,
                 "(bound: the all-on-NVMe mode's median step, steps in turn)");
+    moved[i] = rd + wr;
+    step_ratio[i] = s / base_seconds;
+  }
+  // The goals, all without host memory beyond buffers (the all-on-NVMe mode's memory): NVMe bytes
+  // per parameter, exact (fp32 states) and with bf16 states, and the step time against the
+  // all-on-NVMe step; each line gives the best such mode's figure and, where the goal is not
+  // met, what the gap is.
+  struct Goal {
+    const char* what;
+    bool bf16_states, bytes;
+    double goal;
+  };
+  const Goal goals[] = {{"exact modes, no host memory: NVMe moved per parameter", false, true, 26.0},
+                        {"bf16 states, no host memory: NVMe moved per parameter", true, true, 18.0},
+                        {"exact modes, no host memory: step time / all-on-NVMe", false, false, 0.75},
+                        {"bf16 states, no host memory: step time / all-on-NVMe", true, false, 0.55}};
+  const double base_gbps = moved[0] * static_cast<double>(psi) / base_seconds * 1e-9;
+  for (const Goal& g : goals) {
+    std::size_t best = runs.size();
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      if ((modes[i].state_dtype == OptimizerStateDType::bf16) != g.bf16_states) continue;
+      if (modes[i].host_memory_budget != 0) continue;
+      const double v = g.bytes ? moved[i] : step_ratio[i];
+      if (best == runs.size() || v < (g.bytes ? moved[best] : step_ratio[best])) best = i;
+    }
+    if (best == runs.size()) continue;
+    const double v = g.bytes ? moved[best] : step_ratio[best];
+    std::string note = "goal " + format_double(g.goal) + ", best mode: " + modes[best].name + "; ";
+    if (v <= g.goal) {
+      note += "met";
+    } else if (g.bytes) {
+      note += "not met, over by " + format_double(v - g.goal) + " B";
+      if (modes[best].split_master) note += " (the split masters' rounded-up bits, read and written: 0.25 B)";
+    } else {
+      note += "not met: the all-on-NVMe step moved " + format_double(base_gbps) +
+              " GB/s; fewer bytes shorten a step only as far as the disk bounds it (the scale demo measures "
+              "the disk against dd)";
+    }
+    report.line(name + ", goal: " + g.what, v, g.bytes ? "B" : "x", g.goal, v / g.goal, note);
   }
 }
 
