@@ -224,13 +224,15 @@ struct ZoeConfig {
   /// once). Needs offload_optimizer cpu or nvme with ratio 1 (the device's AdamW keeps fp32).
   OptimizerStateDType optimizer_state_dtype = OptimizerStateDType::fp32;
   /// Split master weights, exact: each fp32 master weight on the NVMe optimizer tier is stored
-  /// as its low 16 bits plus one "rounded up" bit (2.125 bytes instead of 4), and rebuilt bit
-  /// for bit before the update from the bf16 parameter shard, which is the master rounded to
-  /// nearest even and so holds its high half (the bit settles the ties). The update then reads
-  /// the shard (2 bytes per element; none for a shard zoe.host_memory_budget keeps in host
-  /// memory) and moves 2.125 + 2.125 bytes of master instead of 4 + 4: a stage-3 step on
-  /// NVMe moves 32.25 bytes per parameter instead of 34 (24.25 instead of 28 with every shard in
-  /// host memory). Parameters, states, losses and checkpoints are bitwise those of fp32 masters
+  /// as its low 16 bits (2 bytes instead of 4) plus one "rounded up" bit kept in the sign of its
+  /// exp_avg_sq (never negative), and rebuilt bit for bit before the update from the bf16
+  /// parameter shard, which is the master rounded to nearest even and so holds its high half
+  /// (the bit settles the ties). The update then reads the shard (2 bytes per element; none for a
+  /// shard zoe.host_memory_budget keeps in host memory, and none with zoe.update_in_backward,
+  /// whose update takes the step's own read of it) and moves 2 + 2 bytes of master instead of
+  /// 4 + 4: a stage-3 step on NVMe moves 32 bytes per parameter instead of 34, 26 with the update
+  /// in backward (18 with bf16 optimizer states), 24 instead of 28 with every shard in host
+  /// memory. Parameters, states, losses and checkpoints are bitwise those of fp32 masters
   /// (a checkpoint holds fp32 masters either way, so they load into one another). Needs stage 3
   /// with bf16 compute, offload_param "cpu" or "nvme" (the shard holds the high halves) and
   /// offload_optimizer "nvme" (with "cpu" the masters are in host memory already). false

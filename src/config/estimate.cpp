@@ -98,12 +98,11 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const std::int64_t off = offloaded ? std::llround(z.offload_optimizer.ratio * static_cast<double>(t)) : 0;
   // The offloaded states of n elements: the fp32 master plus exp_avg and exp_avg_sq of
   // zoe.optimizer_state_dtype (12 or 8 bytes per element), or with zoe.split_master_weights the
-  // master's low halves and rounded-up bits (2 bytes and 1 bit per element, whole bytes per
-  // sub-group: the engine's sub-groups hold multiples of 16 elements); the device keeps fp32
-  // (kOptimizerBytes).
+  // master's low halves (2 bytes per element; the rounded-up bit rides in exp_avg_sq's sign); the
+  // device keeps fp32 (kOptimizerBytes).
   const bool split = config.zoe.split_master_weights;
   const std::int64_t moment_bytes = 2 * static_cast<std::int64_t>(optimizer_state_dtype_size(config.zoe.optimizer_state_dtype));
-  auto offloaded_state_bytes = [&](std::int64_t n) { return split ? (moment_bytes + 2) * n + (n + 7) / 8 : (4 + moment_bytes) * n; };
+  auto offloaded_state_bytes = [&](std::int64_t n) { return (split ? moment_bytes + 2 : moment_bytes + 4) * n; };
   r.optimizer_states.device += kOptimizerBytes * (state_elements - off);
 
   // Gradients, as the engine keeps them: on the device full at stages 0-1 (the trainer

@@ -159,17 +159,17 @@ struct RankEstimate {
   ///    writes the new trainable shard (B·t); the p bytes of shards zoe.host_memory_budget
   ///    keeps in host memory (it spends itself there first: p = min(B·s, budget), the
   ///    gradients' h then from what is left) move none: read 2·G·(B·s - p), written B·t - p;
-  ///  zoe.split_master_weights: K counts the master as 2 bytes and 1 bit (K = 10.125, 6.125
-  ///    with bf16 states; the bits in whole bytes per sub-group), and the update also reads the
+  ///  zoe.split_master_weights: K counts the master as 2 bytes (K = 10, 6 with bf16 states; the
+  ///    rounded-up bit rides in exp_avg_sq's sign), and the update also reads the
   ///    shard it rewrites: read B·t - p more, except with zoe.update_in_backward, whose updates
   ///    take the step's last read of the shard (while the prefetch reads at most
   ///    offload_param.buffer_count - 2 modules ahead);
   /// Everything on NVMe, 16-bit compute, one micro-batch, no frozen parameters: read 18·Ψ/Nd,
   /// written 16·Ψ/Nd, 34 bytes per parameter (ZeRO-Infinity's count, with its fp32 gradient,
   /// is 38); 30 with every gradient in host memory (zoe.host_memory_budget), 22 with that and
-  /// bf16 optimizer states; split master weights take 1.875 bytes from each of the master's read
-  /// and write and add the shard's read: 32.25, and 26.25 with the update in backward (measured
-  /// by zoe-offload-bench --cases nvme-bytes and the scale demo).
+  /// bf16 optimizer states; split master weights take 2 bytes from each of the master's read
+  /// and write and add the shard's read: 32, and 26 with the update in backward (18 with bf16
+  /// states; measured by zoe-offload-bench --cases nvme-bytes and the scale demo).
   struct Traffic {
     std::int64_t read = 0, written = 0;
   } nvme_traffic;

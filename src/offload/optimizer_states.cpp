@@ -1,6 +1,7 @@
 #include "src/offload/optimizer_states.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -95,7 +96,7 @@ void OptimizerStates::finalize() {
                "({} MiB, {} x {} MiB staging, O_DIRECT {}); in host memory ({} MiB, zoe.host_memory_budget): "
                "{} gradients of {}{}, the states of {}",
                options_.rank, numels_.size(),
-               options_.split_master ? "split (low halves and rounded-up bits beside the bf16 shards)" : "fp32",
+               options_.split_master ? "split (low halves beside the bf16 shards, rounded-up bits in exp_avg_sq's signs)" : "fp32",
                optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(), nvme_state_bytes() >> 20,
                pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(), host_state_bytes() >> 20,
                dtype_name(options_.grad_dtype), grads_in_host,
@@ -364,7 +365,7 @@ void OptimizerStates::read_master(int id, float* dst, const std::uint16_t* high)
   with_stored(id, [&](const void* stored) {
     if (split_master(id)) {
       const SubGroupStates st = view(id, const_cast<void*>(stored), nullptr);
-      optim::join_master(high, st.master_low, st.master_rounded_up, dst, n);
+      optim::join_master(high, st.master_low, st.exp_avg_sq, st.state_dtype == OptimizerStateDType::bf16, dst, n);
     } else {
       std::memcpy(dst, stored, n * sizeof(float));
     }
@@ -457,8 +458,7 @@ const void* OptimizerStates::host_gradient(int id) const {
 std::size_t OptimizerStates::bytes(int id) const {
   const auto n = static_cast<std::size_t>(numels_[id]);
   const std::size_t moments = 2 * n * optimizer_state_dtype_size(options_.state_dtype);
-  return split_master(id) ? moments + n * sizeof(std::uint16_t) + optim::split_master_bit_bytes(n)
-                          : n * sizeof(float) + moments;
+  return split_master(id) ? moments + n * sizeof(std::uint16_t) : n * sizeof(float) + moments;
 }
 
 SubGroupStates OptimizerStates::view(int id, void* base, const void* grad) const {
@@ -471,11 +471,10 @@ SubGroupStates OptimizerStates::view(int id, void* base, const void* grad) const
     return SubGroupStates{id, n, reinterpret_cast<float*>(b), m, m + un * s, options_.state_dtype, grad,
                           options_.grad_dtype};
   }
-  // [exp_avg | exp_avg_sq | low halves | rounded-up bits], the fp32 master scratch after them.
+  // [exp_avg | exp_avg_sq | low halves], the fp32 master scratch after them.
   SubGroupStates st{id, n, reinterpret_cast<float*>(b + scratch_offset(id)), b, b + un * s, options_.state_dtype,
                     grad, options_.grad_dtype};
   st.master_low = reinterpret_cast<std::uint16_t*>(b + 2 * un * s);
-  st.master_rounded_up = reinterpret_cast<std::uint8_t*>(b + 2 * un * s + un * sizeof(std::uint16_t));
   return st;
 }
 
@@ -496,35 +495,39 @@ void OptimizerStates::convert_states(int id, const void* src, void* dst, bool to
   }
   // The stored layout's arrays, and the checkpoint view's [master | exp_avg | exp_avg_sq].
   const SubGroupStates st = view(id, const_cast<void*>(to_fp32 ? src : dst), nullptr);
-  if (split_master(id)) {
-    if (to_fp32) {
-      optim::join_master(high, st.master_low, st.master_rounded_up, static_cast<float*>(dst), n);
-    } else {
-      const float* master = initial_master ? initial_master : static_cast<const float*>(src);
-      std::vector<std::uint16_t> rounded(n);
-      for (std::size_t i = 0; i < n; ++i) rounded[i] = kernels::f32_to_bf16(master[i]);
-      optim::split_master(master, rounded.data(), st.master_low, st.master_rounded_up, n);
-      if (initial_master) {
-        std::memset(st.exp_avg, 0, st.moment_bytes());  // +0 in fp32 and bf16
-        return;
-      }
-    }
-  }
-  float* view_moments = static_cast<float*>(to_fp32 ? dst : const_cast<void*>(src)) + n;
-  if (!bf16) {
+  // (Null for the initial write, which has only `initial_master`.)
+  float* view_master = static_cast<float*>(to_fp32 ? dst : const_cast<void*>(src));
+  float* view_moments = view_master ? view_master + n : nullptr;
+  // Split masters: the stored exp_avg_sq carries the rounded-up bits in its signs, so the
+  // master is joined before the moments are copied out, and split after they are copied in.
+  if (split_master(id) && to_fp32) optim::join_master(high, st.master_low, st.exp_avg_sq, bf16, view_master, n);
+  if (initial_master) {
+    std::memset(st.exp_avg, 0, st.moment_bytes());  // +0 in fp32 and bf16
+  } else if (!bf16) {
     if (to_fp32) {
       std::memcpy(view_moments, st.exp_avg, st.moment_bytes());
     } else {
       std::memcpy(st.exp_avg, view_moments, st.moment_bytes());
     }
+  } else {
+    auto* half = static_cast<std::uint16_t*>(st.exp_avg);  // exp_avg_sq follows it
+    if (to_fp32) {
+      for (std::size_t i = 0; i < 2 * n; ++i) view_moments[i] = kernels::bf16_to_f32(half[i]);
+    } else {
+      for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(view_moments[i]);
+    }
+  }
+  if (!split_master(id)) return;
+  if (to_fp32) {
+    // The view's exp_avg_sq without the bits: the moment's own value (never negative).
+    for (std::size_t i = n; i < 2 * n; ++i)
+      view_moments[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(view_moments[i]) & 0x7fffffffu);
     return;
   }
-  auto* half = static_cast<std::uint16_t*>(st.exp_avg);  // exp_avg_sq follows it
-  if (to_fp32) {
-    for (std::size_t i = 0; i < 2 * n; ++i) view_moments[i] = kernels::bf16_to_f32(half[i]);
-  } else {
-    for (std::size_t i = 0; i < 2 * n; ++i) half[i] = kernels::f32_to_bf16(view_moments[i]);
-  }
+  const float* master = initial_master ? initial_master : view_master;
+  std::vector<std::uint16_t> rounded(n);
+  for (std::size_t i = 0; i < n; ++i) rounded[i] = kernels::f32_to_bf16(master[i]);
+  optim::split_master(master, rounded.data(), st.master_low, st.exp_avg_sq, bf16, n);
 }
 
 std::int64_t OptimizerStates::staging_bytes() const {

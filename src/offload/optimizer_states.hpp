@@ -7,9 +7,9 @@
 // are widened exactly on the way out and rounded to nearest even on the way in.
 //
 // Split master weights (OptimizerStatesOptions::split_master, zoe.split_master_weights; nvme
-// tier only): the stored layout is [exp_avg | exp_avg_sq | master low halves (numel uint16) |
-// rounded-up bits (ceil(numel / 8) bytes)], 2 + 1/8 bytes of master per element instead of 4
-// (src/optim/split_master.hpp says why that is exact). The high halves are the bf16 parameter
+// tier only): the stored layout is [exp_avg | exp_avg_sq | master low halves (numel uint16)],
+// 2 bytes of master per element instead of 4, each master's "rounded up" bit in the sign bit of
+// its exp_avg_sq, which is never negative (src/optim/split_master.hpp says why that is exact). The high halves are the bf16 parameter
 // shard, which the caller owns (the parameter tier): for_each hands the callback an fp32 master
 // scratch array next to the stored bytes (SubGroupStates::master, undefined on entry) with the
 // stored halves; the callback joins the master from the shard's current values before the
@@ -124,17 +124,16 @@ struct SubGroupStates {
   int id;
   std::int64_t numel;
   /// fp32 master weights; with split masters a scratch array, undefined on entry: join it from
-  /// master_low / master_rounded_up and the parameter shard before use, split it after.
+  /// master_low, exp_avg_sq's sign bits and the parameter shard before use, split it after.
   float* master;
   void* exp_avg;     // float (fp32 states) or uint16 bf16 bits (bf16 states)
   void* exp_avg_sq;  // likewise
   OptimizerStateDType state_dtype;
   const void* grad;  // the step's gradient (see add_grad), numel elements of grad_dtype
   DType grad_dtype;
-  /// Split master weights only (else null): the stored low halves (numel uint16) and rounded-up
-  /// bits (split_master_bit_bytes(numel) bytes), src/optim/split_master.hpp.
+  /// Split master weights only (else null): the stored low halves (numel uint16); the
+  /// rounded-up bits are exp_avg_sq's sign bits (src/optim/split_master.hpp).
   std::uint16_t* master_low = nullptr;
-  std::uint8_t* master_rounded_up = nullptr;
   bool split_master() const { return master_low != nullptr; }
   /// Bytes of exp_avg and exp_avg_sq together (contiguous from exp_avg).
   std::size_t moment_bytes() const { return static_cast<std::size_t>(numel) * 2 * optimizer_state_dtype_size(state_dtype); }
@@ -246,7 +245,7 @@ class OptimizerStates {
   void check_initialised();
   std::string name(int id) const { return "optim.sg" + std::to_string(id); }
   std::string grad_name(int id) const { return "optim.grad" + std::to_string(id); }
-  /// Stored bytes of sub-group id: master (4, or split 2 + 1/8: split_master(id)), exp_avg and
+  /// Stored bytes of sub-group id: master (4, or split 2: split_master(id)), exp_avg and
   /// exp_avg_sq (4 or 2 each) per element.
   std::size_t bytes(int id) const;
   /// Where a staging buffer holds the fp32 master scratch of split masters: after the stored

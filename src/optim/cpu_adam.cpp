@@ -324,23 +324,25 @@ void CpuAdam::step(const AdamHyper& hyper, std::int64_t step, float grad_scale, 
   });
 }
 
-static_assert(CpuAdam::kChunk % 8 == 0, "a chunk of split masters starts on a whole byte of bits");
-
-void CpuAdam::join_master(const std::uint16_t* high, const std::uint16_t* low, const std::uint8_t* rounded_up,
-                          float* master, std::size_t n) {
+void CpuAdam::join_master_for_update(const std::uint16_t* high, const std::uint16_t* low, void* exp_avg_sq,
+                                     bool bf16_states, float* master, std::size_t n) {
   if (n == 0) return;
-  ZOE_CHECK_USAGE(high && low && rounded_up && master, "CpuAdam::join_master: null array for n = ", n);
+  ZOE_CHECK_USAGE(high && low && exp_avg_sq && master, "CpuAdam::join_master_for_update: null array for n = ", n);
+  const std::size_t s = bf16_states ? 2 : 4;
   impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) {
-    optim::join_master(high + begin, low + begin, rounded_up + begin / 8, master + begin, end - begin);
+    optim::join_master_for_update(high + begin, low + begin, static_cast<char*>(exp_avg_sq) + begin * s, bf16_states,
+                                  master + begin, end - begin);
   });
 }
 
-void CpuAdam::split_master(const float* master, const std::uint16_t* high, std::uint16_t* low,
-                           std::uint8_t* rounded_up, std::size_t n) {
+void CpuAdam::split_master(const float* master, const std::uint16_t* high, std::uint16_t* low, void* exp_avg_sq,
+                           bool bf16_states, std::size_t n) {
   if (n == 0) return;
-  ZOE_CHECK_USAGE(high && low && rounded_up && master, "CpuAdam::split_master: null array for n = ", n);
+  ZOE_CHECK_USAGE(high && low && exp_avg_sq && master, "CpuAdam::split_master: null array for n = ", n);
+  const std::size_t s = bf16_states ? 2 : 4;
   impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) {
-    optim::split_master(master + begin, high + begin, low + begin, rounded_up + begin / 8, end - begin);
+    optim::split_master(master + begin, high + begin, low + begin, static_cast<char*>(exp_avg_sq) + begin * s,
+                        bf16_states, end - begin);
   });
 }
 

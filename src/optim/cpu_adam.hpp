@@ -245,13 +245,13 @@ class CpuAdam {
   GradStats add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first);
 
   /// Split master weights (src/optim/split_master.hpp: arrays, layout and why it is exact) on
-  /// this CpuAdam's threads, in kChunk-element pieces (whole bytes of bits each): the same bytes
-  /// as the free functions. Thread-safety: as step (one call at a time with step and
-  /// sum_squares). Throws zoe::UsageError for a null array with n > 0.
-  void join_master(const std::uint16_t* high, const std::uint16_t* low, const std::uint8_t* rounded_up, float* master,
-                   std::size_t n);
-  void split_master(const float* master, const std::uint16_t* high, std::uint16_t* low, std::uint8_t* rounded_up,
-                    std::size_t n);
+  /// this CpuAdam's threads, in kChunk-element pieces: the same bytes as the free functions
+  /// join_master_for_update and split_master. Thread-safety: as step (one call at a time with
+  /// step and sum_squares). Throws zoe::UsageError for a null array with n > 0.
+  void join_master_for_update(const std::uint16_t* high, const std::uint16_t* low, void* exp_avg_sq, bool bf16_states,
+                              float* master, std::size_t n);
+  void split_master(const float* master, const std::uint16_t* high, std::uint16_t* low, void* exp_avg_sq,
+                    bool bf16_states, std::size_t n);
 
  private:
   struct Impl;

@@ -115,12 +115,12 @@ TEST(EstimatePlacement, NvmeTrafficPerStep) {
   // Layers of 5e7 elements: shards of 6,250,000, one sub-group each: two buffers.
   r = estimate_rank({kPsi, 50'000'000}, kNd, eager);
   EXPECT_EQ(r.gradients, (TierBytes{0, 2 * 2 * 6'250'000, 0}));
-  // Split master weights: the master as 2 bytes and a bit each way (10.125 for the states), and
-  // the update reads the shard it rewrites (2 more); with the update in backward it takes the
-  // step's last read of the shard instead: 26.25 bytes per parameter.
+  // Split master weights: the master as 2 bytes each way (10 for the states), and the update
+  // reads the shard it rewrites (2 more); with the update in backward it takes the step's last
+  // read of the shard instead: 26 bytes per parameter, 18 with bf16 states.
   auto split = knobs(3, OffloadDevice::nvme, OffloadDevice::nvme);
   split.zoe.split_master_weights = true;
-  const std::int64_t states = 10 * kShard + kShard / 8;
+  const std::int64_t states = 10 * kShard;
   r = estimate_rank({kPsi, 0}, kNd, split);
   EXPECT_EQ(r.nvme_traffic.read, states + 2 * kShard + 4 * kShard + 2 * kShard);  // states, gradient, shard twice, high halves
   EXPECT_EQ(r.nvme_traffic.written, states + 2 * kShard + 2 * kShard);
@@ -128,7 +128,10 @@ TEST(EstimatePlacement, NvmeTrafficPerStep) {
   r = estimate_rank({kPsi, 0}, kNd, split);
   EXPECT_EQ(r.nvme_traffic.read, states + 4 * kShard);
   EXPECT_EQ(r.nvme_traffic.written, states + 2 * kShard);
-  EXPECT_EQ(r.nvme_traffic.read + r.nvme_traffic.written, 26 * kShard + kShard / 4);
+  EXPECT_EQ(r.nvme_traffic.read + r.nvme_traffic.written, 26 * kShard);
+  split.zoe.optimizer_state_dtype = zoe::OptimizerStateDType::bf16;
+  r = estimate_rank({kPsi, 0}, kNd, split);
+  EXPECT_EQ(r.nvme_traffic.read + r.nvme_traffic.written, 18 * kShard);
   // Host-memory tiers move nothing over NVMe.
   r = estimate_rank({kPsi, 0}, kNd, knobs(3, OffloadDevice::cpu, OffloadDevice::cpu));
   EXPECT_EQ(r.nvme_traffic.read, 0);

@@ -145,13 +145,15 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
         device_.check_host_accessible(out, bytes, "the CPU optimizer's parameter output");
       }
       // Split master weights: the masters are rebuilt from the shard's current bf16 values (the
-      // parameter tier's write buffer holds them, PipelineGroup::before) and split again against
-      // the new ones below; elements no run updates keep both halves, so they split as they were.
+      // parameter tier's write buffer holds them, PipelineGroup::before) and the rounded-up bits
+      // in exp_avg_sq's sign (cleared for the update), and split again against the new values
+      // below; elements no run updates keep both halves, so they split as they were.
       auto* const high = static_cast<std::uint16_t*>(out);
       if (st.split_master()) {
         ZOE_CHECK(!pg.out_on_device && options_.out_dtype == DType::bf16,
                   "update pipeline: split master weights need bf16 parameters in a parameter tier");
-        adam_.join_master(high, st.master_low, st.master_rounded_up, st.master, n);
+        adam_.join_master_for_update(high, st.master_low, st.exp_avg_sq,
+                                     st.state_dtype == OptimizerStateDType::bf16, st.master, n);
       }
       // Each run of equal per-parameter options with its own weight decay and lr (Adam is
       // elementwise: splitting the call changes no bit).
@@ -167,7 +169,8 @@ void UpdatePipeline::run(std::vector<PipelineGroup>& groups, const UpdatePlan& p
                    options_.out_dtype);
       }
       if (options_.out_dtype == DType::f32) std::memcpy(out, st.master, bytes);
-      if (st.split_master()) adam_.split_master(st.master, high, st.master_low, st.master_rounded_up, n);
+      if (st.split_master())
+        adam_.split_master(st.master, high, st.master_low, st.exp_avg_sq, st.state_dtype == OptimizerStateDType::bf16, n);
       if (pg.out_on_device) {
         device_.copy(dst, out, bytes, *copy_);
         auto copied = std::shared_ptr<Event>(device_.create_event());
