@@ -202,29 +202,31 @@ void core::EngineImpl::all_reduce_scalars(std::span<double> values, ScalarReduce
 
 // ---------------------------------------------------------------- the public calls
 
+// read_parameter's work, its errors naming `call` (gather_parameter or read_parameter).
+static void read_parameter_into(core::EngineImpl& I, ParamId id, std::span<float> out, const char* call) {
+  const core::ParamInfo& p = I.param_between_steps(id.index, call);
+  core::Group& g = I.model.group(p.group);
+  // Tagged with the parameter, so a rank reading another one fails on the host backends even
+  // when the two groups' shapes match. The collective runs before the size check, so a rank
+  // with a wrong `out` fails alone instead of leaving its peers waiting.
+  std::vector<float> full = I.gather_group(g, param_value_tag(I, id.index, "reading"));
+  ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, call, "(", detail::quoted(p.name), "): out has ",
+                  out.size(), " elements, the parameter has ", p.numel);
+  std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
+}
+
 std::vector<float> Engine::gather_parameter(ParamId id) {
   return impl_->guarded("gather_parameter", [&] {
     ZOE_CHECK_USAGE(id.index < impl_->model.params.size(), "gather_parameter: unknown parameter id ", id.index, " (",
                     impl_->model.params.size(), " parameters registered)");
     std::vector<float> out(static_cast<std::size_t>(impl_->model.params[id.index].numel));
-    read_parameter(id, out);
+    read_parameter_into(*impl_, id, out, "gather_parameter");
     return out;
   });
 }
 
 void Engine::read_parameter(ParamId id, std::span<float> out) {
-  impl_->guarded("read_parameter", [&] {
-    Impl& I = *impl_;
-    const core::ParamInfo& p = I.param_between_steps(id.index, "read_parameter");
-    core::Group& g = I.model.group(p.group);
-    // Tagged with the parameter, so a rank reading another one fails on the host backends even
-    // when the two groups' shapes match. The collective runs before the size check, so a rank
-    // with a wrong `out` fails alone instead of leaving its peers waiting.
-    std::vector<float> full = I.gather_group(g, param_value_tag(I, id.index, "reading"));
-    ZOE_CHECK_USAGE(static_cast<std::int64_t>(out.size()) == p.numel, "read_parameter(", detail::quoted(p.name), "): out has ",
-                    out.size(), " elements, the parameter has ", p.numel);
-    std::copy_n(full.begin() + g.layout->offset(p.slot), out.size(), out.begin());
-  });
+  impl_->guarded("read_parameter", [&] { read_parameter_into(*impl_, id, out, "read_parameter"); });
 }
 
 void Engine::write_parameter(ParamId id, std::span<const float> value) {

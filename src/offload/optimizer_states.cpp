@@ -8,6 +8,7 @@
 #include <exception>
 #include <optional>
 
+#include "src/common/byte_size.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/device/host_access.hpp"
@@ -93,12 +94,13 @@ void OptimizerStates::finalize() {
     states_in_host += states_home_[i] == StatesHome::host ? 1 : 0;
   }
   ZOE_LOG_INFO("rank {}: optimizer states of {} sub-groups ({} master, {} exp_avg / exp_avg_sq) on NVMe in {} "
-               "({} MiB, {} x {} MiB staging, O_DIRECT {}); in host memory ({} MiB, zoe.host_memory_budget): "
+               "({}, {} x {} staging, O_DIRECT {}); in host memory ({}, zoe.host_memory_budget): "
                "{} gradients of {}{}, the states of {}",
                options_.rank, numels_.size(),
                options_.split_master ? "split (low halves beside the bf16 shards, rounded-up bits in exp_avg_sq's signs)" : "fp32",
-               optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(), nvme_state_bytes() >> 20,
-               pool_->buffer_count(), pool_->buffer_bytes() >> 20, store_->direct_io(), host_state_bytes() >> 20,
+               optim::optimizer_state_dtype_name(options_.state_dtype), store_->path(), detail::byte_size(nvme_state_bytes()),
+               pool_->buffer_count(), detail::byte_size(static_cast<std::int64_t>(pool_->buffer_bytes())), store_->direct_io(),
+               detail::byte_size(host_state_bytes()),
                dtype_name(options_.grad_dtype), grads_in_host,
                slots_.empty() ? std::string() : " (" + std::to_string(slots_.size()) + " recycled buffers, zoe.update_in_backward)",
                states_in_host);

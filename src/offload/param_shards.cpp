@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "src/common/byte_size.hpp"
 #include "src/common/check.hpp"
 #include "src/common/log.hpp"
 #include "src/device/host_access.hpp"
@@ -91,10 +92,10 @@ void ParamShards::finalize() {
       store_->register_tensor(name(static_cast<int>(i)), static_cast<std::size_t>(b));
     }
   }
-  ZOE_LOG_INFO("rank {}: {} parameter shards on NVMe in {} ({} MiB; {} x {} MiB pinned buffers), {} in host memory "
-               "({} MiB, zoe.host_memory_budget)",
-               options_.rank, bytes_.size() - kept, store_->path(), nvme_bytes() >> 20, options_.buffer_count,
-               read_pool_->buffer_bytes() >> 20, kept, host_bytes() >> 20);
+  ZOE_LOG_INFO("rank {}: {} parameter shards on NVMe in {} ({}; {} x {} pinned buffers), {} in host memory "
+               "({}, zoe.host_memory_budget)",
+               options_.rank, bytes_.size() - kept, store_->path(), detail::byte_size(nvme_bytes()), options_.buffer_count,
+               detail::byte_size(static_cast<std::int64_t>(read_pool_->buffer_bytes())), kept, detail::byte_size(host_bytes()));
 }
 
 std::optional<std::shared_ptr<ShardRead>> ParamShards::try_begin_read(int id, bool issue_now) {

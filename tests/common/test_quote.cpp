@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "src/common/byte_size.hpp"
 #include "src/common/quote.hpp"
 
 namespace q = zoe::detail;  // qualified: std::quoted would be found by ADL
@@ -59,4 +60,16 @@ TEST(Quote, JsonExcerpt) {
   EXPECT_EQ(q::json_excerpt(json::array({1111, 2222, 3333}), 6), "[1111,... (16 characters)");
   // Invalid UTF-8 in a value does not throw: it is shown as U+FFFD.
   EXPECT_EQ(q::json_excerpt(json("a\xff")), "\"a\xef\xbf\xbd\"");
+}
+
+// Log lines' sizes: bytes below 1 KiB, one decimal below 10 of a unit.
+TEST(ByteSize, SaysTheLargestUnit) {
+  EXPECT_EQ(zoe::detail::byte_size(0), "0 B");
+  EXPECT_EQ(zoe::detail::byte_size(1023), "1023 B");
+  EXPECT_EQ(zoe::detail::byte_size(1024), "1.0 KiB");
+  EXPECT_EQ(zoe::detail::byte_size(3500), "3.4 KiB");
+  EXPECT_EQ(zoe::detail::byte_size(40 * 1024), "40 KiB");
+  EXPECT_EQ(zoe::detail::byte_size(12 * 1024 * 1024 + 5), "12 MiB");
+  EXPECT_EQ(zoe::detail::byte_size(std::int64_t{3} << 29), "1.5 GiB");
+  EXPECT_EQ(zoe::detail::byte_size(std::int64_t{5} << 50), "5120 TiB");
 }

@@ -190,6 +190,21 @@ TEST(UpdateInBackward, CallsThatWouldSeeAHalfUpdatedStepAreRefused) {
           } catch (const UsageError& err) {
             EXPECT_NE(std::string(err.what()).find("zoe.update_in_backward"), std::string::npos) << err.what();
           }
+          // Each call's refusal names that call (a new user's trial saw gather_parameter's say
+          // read_parameter).
+          for (const char* call : {"gather_parameter", "read_parameter"}) {
+            try {
+              std::vector<float> out_b(24);
+              if (std::string(call) == "gather_parameter") {
+                e.gather_parameter(pb);
+              } else {
+                e.read_parameter(pb, out_b);
+              }
+              ADD_FAILURE() << call << " accepted";
+            } catch (const UsageError& err) {
+              EXPECT_EQ(std::string(err.what()).rfind(call, 0), 0u) << err.what();
+            }
+          }
         }
         e.step();
       }
