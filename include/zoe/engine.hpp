@@ -37,6 +37,7 @@
 #include "zoe/device_kind.hpp"
 #include "zoe/dtype.hpp"
 #include "zoe/error.hpp"
+#include "zoe/half.hpp"
 #include "zoe/param_initializer.hpp"  // ParamInitializer
 #include "zoe/ranks.hpp"              // RankContext and the rank factories
 

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -350,4 +351,38 @@ TEST(GradientViews, HoldWhatWasAddedAndNotYetReduced) {
     const float carried = stage <= 1 ? 3.0f : 0.0f;
     EXPECT_EQ(seen, (std::vector<float>{0.0f, 1.0f, carried, carried + 1.0f})) << "stage " << stage;
   }
+}
+
+// zoe/half.hpp, the trainer's 16-bit conversions (through zoe/engine.hpp): round to nearest
+// even, ties included, NaN kept, fp16 overflow to inf and subnormals, exact widening; the span
+// forms give the scalar forms' values and refuse a size mismatch or overlap with UsageError.
+TEST(HalfConversions, RoundToNearestEvenAndWidenExactly) {
+  auto bits = [](std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; };
+  EXPECT_EQ(zoe::float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(zoe::float_to_bf16(bits(0x3f808000u)), 0x3f80);  // tie, even below
+  EXPECT_EQ(zoe::float_to_bf16(bits(0x3f818000u)), 0x3f82);  // tie, even above
+  EXPECT_EQ(zoe::float_to_bf16(bits(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(zoe::float_to_bf16(-2.0f), 0xc000);
+  EXPECT_TRUE(std::isnan(zoe::bf16_to_float(zoe::float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(zoe::bf16_to_float(0x3f81), bits(0x3f810000u));
+  EXPECT_EQ(zoe::float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(zoe::float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(zoe::float_to_fp16(65520.0f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(zoe::float_to_fp16(std::ldexp(1.0f, -24)), 0x0001);  // the smallest subnormal
+  EXPECT_EQ(zoe::fp16_to_float(0x3555), 0.333251953125f);
+  std::vector<float> x = {0.1f, -3.5f, 1e-30f, 7e4f};
+  std::vector<std::uint16_t> h(x.size());
+  std::vector<float> back(x.size());
+  zoe::float_to_bf16(x, h);
+  zoe::bf16_to_float(h, back);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_EQ(back[i], zoe::bf16_to_float(zoe::float_to_bf16(x[i])));
+  zoe::float_to_fp16(x, h);
+  zoe::fp16_to_float(h, back);
+  for (std::size_t i = 0; i < x.size(); ++i) EXPECT_EQ(back[i], zoe::fp16_to_float(zoe::float_to_fp16(x[i])));
+  std::vector<std::uint16_t> short_out(2);
+  EXPECT_THROW(zoe::float_to_bf16(x, short_out), zoe::UsageError);
+  std::vector<float> both(8);
+  EXPECT_THROW(zoe::bf16_to_float(std::span<const std::uint16_t>(reinterpret_cast<const std::uint16_t*>(both.data()), 4),
+                                  std::span<float>(both.data(), 4)),
+               zoe::UsageError);
 }
