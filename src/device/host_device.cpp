@@ -8,8 +8,8 @@
 #include <thread>
 #include <typeinfo>
 
-#include "src/common/check.hpp"
 #include "kernels/elementwise.hpp"
+#include "src/common/check.hpp"
 #include "src/device/host_access.hpp"
 #include "src/device/host_elementwise.hpp"
 

@@ -53,18 +53,22 @@ void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n) {
 
 double sum_squares(const void* x, DType dtype, std::size_t n) {
   constexpr std::size_t C = k::kSumSquaresChunk;
+  const auto* bytes = static_cast<const char*>(x);
+  const std::size_t esz = dtype_size(dtype);
   double total = 0.0;
+  std::size_t begin = 0;
+  // Four chunks at a time, summed side by side (sum_squares_of_four: one chain of dependent
+  // adds each, bound by the add's latency, not by memory) and added to the total in chunk order:
+  // the operations of one chunk after another.
+  for (; begin + 4 * C <= n; begin += 4 * C) {
+    const void* chunks[4] = {bytes + begin * esz, bytes + (begin + C) * esz, bytes + (begin + 2 * C) * esz,
+                             bytes + (begin + 3 * C) * esz};
+    const std::size_t ns[4] = {C, C, C, C};
+    double sums[4];
+    sum_squares_of_four(chunks, ns, dtype, sums);
+    for (double c : sums) total += c;
+  }
   with_dtype(dtype, [&](auto t) {
-    std::size_t begin = 0;
-    // Four chunks at a time, each summed in its own order and added to the total in chunk
-    // order: the operations of one chunk after another, but four chains of dependent adds side
-    // by side (one chain is bound by the add's latency, not by memory).
-    for (; begin + 4 * C <= n; begin += 4 * C) {
-      double chunk[4] = {0.0, 0.0, 0.0, 0.0};
-      for (std::size_t i = begin; i < begin + C; ++i)
-        for (std::size_t j = 0; j < 4; ++j) chunk[j] += k::square_f64(k::load_f32(x, t, i + j * C));
-      for (double c : chunk) total += c;
-    }
     for (; begin < n; begin += C) {
       std::size_t end = std::min(n, begin + C);
       double chunk = 0.0;
