@@ -26,6 +26,23 @@ std::string CollectiveTag::describe() const {
   return s;
 }
 
+void Communicator::all_gather_grouped(std::span<const GroupedPart> parts, DType dtype, Stream& stream) {
+  const CollectiveTag tag = take_tag();
+  for (const GroupedPart& p : parts) {
+    tag_next(tag);
+    all_gather(p.send, p.recv, p.count, dtype, stream);
+  }
+}
+
+void Communicator::reduce_scatter_grouped(std::span<const GroupedPart> parts, DType dtype, ReduceOp op,
+                                          Stream& stream) {
+  const CollectiveTag tag = take_tag();
+  for (const GroupedPart& p : parts) {
+    tag_next(tag);
+    reduce_scatter(p.send, p.recv, p.count, dtype, op, stream);
+  }
+}
+
 CommStats Communicator::stats() const {
   CommStats s;
   s.all_gather_bytes = ag_.load(std::memory_order_relaxed);

@@ -39,6 +39,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -81,6 +82,16 @@ struct CollectiveTag {
   std::string describe() const;
 };
 
+/// One tensor of a grouped collective (NCCL's ncclGroupStart / ncclGroupEnd around several
+/// collectives of one kind): `count` elements per rank. For all_gather_grouped, send holds
+/// count and recv count x world; for reduce_scatter_grouped, send holds count x world and
+/// recv count. Each part follows the single collective's rules (in-place layouts included).
+struct GroupedPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -103,6 +114,24 @@ class Communicator {
   virtual void broadcast(void* buf, std::size_t count, DType dtype, int root, Stream& stream) = 0;
   /// Completes on every rank once all ranks have issued it.
   virtual void barrier(Stream& stream) = 0;
+
+  /// Several all-gathers of one dtype as one collective: for every part, part.recv[r*count ..
+  /// (r+1)*count) = rank r's part.send. Every rank passes the same number of parts with the
+  /// same counts, in the same order. Bytes counted as the parts' all_gathers; calls: one
+  /// where the backend groups them, one per part otherwise. The default issues one all_gather per part (carrying the tag set by tag_next each);
+  /// a backend whose collectives read and write the parts where they lie overrides it and
+  /// says so in gathers_parts_in_place().
+  virtual void all_gather_grouped(std::span<const GroupedPart> parts, DType dtype, Stream& stream);
+  /// Several reduce-scatters of one dtype and op as one collective: for every part,
+  /// part.recv[0..count) = the reduction over ranks of part.send[rank*count .. (rank+1)*count),
+  /// with the single collective's arithmetic (same bits). Counted, defaulted and overridden as
+  /// all_gather_grouped.
+  virtual void reduce_scatter_grouped(std::span<const GroupedPart> parts, DType dtype, ReduceOp op,
+                                      Stream& stream);
+  /// Whether the grouped collectives above move each part straight between the ranks' own
+  /// buffers (no staging copy, one rendezvous). When false the engine packs the parts into one
+  /// buffer and issues a single collective instead (the same bits, two more copies).
+  virtual bool gathers_parts_in_place() const { return false; }
 
   /// This rank failed with `cause` (the message of the error that stops it): aborts the
   /// communicator and tells every peer. This rank's collectives running or issued later throw

@@ -1,11 +1,13 @@
 #include "src/comm/local_communicator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "src/comm/collective_sequencer.hpp"
 #include "src/comm/rank_failure.hpp"
 #include "src/common/check.hpp"
+#include "src/device/host_elementwise.hpp"
 
 
 namespace zoe {
@@ -32,14 +35,37 @@ struct Descriptor {
   int root = -1;    // broadcast's root, else -1
   const void* send = nullptr;
   void* recv = nullptr;
+  // A grouped collective's parts (count: their total). Peers read `parts` only between a
+  // successful join and the closing rendezvous (while its owner is inside the collective);
+  // the shape they compare is copied: the number of parts, a hash of their counts and the
+  // first few counts (for messages).
+  std::span<const GroupedPart> parts;
+  std::size_t part_count = 0;
+  std::uint64_t parts_hash = 0;
+  static constexpr std::size_t kShownParts = 4;
+  std::array<std::size_t, kShownParts> first_counts{};
   CollectiveTag tag;  // what it is for (Communicator::tag_next)
 
+  void set_parts(std::span<const GroupedPart> p) {
+    parts = p;
+    part_count = p.size();
+    parts_hash = 0xcbf29ce484222325ull;  // FNV-1a over the counts
+    for (std::size_t k = 0; k < p.size(); ++k) {
+      parts_hash = (parts_hash ^ p[k].count) * 0x100000001b3ull;
+      if (k < kShownParts) first_counts[k] = p[k].count;
+    }
+  }
   bool same_collective(const Descriptor& o) const {
     return std::strcmp(name, o.name) == 0 && count == o.count && dtype == o.dtype && reduce == o.reduce &&
-           root == o.root && tag.same(o.tag);
+           root == o.root && part_count == o.part_count && parts_hash == o.parts_hash && tag.same(o.tag);
   }
   std::string describe() const {
     std::string s = detail::concat(name, " (collective #", seq, ", count ", count);
+    if (part_count > 0) {
+      s += detail::concat(" in ", part_count, " parts of ");
+      for (std::size_t k = 0; k < std::min(kShownParts, part_count); ++k) s += detail::concat(k ? ", " : "", first_counts[k]);
+      if (part_count > kShownParts) s += ", ...";
+    }
     if (typed) s += detail::concat(", ", dtype_name(dtype));
     if (reduce >= 0) s += reduce == static_cast<int>(ReduceOp::avg) ? ", avg" : ", sum";
     if (root >= 0) s += detail::concat(", root ", root);
@@ -200,6 +226,46 @@ std::shared_ptr<LocalGroup> make_local_group(int world, milliseconds timeout) {
   return std::make_shared<LocalGroup>(world, timeout);
 }
 
+namespace {
+// The parts' total elements; throws UsageError if a part's buffers overlap other than in the
+// in-place layout (`recv_is_full`: all_gather's, recv holds count x world; else
+// reduce_scatter's, send does).
+std::size_t checked_total(std::span<const GroupedPart> parts, std::size_t esize, int world, int rank,
+                          bool recv_is_full, const char* what) {
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const GroupedPart& p = parts[k];
+    const std::size_t bytes = p.count * esize;
+    const std::size_t send_bytes = recv_is_full ? bytes : bytes * world;
+    const std::size_t recv_bytes = recv_is_full ? bytes * world : bytes;
+    const bool in_place = recv_is_full ? p.send == static_cast<const char*>(p.recv) + rank * bytes
+                                       : p.recv == static_cast<const char*>(p.send) + rank * bytes;
+    ZOE_CHECK_USAGE(in_place || !overlaps(p.send, send_bytes, p.recv, recv_bytes), what, ": part ", k,
+                    "'s send and recv buffers overlap (only the in-place layout may)");
+    total += p.count;
+  }
+  return total;
+}
+// Every rank's parts have the same counts (the join compared a hash of them; this rules out a
+// collision before any part is read). Read between the join and the closing rendezvous.
+bool same_part_counts(const std::vector<Descriptor>& all, std::span<const GroupedPart> mine) {
+  for (const Descriptor& d : all)
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      if (d.parts[k].count != mine[k].count) return false;
+  return true;
+}
+
+// Software prefetch of part k's operands, each part a small allocation of its own (the
+// hardware prefetcher finds no stream in time): every rank's send (all-gather) or this rank's
+// slice of it (reduce-scatter), and this rank's recv.
+void prefetch_part(const std::vector<Descriptor>& all, std::size_t k, std::size_t es, int rank, bool gather) {
+  const std::size_t bytes = all[static_cast<std::size_t>(rank)].parts[k].count * es;
+  for (const Descriptor& d : all)
+    host_ops::prefetch_read(static_cast<const char*>(d.parts[k].send) + (gather ? 0 : rank * bytes), bytes);
+  host_ops::prefetch_write(all[static_cast<std::size_t>(rank)].parts[k].recv, gather ? bytes * all.size() : bytes);
+}
+}  // namespace
+
 struct LocalCommunicator::Impl {
   int rank = 0, world = 1;
   std::shared_ptr<Device> device;
@@ -235,6 +301,10 @@ struct LocalCommunicator::Impl {
     return all;
   }
 
+  // After the join of a grouped collective: throws CommError (after the closing rendezvous,
+  // so no peer still reads this rank's buffers) unless every rank's part counts are equal.
+  void check_part_counts(const Op& op, const std::vector<Descriptor>& all, std::span<const GroupedPart> mine);
+
   // A meeting point inside a collective whose ranks have all joined: they only wait for
   // each other's copying and arithmetic, never for anything outside the collective.
   void meet(const Op& op) { group->meet(rank, nullptr, op, Clock::now() + group->timeout); }
@@ -249,6 +319,16 @@ struct LocalCommunicator::Impl {
     return d;
   }
 };
+
+void LocalCommunicator::Impl::check_part_counts(const Op& op, const std::vector<Descriptor>& all,
+                                                std::span<const GroupedPart> mine) {
+  if (same_part_counts(all, mine)) return;
+  const std::string message = detail::concat("mismatched collectives: the ranks' ", op.name, " (collective #", op.seq,
+                                             ") parts have different counts with the same total and hash");
+  group->fail(message);
+  meet(op);
+  ZOE_THROW_COMM(message);
+}
 
 LocalCommunicator::LocalCommunicator(std::shared_ptr<Device> device, std::shared_ptr<LocalGroup> group, int rank)
     : device_(std::move(device)), rank_(rank), impl_(std::make_unique<Impl>()) {
@@ -316,6 +396,56 @@ void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t
     reduce_into(slices, dtype, recv, count, rop == ReduceOp::avg);
     impl_->meet(op);
   });
+}
+
+
+void LocalCommunicator::all_gather_grouped(std::span<const GroupedPart> parts, DType dtype, Stream& stream) {
+  const std::size_t es = dtype_size(dtype);
+  const std::size_t total = checked_total(parts, es, world_, rank_, true, "all_gather_grouped");
+  count_all_gather(total * es * world_);
+  impl_->submit(stream, "all_gather_grouped",
+                [this, mine_parts = std::vector<GroupedPart>(parts.begin(), parts.end()), total, es, dtype,
+                 tag = take_tag()](const Op& op) {
+                  Descriptor mine = impl_->descriptor(op, total, dtype, tag);
+                  mine.set_parts(mine_parts);
+                  auto all = impl_->join(op, mine);
+                  impl_->check_part_counts(op, all, mine_parts);
+                  for (std::size_t k = 0; k < mine_parts.size(); ++k) {
+                    if (k + 1 < mine_parts.size()) prefetch_part(all, k + 1, es, rank_, true);
+                    const std::size_t bytes = mine_parts[k].count * es;
+                    char* out = static_cast<char*>(mine_parts[k].recv);
+                    for (int p = 0; p < world_; ++p) {
+                      const void* theirs = all[p].parts[k].send;
+                      if (bytes > 0 && out + p * bytes != theirs) std::memcpy(out + p * bytes, theirs, bytes);
+                    }
+                  }
+                  impl_->meet(op);  // peers have finished reading this rank's sends
+                });
+}
+
+void LocalCommunicator::reduce_scatter_grouped(std::span<const GroupedPart> parts, DType dtype, ReduceOp rop,
+                                               Stream& stream) {
+  const std::size_t es = dtype_size(dtype);
+  const std::size_t total = checked_total(parts, es, world_, rank_, false, "reduce_scatter_grouped");
+  count_reduce_scatter(total * es * world_);
+  impl_->submit(stream, "reduce_scatter_grouped",
+                [this, mine_parts = std::vector<GroupedPart>(parts.begin(), parts.end()), total, es, dtype, rop,
+                 tag = take_tag()](const Op& op) {
+                  Descriptor mine = impl_->descriptor(op, total, dtype, tag);
+                  mine.reduce = static_cast<int>(rop);
+                  mine.set_parts(mine_parts);
+                  auto all = impl_->join(op, mine);
+                  impl_->check_part_counts(op, all, mine_parts);
+                  std::vector<const void*> slices(world_);
+                  for (std::size_t k = 0; k < mine_parts.size(); ++k) {
+                    if (k + 1 < mine_parts.size()) prefetch_part(all, k + 1, es, rank_, false);
+                    const std::size_t bytes = mine_parts[k].count * es;
+                    for (int p = 0; p < world_; ++p)
+                      slices[p] = static_cast<const char*>(all[p].parts[k].send) + rank_ * bytes;
+                    reduce_into(slices, dtype, mine_parts[k].recv, mine_parts[k].count, rop == ReduceOp::avg);
+                  }
+                  impl_->meet(op);
+                });
 }
 
 void LocalCommunicator::all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp rop,

@@ -13,6 +13,8 @@
 //                   other ranks' reduced parts from their recv buffers. So part r equals a
 //                   reduce_scatter's result on rank r bitwise.
 //   all_reduce_f64  each rank sums all ranks' values in rank order in fp64.
+//   *_grouped       the same per part, straight between the ranks' own buffers, under one
+//                   rendezvous for all the parts (no staging copy).
 //   broadcast       every non-root rank copies the root's buffer.
 //   barrier         the rendezvous alone.
 // Each rank does 1/N of the copying and reduction work, in parallel on its stream thread.
@@ -75,6 +77,12 @@ class LocalCommunicator final : public Communicator {
   void all_gather(const void* send, void* recv, std::size_t count, DType dtype, Stream& stream) override;
   void reduce_scatter(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                       Stream& stream) override;
+  /// Each rank copies every peer's part straight into its own recv (reduce_scatter_grouped:
+  /// reduces its slice of every peer's part into its recv), one rendezvous for all the parts.
+  /// Throws UsageError (when issued) if a part's buffers overlap other than in place.
+  void all_gather_grouped(std::span<const GroupedPart> parts, DType dtype, Stream& stream) override;
+  void reduce_scatter_grouped(std::span<const GroupedPart> parts, DType dtype, ReduceOp op, Stream& stream) override;
+  bool gathers_parts_in_place() const override { return true; }
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
                   Stream& stream) override;
   void all_reduce_f64(double* data, std::size_t count, Stream& stream) override;

@@ -41,7 +41,7 @@ std::string format_bytes(std::int64_t bytes, bool binary) {
   return buf;
 }
 
-RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config) {
+RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config, Coalescing coalescing) {
   // 1e15 parameters (a thousand times the largest models trained) keeps every byte count
   // below, up to (2+2+12)·Ψ and the per-step traffic, exact in int64.
   constexpr std::int64_t kMaxParameters = 1'000'000'000'000'000;
@@ -164,11 +164,14 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   auto shard_of = [nd](std::int64_t n) { return (n + nd - 1) / nd; };
   // The gradient bucket: its groups' gradients, their flattened copy and the reduced shards.
   const std::int64_t bucket = std::min(z.reduce_bucket_size, psi_t);
-  const std::int64_t bucketed = 2 * bucket + shard_of(bucket);
   // A reduced shard goes into a buffer of its own (freed once the tier has copied it) unless it
   // lands straight in a device gradient shard (a model state) of one micro-batch.
   const bool own_reduced = (offloaded && off == t) || (stage.shards_grads && config.gradient_accumulation_steps > 1);
   auto reduced = [&](std::int64_t n) { return own_reduced ? shard_of(n) : 0; };
+  const bool in_place = coalescing == Coalescing::in_place;
+  // Reduced in place (stages 2-3), a bucket needs no flattened copy, and its shards a buffer
+  // only where they could not land in the gradient shards.
+  const std::int64_t bucketed = in_place && stage.shards_grads ? bucket + reduced(bucket) : 2 * bucket + shard_of(bucket);
   std::int64_t elements = 0;  // of the compute dtype
   if (stage.shards_grads && L > 0) {
     // The module in backward: its gradient and reduced shard; the module before it: the same,
@@ -186,7 +189,11 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
       const std::int64_t gathered =
           std::min(psi, std::max(L + P, std::min(z.stage3_max_live_parameters, z.stage3_max_reuse_distance > psi ? psi : z.stage3_max_reuse_distance + L)));
       const std::int64_t coalesced = nd > 1 && P > 0 && gathered < psi ? std::min(psi, P + m) : 0;
-      const std::int64_t later = gathered + grads + coalesced + shard_of(coalesced);
+      // Packed: the gathered copy and the shards (staged from the tier, or packed); in place:
+      // only the shards staged from the parameter tier.
+      const std::int64_t coalescing_staging =
+          in_place ? (z.offload_param.device != OffloadDevice::none ? shard_of(coalesced) : 0) : coalesced + shard_of(coalesced);
+      const std::int64_t later = gathered + grads + coalescing_staging;
       elements = std::max(first, later);
     } else {
       // Stage 2 gives gradient buffers back at step() only (no gathers, so no acquire reaps
@@ -199,7 +206,8 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     // Largest module unknown: the prefetch bucket gathered and staged once more (a coalesced
     // all-gather's copy and its shards).
     const std::int64_t P = std::min({z.stage3_prefetch_bucket_size, z.stage3_max_live_parameters, psi});
-    elements = bucketed + P + P + shard_of(P);
+    const std::int64_t staged = z.offload_param.device != OffloadDevice::none ? shard_of(P) : 0;
+    elements = bucketed + P + (in_place ? staged : P + shard_of(P));
   } else {
     elements = bucketed;  // stages 0-1 (the gradients are model states, reduced at the step), or L unknown
   }

@@ -49,6 +49,12 @@ struct ModelShape {
   std::int64_t next_largest_layer = 0;
 };
 
+/// How the communicator runs a coalesced all-gather or a gradient bucket's reduce-scatter
+/// (Communicator::gathers_parts_in_place): `packed` through one flattened buffer (NCCL, Gloo:
+/// the staging copies are device buffers), `in_place` straight between the groups' own buffers
+/// (ranks as threads of one process: no staging).
+enum class Coalescing { packed, in_place };
+
 /// One rank's bytes for one configuration.
 struct RankEstimate {
   int stage = 0;
@@ -89,7 +95,8 @@ struct RankEstimate {
   ///    (L if unknown), r(n) = ⌈n/Nd⌉ for a reduced shard that needs a buffer of its own (every
   ///    sub-group offloaded, or gradient_accumulation_steps > 1; else 0) and the bucket
   ///    b = min(reduce_bucket_size, Ψt), bucketed = 2b + ⌈b/Nd⌉ (its groups' gradients, their
-  ///    flattened copy, the reduced shards):
+  ///    flattened copy, the reduced shards; Coalescing::in_place at stages 2-3: b + r(b), no
+  ///    flattened copy, the shards reduced straight into the gradient shards where they can):
   ///    stages 2-3, grads = max(L + r(L) + m + r(m), bucketed): the gradient and reduced shard
   ///      of the module in backward and of the one before it, whose buffers the engine frees
   ///      after the side stream passes them and gets back at the next module's acquire;
@@ -98,7 +105,8 @@ struct RankEstimate {
   ///      G = min(Ψ, max(L + P, min(stage3_max_live_parameters, stage3_max_reuse_distance + L)))
   ///      (modules reused within the reuse distance stay gathered, up to the live cap; P =
   ///      min(stage3_prefetch_bucket_size, Ψ)) and, at Nd > 1 while G < Ψ, a coalesced
-  ///      prefetch's staging c = min(Ψ, P + m) (else c = 0);
+  ///      prefetch's staging c = min(Ψ, P + m) (else c = 0; Coalescing::in_place: only the
+  ///      shards staged from the parameter tier, ⌈c/Nd⌉·[offload_param], and no c);
   ///    stage 2, the larger of grads and Ψt + r(Ψt) + 2t (t = trainable_shard_elements): no
   ///      acquire reaps at stage 2, so every gradient buffer of the step waits for step(),
   ///      beside the new shards of this step and of the last one;
@@ -107,7 +115,7 @@ struct RankEstimate {
   ///      also the gather pieces' staging 2a; without offload_param in a 16-bit dtype at least
   ///      the construction's fp32 chunk, 4/B · min(sub_group_size, the largest module's part).
   ///    L unknown: bucketed, and at stage 3 also P gathered plus a coalesced gather's staging
-  ///    P + ⌈P/Nd⌉ (P capped by stage3_max_live_parameters). Measured against the engine
+  ///    P + ⌈P/Nd⌉ (in place: ⌈P/Nd⌉·[offload_param]; P capped by stage3_max_live_parameters). Measured against the engine
   ///    (tests/estimate/test_device_peak.cpp, tests/gpt/test_memory_estimate.cpp: within 10%)
   ///    with reduce_bucket_size 0. The previous module's gradient and reduced shard are given
   ///    back at a fixed point whatever the side stream's pace: the engine's rate limit (an
@@ -179,7 +187,9 @@ struct RankEstimate {
 /// compute dtype are taken from `config` (validated first). Throws ConfigError if `config` is
 /// invalid or if model.parameters is outside [1, 1e15], model.largest_layer < 0, model.frozen_parameters
 /// outside [0, model.parameters] or world_size < 1.
-RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config);
+/// `coalescing` only changes the device buffers (see RankEstimate::buffers).
+RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config& config,
+                           Coalescing coalescing = Coalescing::packed);
 
 /// `config` with zoe.host_memory_budget "auto" (ZoeConfig::kHostMemoryBudgetAuto) replaced by
 /// what the engine resolves it to on a node of `node_available` bytes of MemAvailable and

@@ -36,6 +36,103 @@ void Collectives::all_reduce(void* buf, std::int64_t count, DType dt, Collective
   ++all_reduce_calls_;
 }
 
+namespace {
+std::int64_t total_count(std::span<const GroupedPart> parts) {
+  std::int64_t t = 0;
+  for (const GroupedPart& p : parts) t += static_cast<std::int64_t>(p.count);
+  return t;
+}
+}  // namespace
+
+void Collectives::all_gather_grouped(std::span<const GroupedPart> parts, DType dt, CollectiveTag tag) {
+  const std::int64_t T = total_count(parts);
+  if (cx_.comm.gathers_parts_in_place()) {
+    note(std::move(tag));
+    cx_.comm.all_gather_grouped(parts, dt, *cx_.side);
+    elements_sent_ += T * (cx_.world - 1);
+    ++all_gather_calls_;
+    return;
+  }
+  // Packed: send = [part 0 | part 1 | ...]; rank r's block of recv holds its parts in that
+  // order, each copied to its place in its part's recv.
+  const std::size_t esz = dtype_size(dt);
+  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
+  // Sends that lie side by side already (a parameter tier's staging) need no packing.
+  bool packed = true;
+  for (std::size_t k = 1; k < parts.size(); ++k)
+    packed = packed && parts[k].send == static_cast<const char*>(parts[k - 1].send) + parts[k - 1].count * esz;
+  DeviceBuffer send;
+  std::vector<CopyRegion> regions;  // one queued copy each way
+  std::int64_t off = 0;
+  if (!packed) {
+    send = cx_.alloc(MemKind::buffer, dt, T);
+    for (const GroupedPart& p : parts) {
+      regions.push_back({at(send.data(), off), p.send, p.count * esz});
+      off += static_cast<std::int64_t>(p.count);
+    }
+    cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
+    regions.clear();
+  }
+  DeviceBuffer recv = cx_.alloc(MemKind::buffer, dt, T * cx_.world);
+  all_gather(packed ? parts.front().send : send.data(), recv.data(), T, dt, std::move(tag));
+  off = 0;
+  for (const GroupedPart& p : parts) {
+    const auto S = static_cast<std::int64_t>(p.count);
+    for (int r = 0; r < cx_.world; ++r) regions.push_back({at(p.recv, r * S), at(recv.data(), r * T + off), p.count * esz});
+    off += S;
+  }
+  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
+  if (!packed) cx_.frees.after_side(std::move(send));
+  cx_.frees.after_side(std::move(recv));
+}
+
+void Collectives::reduce_scatter_grouped(std::span<const GroupedPart> parts, DType dt, CollectiveTag tag) {
+  const std::int64_t T = total_count(parts);
+  if (cx_.comm.gathers_parts_in_place()) {
+    note(std::move(tag));
+    cx_.comm.reduce_scatter_grouped(parts, dt, ReduceOp::sum, *cx_.side);
+    elements_sent_ += T * (cx_.world - 1);
+    ++reduce_scatter_calls_;
+    return;
+  }
+  // Packed rank-major: block r = [part 0's slice r | part 1's slice r | ...], so rank r
+  // receives its slices of every part, contiguously, then copies each to its part's recv.
+  const std::size_t esz = dtype_size(dt);
+  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
+  auto at_const = [esz](const void* base, std::int64_t elements) {
+    return static_cast<const char*>(base) + elements * static_cast<std::int64_t>(esz);
+  };
+  DeviceBuffer send = cx_.alloc(MemKind::buffer, dt, T * cx_.world);
+  std::vector<CopyRegion> regions;
+  regions.reserve(parts.size() * static_cast<std::size_t>(cx_.world));
+  for (int r = 0; r < cx_.world; ++r) {
+    std::int64_t off = 0;
+    for (const GroupedPart& p : parts) {
+      const auto S = static_cast<std::int64_t>(p.count);
+      regions.push_back({at(send.data(), r * T + off), at_const(p.send, r * S), p.count * esz});
+      off += S;
+    }
+  }
+  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
+  regions.clear();
+  // Receives that lie side by side already (a bucket's shards waiting to be absorbed) take
+  // the result in place.
+  bool packed = true;
+  for (std::size_t k = 1; k < parts.size(); ++k)
+    packed = packed && parts[k].recv == at(parts[k - 1].recv, static_cast<std::int64_t>(parts[k - 1].count));
+  DeviceBuffer out = packed ? DeviceBuffer{} : cx_.alloc(MemKind::buffer, dt, T);
+  reduce_scatter(send.data(), packed ? parts.front().recv : out.data(), T, dt, std::move(tag));
+  cx_.frees.after_side(std::move(send));
+  if (packed) return;
+  std::int64_t off = 0;
+  for (const GroupedPart& p : parts) {
+    regions.push_back({p.recv, at(out.data(), off), p.count * esz});
+    off += static_cast<std::int64_t>(p.count);
+  }
+  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
+  cx_.frees.after_side(std::move(out));
+}
+
 CollectiveTag Collectives::group_tag(const Group& g, CollectiveTag::Kind kind) const {
   CollectiveTag t;
   t.kind = kind;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ class Collectives {
   void reduce_scatter(const void* send, void* recv, std::int64_t count, DType dt, CollectiveTag tag);
   /// All-reduce (sum) of `count` elements in place.
   void all_reduce(void* buf, std::int64_t count, DType dt, CollectiveTag tag);
+  /// One all-gather for several groups (a coalesced prefetch): every part's send (count) into
+  /// its recv (count x world). Straight between the parts' buffers where the communicator
+  /// gathers parts in place; else packed into one buffer, all-gathered and unpacked (the same
+  /// bits, the copies on the side stream). Counted as one all-gather either way.
+  void all_gather_grouped(std::span<const GroupedPart> parts, DType dt, CollectiveTag tag);
+  /// One reduce-scatter (sum) for several groups (a gradient bucket): every part's send
+  /// (count x world) reduced into its recv (count); packed rank-major where the communicator
+  /// cannot reduce parts in place. Counted as one reduce-scatter.
+  void reduce_scatter_grouped(std::span<const GroupedPart> parts, DType dt, CollectiveTag tag);
 
   /// The tag of a collective over group g's parameters / gradients (this step and micro-batch).
   CollectiveTag params_tag(const Group& g) const;

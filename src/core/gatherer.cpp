@@ -62,13 +62,9 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
     }
     return;
   }
-  const std::size_t esz = dtype_size(cx_.dtype);
-  auto at = [esz](void* base, std::int64_t elements) { return static_cast<char*>(base) + elements * static_cast<std::int64_t>(esz); };
   std::int64_t padded = 0, T = 0;  // padded: the elements of the buffers this gather allocates
-  std::vector<std::int64_t> offsets;
   for (int gi : gis) {
     const Group& g = model_.group(gi);
-    offsets.push_back(T);
     T += g.layout->shard_numel();
     if (g.param_state != Group::ParamState::stale) padded += g.layout->padded_numel();
   }
@@ -79,36 +75,34 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
     if (g.param_state != Group::ParamState::stale) g.param_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
     g.param_state = Group::ParamState::gathered;
   }
-  DeviceBuffer send = cx_.alloc(MemKind::buffer, cx_.dtype, T);
+  // Parameter offload: the shards, read from the tier, are staged side by side on the device
+  // (one buffer, so a communicator that packs the parts finds them packed already).
+  DeviceBuffer staging;
   auto reads = std::make_shared<std::vector<std::shared_ptr<offload::ShardRead>>>();
-  std::vector<CopyRegion> regions;  // one queued copy for all the shards, one for all the parts
-  for (std::size_t k = 0; k < gis.size(); ++k) {
-    Group& g = model_.group(gis[k]);
-    const std::size_t bytes = static_cast<std::size_t>(g.layout->shard_numel()) * esz;
-    if (tiers_.params) {
-      std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
-      updater_.keep_shard_read(gis[k], read);
-      cx_.device.host_func(*cx_.side, [read] { read->wait(); });
-      cx_.device.copy(at(send.data(), offsets[k]), read->data(), bytes, *cx_.side);
-      reads->push_back(std::move(read));
-    } else {
-      regions.push_back({at(send.data(), offsets[k]), g.param_shard.data(), bytes});
-    }
-  }
-  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
-  regions.clear();
-  DeviceBuffer recv = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
-  coll_.all_gather(send.data(), recv.data(), T, cx_.dtype, coll_.coalesced_tag(gis, CollectiveTag::Kind::params));
-  for (std::size_t k = 0; k < gis.size(); ++k) {
-    Group& g = model_.group(gis[k]);
+  if (tiers_.params) staging = cx_.alloc(MemKind::buffer, cx_.dtype, T);
+  const std::size_t esz = dtype_size(cx_.dtype);
+  std::vector<GroupedPart> parts;
+  parts.reserve(gis.size());
+  std::int64_t offset = 0;
+  for (int gi : gis) {
+    Group& g = model_.group(gi);
     const std::int64_t S = g.layout->shard_numel();
-    for (int r = 0; r < cx_.world; ++r)
-      regions.push_back({at(g.param_full.data(), r * S), at(recv.data(), r * T + offsets[k]), static_cast<std::size_t>(S) * esz});
+    const void* send = g.param_shard.data();
+    if (tiers_.params) {
+      void* staged = static_cast<char*>(staging.data()) + offset * static_cast<std::int64_t>(esz);
+      std::shared_ptr<offload::ShardRead> read = begin_shard_read(g);
+      updater_.keep_shard_read(gi, read);
+      cx_.device.host_func(*cx_.side, [read] { read->wait(); });
+      cx_.device.copy(staged, read->data(), static_cast<std::size_t>(S) * esz, *cx_.side);
+      reads->push_back(std::move(read));
+      send = staged;
+    }
+    parts.push_back({send, g.param_full.data(), static_cast<std::size_t>(S)});
+    offset += S;
   }
-  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
+  coll_.all_gather_grouped(parts, cx_.dtype, coll_.coalesced_tag(gis, CollectiveTag::Kind::params));
   ready_.record(gis, *cx_.side);  // one point for them all
-  cx_.frees.after_side(std::move(send), 0, std::move(reads));
-  cx_.frees.after_side(std::move(recv));
+  if (tiers_.params) cx_.frees.after_side(std::move(staging), 0, std::move(reads));
   live_elements_ += padded;
 }
 

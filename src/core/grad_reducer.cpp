@@ -119,41 +119,54 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
     cx_.frees.after_side(std::move(flat));
     return;
   }
-  // Rank-major: part r = [group 1's shard r | group 2's shard r | ...], so rank r receives its
-  // shards of every group, contiguously.
-  std::vector<std::int64_t> offsets;
-  std::int64_t T = 0;
-  for (int gi : gis) {
-    offsets.push_back(T);
-    T += model_.group(gi).layout->shard_numel();
+  // One reduce-scatter for the bucket: each group's reduced shard lands straight in its
+  // gradient shard where the step reads it as it is, else in a buffer of the bucket's,
+  // absorbed after (accumulated over micro-batches, or handed to the offloaded sub-groups).
+  std::vector<void*> direct(gis.size(), nullptr);
+  std::int64_t elsewhere = 0;  // the elements reduced into `out`
+  for (std::size_t k = 0; k < gis.size(); ++k) {
+    direct[k] = shard_receiving_reduction(model_.group(gis[k]));
+    if (!direct[k]) elsewhere += model_.group(gis[k]).layout->shard_numel();
   }
-  DeviceBuffer send = cx_.alloc(MemKind::buffer, cx_.dtype, T * cx_.world);
-  std::vector<CopyRegion> regions;  // one queued copy for the whole bucket
-  regions.reserve(gis.size() * static_cast<std::size_t>(cx_.world));
-  for (int r = 0; r < cx_.world; ++r)
-    for (std::size_t k = 0; k < gis.size(); ++k) {
-      Group& g = model_.group(gis[k]);
-      const std::int64_t S = g.layout->shard_numel();
-      regions.push_back({at(send.data(), r * T + offsets[k]), at(g.grad_full.data(), r * S), static_cast<std::size_t>(S) * esz});
-    }
-  cx_.device.copy_batch(regions, CopyPlaces::within_device, *cx_.side);
-  DeviceBuffer out = cx_.alloc(MemKind::buffer, cx_.dtype, T);
-  coll_.reduce_scatter(send.data(), out.data(), T, cx_.dtype, tag);
-  cx_.frees.after_side(std::move(send));
-  // The plain copies of the shards into their groups (the usual case) are one queued copy,
-  // unless each group's update starts as soon as its shard is absorbed (update in backward).
-  std::vector<CopyRegion> copies;
-  std::vector<CopyRegion>* batch = cx_.config.zoe.update_in_backward ? nullptr : &copies;
-  std::vector<DeviceBuffer> packed;  // the gradient buffers `send` was packed from: freed together
+  DeviceBuffer out = elsewhere > 0 ? cx_.alloc(MemKind::buffer, cx_.dtype, elsewhere) : DeviceBuffer{};
+  std::vector<GroupedPart> parts;
+  parts.reserve(gis.size());
+  std::int64_t off = 0;
   for (std::size_t k = 0; k < gis.size(); ++k) {
     Group& g = model_.group(gis[k]);
-    absorb_shard(g, at(out.data(), offsets[k]), batch);
-    if (cx_.policy.shards_grads) packed.push_back(std::move(g.grad_full));
+    const std::int64_t S = g.layout->shard_numel();
+    void* recv = direct[k];
+    if (!recv) {
+      recv = at(out.data(), off);
+      off += S;
+    }
+    parts.push_back({g.grad_full.data(), recv, static_cast<std::size_t>(S)});
+  }
+  coll_.reduce_scatter_grouped(parts, cx_.dtype, tag);
+  // Each group's shard goes on before the next one's (update in backward: the tier's recycled
+  // gradient buffers then need to hold one group, not a bucket).
+  std::vector<DeviceBuffer> reduced_from;  // the gradient buffers the bucket was reduced from: freed together
+  for (std::size_t k = 0; k < gis.size(); ++k) {
+    Group& g = model_.group(gis[k]);
+    if (direct[k]) {
+      if (updater_.has_offloaded_sub_groups(g)) updater_.accept_gradient(g, g.grad_shard.data(), true, true);
+    } else {
+      absorb_shard(g, parts[k].recv);
+    }
+    if (cx_.policy.shards_grads) reduced_from.push_back(std::move(g.grad_full));
     start_update_if_final(gis[k]);
   }
-  cx_.frees.after_side(std::move(packed));
-  cx_.device.copy_batch(copies, CopyPlaces::within_device, *cx_.side);
-  cx_.frees.after_side(std::move(out));
+  cx_.frees.after_side(std::move(reduced_from));
+  if (out) cx_.frees.after_side(std::move(out));
+}
+
+void* GradReducer::shard_receiving_reduction(Group& g) {
+  // Stage 1's shard of the step (allocated for it), or stages 2-3's one micro-batch.
+  if (cx_.policy.reduces_at_step) {
+    g.grad_shard = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->shard_numel());
+    return g.grad_shard.data();
+  }
+  return cx_.config.gradient_accumulation_steps == 1 && g.grad_shard ? g.grad_shard.data() : nullptr;
 }
 
 void GradReducer::start_update_if_final(int gi) {
@@ -165,22 +178,11 @@ void GradReducer::start_update_if_final(int gi) {
     updater_.start_in_backward(gi);
 }
 
-void GradReducer::absorb_shard(Group& g, const void* reduced, std::vector<CopyRegion>* batch) {
+void GradReducer::absorb_shard(Group& g, const void* reduced) {
   const std::int64_t S = g.layout->shard_numel();
   const std::size_t bytes = static_cast<std::size_t>(S) * dtype_size(cx_.dtype);
   const int gas = cx_.config.gradient_accumulation_steps;
   const bool offloaded = updater_.has_offloaded_sub_groups(g);
-  if (cx_.policy.reduces_at_step || (gas == 1 && g.grad_shard)) {
-    // The shard the step reads (stage 1), or the one micro-batch's (stages 2-3).
-    if (cx_.policy.reduces_at_step) g.grad_shard = cx_.alloc(MemKind::buffer, cx_.dtype, S);
-    if (batch && !offloaded) {
-      batch->push_back({g.grad_shard.data(), reduced, bytes});  // the caller queues the batch
-      return;
-    }
-    cx_.device.copy(g.grad_shard.data(), reduced, bytes, *cx_.side);
-    if (offloaded) updater_.accept_gradient(g, g.grad_shard.data(), true, true);
-    return;
-  }
   const bool first = g.micro_batches == 1, last = g.micro_batches == gas;
   if (g.grad_shard && first) cx_.device.cast(reduced, cx_.dtype, g.grad_shard.data(), DType::f32, S, *cx_.side);
   if (g.grad_shard && !first) cx_.device.accumulate(reduced, cx_.dtype, static_cast<float*>(g.grad_shard.data()), S, *cx_.side);

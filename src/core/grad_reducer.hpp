@@ -57,10 +57,15 @@ class GradReducer {
   void reduce_group(Group& g);
   /// Several groups' reduction through one flattened buffer (see the file comment).
   void reduce_groups(const std::vector<int>& gis);
-  /// What follows the reduce-scatter of group g into `reduced` (its shard, compute dtype, on
-  /// the side stream; stages 1-3): into grad_shard and the offloaded sub-groups. With `batch`,
-  /// a plain copy into grad_shard is added to it for the caller to queue (copy_batch).
-  void absorb_shard(Group& g, const void* reduced, std::vector<CopyRegion>* batch = nullptr);
+  /// Where a bucket's reduce-scatter puts group g's shard directly (stages 1-3): its gradient
+  /// shard when the step reads that as it is (stage 1's shard of the step, allocated here;
+  /// stages 2-3 with one micro-batch), else null (then absorb_shard takes it).
+  void* shard_receiving_reduction(Group& g);
+  /// What follows the reduce-scatter of group g into `reduced` when it could not land in its
+  /// gradient shard (its shard, compute dtype, on the side stream; stages 2-3 with
+  /// accumulation, or no device gradient shard): accumulated into grad_shard, handed to the
+  /// offloaded sub-groups.
+  void absorb_shard(Group& g, const void* reduced);
   /// zoe.update_in_backward: starts group gi's update if this was its step's last micro-batch.
   void start_update_if_final(int gi);
 

@@ -322,6 +322,70 @@ TEST_P(Collectives, ByteCountersAreExact) {
   });
 }
 
+// A grouped all-gather / reduce-scatter gives every part the bits of its own collective
+// (parts of 0, 1, 7 and 1003 elements in separate buffers, one part in place), counts the
+// same bytes, and one call where the backend groups in place (else one per part).
+TEST_P(Collectives, GroupedEqualTheirPartsCollectivesBitwise) {
+  const std::vector<std::size_t> counts = {7, 0, 1003, 1, 64};
+  for (int w = 1; w <= 4; ++w) {
+    for (DType t : {DType::f32, DType::bf16}) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+        SCOPED_TRACE("world " + std::to_string(w) + ", " + std::string(dtype_name(t)) + (op == ReduceOp::avg ? ", avg" : ", sum"));
+        run_ranks(group(w), [&](RankContext& ctx) {
+          Communicator& comm = *ctx.comm;
+          auto stream = ctx.device->create_stream();
+          const std::size_t es = dtype_size(t);
+          std::vector<std::vector<char>> sends, recvs, rs_sends, rs_recvs, one_ag, one_rs;
+          for (std::size_t k = 0; k < counts.size(); ++k) {
+            const std::size_t n = counts[k];
+            sends.push_back(make(t, n, [&](std::size_t i) { return value(ctx.rank, i, 20 + k); }));
+            rs_sends.push_back(make(t, n * w, [&](std::size_t i) { return value(ctx.rank, i, 40 + k); }));
+            recvs.emplace_back(n * w * es + 1, 0);
+            rs_recvs.emplace_back(n * es + 1, 0);
+            one_ag.emplace_back(n * w * es + 1, 0);
+            one_rs.emplace_back(n * es + 1, 0);
+          }
+          // Part 2 of the all-gather in place: its send is this rank's block of its recv.
+          std::memcpy(recvs[2].data() + ctx.rank * counts[2] * es, sends[2].data(), counts[2] * es);
+          std::vector<GroupedPart> ag, rs;
+          for (std::size_t k = 0; k < counts.size(); ++k) {
+            const void* send = k == 2 ? static_cast<const void*>(recvs[2].data() + ctx.rank * counts[2] * es) : sends[k].data();
+            ag.push_back({send, recvs[k].data(), counts[k]});
+            rs.push_back({rs_sends[k].data(), rs_recvs[k].data(), counts[k]});
+          }
+          comm.reset_stats();
+          comm.all_gather_grouped(ag, t, *stream);
+          comm.reduce_scatter_grouped(rs, t, op, *stream);
+          ctx.device->synchronize(*stream);
+          const CommStats grouped = comm.stats();
+          comm.reset_stats();
+          for (std::size_t k = 0; k < counts.size(); ++k) {
+            comm.all_gather(sends[k].data(), one_ag[k].data(), counts[k], t, *stream);
+            comm.reduce_scatter(rs_sends[k].data(), one_rs[k].data(), counts[k], t, op, *stream);
+          }
+          ctx.device->synchronize(*stream);
+          const CommStats single = comm.stats();
+          for (std::size_t k = 0; k < counts.size(); ++k) {
+            ASSERT_EQ(std::memcmp(recvs[k].data(), one_ag[k].data(), counts[k] * w * es), 0) << "all-gather part " << k;
+            ASSERT_EQ(std::memcmp(rs_recvs[k].data(), one_rs[k].data(), counts[k] * es), 0) << "reduce-scatter part " << k;
+          }
+          // And against the direct computation, for one element of each kind.
+          if (counts[2] > 0) {
+            ASSERT_EQ(bits_at(recvs[2].data(), t, (w - 1) * counts[2] + 5), bits_of_rounded(value(w - 1, 5, 22), t));
+            const std::size_t g = ctx.rank * counts[2] + 9;
+            ASSERT_EQ(bits_at(rs_recvs[2].data(), t, 9),
+                      reference_reduce(w, t, op == ReduceOp::avg, [&](int r) { return value(r, g, 42); }));
+          }
+          EXPECT_EQ(grouped.all_gather_bytes, single.all_gather_bytes);
+          EXPECT_EQ(grouped.reduce_scatter_bytes, single.reduce_scatter_bytes);
+          const std::int64_t per_kind = comm.gathers_parts_in_place() ? 1 : static_cast<std::int64_t>(counts.size());
+          EXPECT_EQ(grouped.calls, 2 * per_kind);
+        });
+      }
+    }
+  }
+}
+
 // The in-place layouts NCCL allows, and reduce_scatter writing over the start of its own
 // send buffer (not its slice; a zero-copy backend must not let peers read it after).
 TEST_P(Collectives, AliasedBuffers) {

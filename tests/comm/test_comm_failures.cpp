@@ -93,6 +93,37 @@ TEST(LocalCommFailures, LateRankFailsFastAfterPeerTimedOut) {
   EXPECT_THAT(late_error, HasSubstr("waiting for rank 1")) << "quotes rank 0's timeout";
 }
 
+// Grouped collectives whose parts differ between ranks (the same total) fail on every rank
+// naming both sides' parts; a part whose buffers overlap other than in place is refused when
+// issued, before any peer could read it.
+TEST(LocalCommFailures, GroupedPartsThatDifferNameBoth) {
+  auto ranks = make_local_ranks(2, 60.0);
+  std::vector<std::string> errors(2);
+  run_ranks(ranks, [&](RankContext& ctx) {
+    auto stream = ctx.device->create_stream();
+    std::vector<float> a(16), b(32);
+    const std::vector<GroupedPart> parts =
+        ctx.rank == 0 ? std::vector<GroupedPart>{{a.data(), b.data(), 3}, {a.data() + 3, b.data() + 6, 5}}
+                      : std::vector<GroupedPart>{{a.data(), b.data(), 5}, {a.data() + 5, b.data() + 10, 3}};
+    ctx.comm->all_gather_grouped(parts, DType::f32, *stream);
+    errors[ctx.rank] = error_of([&] { ctx.device->synchronize(*stream); });
+  });
+  for (const auto& e : errors)
+    EXPECT_THAT(e, HasSubstr("rank 0 issued all_gather_grouped (collective #0, count 8 in 2 parts of 3, 5, fp32) but "
+                             "rank 1 issued all_gather_grouped (collective #0, count 8 in 2 parts of 5, 3, fp32)")) << e;
+  auto one = make_local_ranks(2, 60.0);
+  run_ranks(one, [&](RankContext& ctx) {
+    auto stream = ctx.device->create_stream();
+    std::vector<float> a(16);
+    const std::vector<GroupedPart> overlapping = {{a.data() + 1, a.data(), 4}};  // not this rank's block
+    EXPECT_THAT(error_of([&] { ctx.comm->all_gather_grouped(overlapping, DType::f32, *stream); }),
+                HasSubstr("all_gather_grouped: part 0's send and recv buffers overlap (only the in-place layout may)"));
+    const std::vector<GroupedPart> in_place = {{a.data(), a.data() + 4 * ctx.rank, 4}};  // recv is this rank's slice
+    ctx.comm->reduce_scatter_grouped(in_place, DType::f32, ReduceOp::sum, *stream);
+    ctx.device->synchronize(*stream);
+  });
+}
+
 // Different collectives, or different counts, at the same position: every rank throws a
 // CommError naming both, at once (no timeout).
 TEST(LocalCommFailures, MismatchedCollectivesNameBoth) {

@@ -210,12 +210,15 @@ struct RunResult {
   std::vector<double> losses;          // rank 0's mean micro-batch loss per step
 };
 
+/// `adapt`, if given, may replace each rank's communicator (a wrapper) before the engines start.
 inline RunResult train(const Config& config, const NetSpec& spec, int world, int steps, int global_batch,
-                       int poison_step = -1) {
+                       int poison_step = -1, const std::function<void(RankContext&)>& adapt = {}) {
   RunResult result;
   result.memory.resize(world);
   result.traffic.resize(world);
   auto ranks = make_local_ranks(world, 60.0);
+  if (adapt)
+    for (RankContext& r : ranks) adapt(r);
   std::vector<std::vector<std::vector<float>>> finals(world);
   run_ranks(ranks, [&](RankContext& ctx) {
     Engine engine(config, ctx);

