@@ -295,8 +295,11 @@ class Engine {
 
   /// Gathers the module's parameters (stage 3) and returns full views. Prefetches the next
   /// modules of the order recorded in the previous step. Throws UsageError for an unknown
-  /// module or if it is not idle (see the call rules).
-  ModuleTensors begin_forward(ModuleId module);
+  /// module or if it is not idle (see the call rules). The returned object is the engine's,
+  /// refreshed in place by each begin_forward of the module (no allocation per call): read it
+  /// until end_forward, or copy it (ModuleTensors is a value type) to keep it longer; the
+  /// reference itself stays valid for the Engine's life.
+  const ModuleTensors& begin_forward(ModuleId module);
   /// Ends the forward (stage 3: the gathered buffer may be freed). Throws UsageError unless
   /// the module is in forward.
   void end_forward(ModuleId module);
@@ -304,8 +307,9 @@ class Engine {
   /// call: see ModuleTensors). Throws UsageError
   /// if the module is not idle, had no forward in this micro-batch (ForwardMode::separate),
   /// already ran its backward in this micro-batch, or ran gradient_accumulation_steps
-  /// backward passes since the last step().
-  ModuleTensors begin_backward(ModuleId module);
+  /// backward passes since the last step(). The returned object is the engine's, as
+  /// begin_forward's (refreshed by each begin_backward of the module).
+  const ModuleTensors& begin_backward(ModuleId module);
   /// Queues the gradient reduction of the module (bucketed, overlapping the rest of backward).
   /// Throws UsageError unless the module is in backward.
   void end_backward(ModuleId module);
@@ -452,7 +456,7 @@ class ForwardScope {
  private:
   Engine& e_;
   ModuleId m_;
-  ModuleTensors t_;
+  const ModuleTensors& t_;  // the engine's (see begin_forward)
   int uncaught_ = std::uncaught_exceptions();
 };
 
@@ -469,7 +473,7 @@ class BackwardScope {
  private:
   Engine& e_;
   ModuleId m_;
-  ModuleTensors t_;
+  const ModuleTensors& t_;  // the engine's (see begin_forward)
   int uncaught_ = std::uncaught_exceptions();
 };
 

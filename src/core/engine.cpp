@@ -187,8 +187,8 @@ ModuleId Engine::add_module(const std::string& name, const std::vector<ParamId>&
   return ModuleId{static_cast<std::uint32_t>(I.model.modules.size() - 1)};
 }
 
-ModuleTensors Engine::begin_forward(ModuleId id) {
-  return impl_->guarded("begin_forward", [&] {
+const ModuleTensors& Engine::begin_forward(ModuleId id) {
+  return impl_->guarded("begin_forward", [&]() -> const ModuleTensors& {
     Impl& I = *impl_;
     I.lifecycle.check_usable("begin_forward");
     I.finalize();
@@ -197,7 +197,7 @@ ModuleTensors Engine::begin_forward(ModuleId id) {
     I.updater.check_forward_allowed(m);  // before any state changes
     I.rules.begin_forward(static_cast<int>(id.index));
     I.gatherer.acquire(static_cast<int>(id.index), false);
-    return I.views(m, false);
+    return I.views(static_cast<int>(id.index), false);
   });
 }
 
@@ -212,8 +212,8 @@ void Engine::end_forward(ModuleId id) {
   });
 }
 
-ModuleTensors Engine::begin_backward(ModuleId id) {
-  return impl_->guarded("begin_backward", [&] {
+const ModuleTensors& Engine::begin_backward(ModuleId id) {
+  return impl_->guarded("begin_backward", [&]() -> const ModuleTensors& {
     Impl& I = *impl_;
     I.lifecycle.check_usable("begin_backward");
     I.model.check_module(id);
@@ -222,7 +222,7 @@ ModuleTensors Engine::begin_backward(ModuleId id) {
     const ModuleInfo& m = I.model.modules[id.index];
     I.gatherer.acquire(static_cast<int>(id.index), true);
     I.reducer.prepare(m);
-    return I.views(m, true);
+    return I.views(static_cast<int>(id.index), true);
   });
 }
 

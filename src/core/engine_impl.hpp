@@ -78,9 +78,7 @@ struct EngineImpl {
   /// the checks that run before anything is built (no module, an unused parameter).
   void finalize();
   /// The module's tensors for the trainer (its gathered parameters, its gradient buffers).
-  ModuleTensors views(const ModuleInfo& m, bool with_grads) const {
-    return model.views(m, with_grads, cx.dtype);
-  }
+  const ModuleTensors& views(int module, bool with_grads) { return model.views(module, with_grads, cx.dtype); }
 
   // step.cpp
   /// The optimizer step after the trainer's last backward (see step.cpp).

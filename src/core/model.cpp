@@ -60,14 +60,24 @@ void Model::check_module(ModuleId m) const {
                   " modules registered)");
 }
 
-ModuleTensors Model::views(const ModuleInfo& m, bool with_grads, DType dtype) const {
-  ModuleTensors t;
-  for (std::uint32_t pi : m.params) {
-    const ParamInfo& p = params[pi];
-    const Group& g = groups[static_cast<std::size_t>(p.group)];
-    std::int64_t off = g.layout->offset(p.slot);
-    t.params.push_back(TensorView{g.param_full.at(off), dtype, p.shape});
-    if (with_grads) t.grads.push_back(TensorView{g.frozen ? nullptr : g.grad_full.at(off), dtype, p.shape});
+const ModuleTensors& Model::views(int module, bool with_grads, DType dtype) {
+  std::vector<ModuleViews>& cache = views_[with_grads ? 1 : 0];
+  if (cache.size() < modules.size()) cache.resize(modules.size());
+  ModuleViews& v = cache[static_cast<std::size_t>(module)];
+  ModuleTensors& t = v.tensors;
+  const ModuleInfo& m = modules[static_cast<std::size_t>(module)];
+  if (v.sources.size() != m.params.size()) {  // the module's first call: shapes, dtypes, places
+    for (std::uint32_t pi : m.params) {
+      const ParamInfo& p = params[pi];
+      t.params.push_back(TensorView{nullptr, dtype, p.shape});
+      if (with_grads) t.grads.push_back(TensorView{nullptr, dtype, p.shape});
+      v.sources.push_back(ViewSource{p.group, groups[static_cast<std::size_t>(p.group)].layout->offset(p.slot)});
+    }
+  }
+  for (std::size_t i = 0; i < v.sources.size(); ++i) {
+    const Group& g = groups[static_cast<std::size_t>(v.sources[i].group)];
+    t.params[i].data = g.param_full.at(v.sources[i].offset);
+    if (with_grads) t.grads[i].data = g.frozen ? nullptr : g.grad_full.at(v.sources[i].offset);
   }
   return t;
 }

@@ -35,9 +35,12 @@ struct Model {
   void build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold);
   /// Throws UsageError for an unknown module id.
   void check_module(ModuleId m) const;
-  /// The trainer's views of module `m`'s parameters (in the gathered full buffer, `dtype`) and,
-  /// `with_grads`, of their gradient buffers (null for frozen parameters).
-  ModuleTensors views(const ModuleInfo& m, bool with_grads, DType dtype) const;
+  /// The trainer's views of module `module`'s parameters (in the gathered full buffer,
+  /// `dtype`) and, `with_grads`, of their gradient buffers (null for frozen parameters). Kept
+  /// per module and direction and refreshed in place (only the data pointers change), so a
+  /// call allocates nothing after the module's first and the reference stays valid for the
+  /// Model's life (its contents until the next call for the same module and direction).
+  const ModuleTensors& views(int module, bool with_grads, DType dtype);
   /// Runs of equal optimizer options over the group's flat buffer [0, padded_numel): parameter
   /// i covers [offset(i), offset(i + 1)) (its padding with it), neighbours with equal options
   /// merged; an empty group is one run with the config's `default_weight_decay`.
@@ -45,6 +48,19 @@ struct Model {
   int index_of(const Group& g) const { return static_cast<int>(&g - groups.data()); }
   Group& group(int gi) { return groups[static_cast<std::size_t>(gi)]; }
   const Group& group(int gi) const { return groups[static_cast<std::size_t>(gi)]; }
+
+ private:
+  // views()'s, per module: the tensors handed out and where each parameter lies (its group and
+  // element offset in it), so a refresh reads only the groups' buffer pointers.
+  struct ViewSource {
+    int group;
+    std::int64_t offset;
+  };
+  struct ModuleViews {
+    ModuleTensors tensors;
+    std::vector<ViewSource> sources;
+  };
+  std::vector<ModuleViews> views_[2];  // [forward, backward][module]
 };
 
 }  // namespace zoe::core

@@ -172,7 +172,7 @@ variable_list PartBackward::apply(variable_list&& grads) {
         ZOE_THROW(UsageError, "TorchModel: input ", i, " of part '", part_name_,
                   "' was modified in place between its forward and its backward (its forward is recomputed "
                   "from the inputs)");
-  ModuleTensors t = impl->engine.begin_backward(p.module);
+  const ModuleTensors& t = impl->engine.begin_backward(p.module);
   p.phase = PartPhase::backward;
   impl->active = part_;
   try {
@@ -261,7 +261,7 @@ std::vector<at::Tensor> TorchModel::Impl::run(std::uint32_t index, const TorchFo
     if (x.defined() && x.requires_grad() && with_graph) d.requires_grad_(true);
     ins.push_back(std::move(d));
   }
-  ModuleTensors t = engine.begin_forward(p.module);
+  const ModuleTensors& t = engine.begin_forward(p.module);
   p.phase = PartPhase::forward;
   active = index;
   std::vector<at::Tensor> outs;

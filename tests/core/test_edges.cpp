@@ -353,6 +353,41 @@ TEST(GradientViews, HoldWhatWasAddedAndNotYetReduced) {
   }
 }
 
+// begin_forward / begin_backward hand out the engine's views of the module, refreshed in place
+// at each call: the same object every time (no allocation per call), pointing at this call's
+// gathered buffers and gradient buffers; a copy keeps what it was given.
+TEST(ModuleViews, AreTheEnginesRefreshedInPlace) {
+  Config c = small_config(3);
+  c.optimizer.lr = 0.0;  // the values stay put
+  Engine e(c, one_rank());
+  const ParamId w = e.add_parameter("w", {2, 3}, filled(0.5f));
+  const ParamId b = e.add_parameter("b", {3}, filled(0.25f));
+  const ModuleId m = e.add_module("m", {w, b});
+  const ModuleTensors* forward = nullptr;
+  const ModuleTensors* backward = nullptr;
+  for (int step = 0; step < 2; ++step) {
+    const ModuleTensors& f = e.begin_forward(m);
+    if (forward) EXPECT_EQ(&f, forward);
+    forward = &f;
+    ASSERT_EQ(f.params.size(), 2u);
+    EXPECT_TRUE(f.grads.empty());
+    EXPECT_EQ(f.params[0].shape, (std::vector<std::int64_t>{2, 3}));
+    EXPECT_EQ(f.params[1].as<float>()[2], 0.25f);
+    const ModuleTensors kept = f;  // a value copy
+    e.end_forward(m);
+    const ModuleTensors& g = e.begin_backward(m);
+    if (backward) EXPECT_EQ(&g, backward);
+    backward = &g;
+    EXPECT_NE(&g, &f);
+    ASSERT_EQ(g.grads.size(), 2u);
+    EXPECT_EQ(g.grads[1].shape, (std::vector<std::int64_t>{3}));
+    EXPECT_EQ(kept.params[0].shape, g.params[0].shape);
+    EXPECT_EQ(g.params[0].as<float>()[5], 0.5f);  // this gather's values
+    e.end_backward(m);
+    e.step();
+  }
+}
+
 // zoe/half.hpp, the trainer's 16-bit conversions (through zoe/engine.hpp): round to nearest
 // even, ties included, NaN kept, fp16 overflow to inf and subnormals, exact widening; the span
 // forms give the scalar forms' values and refuse a size mismatch or overlap with UsageError.
