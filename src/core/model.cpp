@@ -61,23 +61,28 @@ void Model::check_module(ModuleId m) const {
 }
 
 const ModuleTensors& Model::views(int module, bool with_grads, DType dtype) {
-  std::vector<ModuleViews>& cache = views_[with_grads ? 1 : 0];
-  if (cache.size() < modules.size()) cache.resize(modules.size());
-  ModuleViews& v = cache[static_cast<std::size_t>(module)];
-  ModuleTensors& t = v.tensors;
-  const ModuleInfo& m = modules[static_cast<std::size_t>(module)];
-  if (v.sources.size() != m.params.size()) {  // the module's first call: shapes, dtypes, places
-    for (std::uint32_t pi : m.params) {
-      const ParamInfo& p = params[pi];
-      t.params.push_back(TensorView{nullptr, dtype, p.shape});
-      if (with_grads) t.grads.push_back(TensorView{nullptr, dtype, p.shape});
-      v.sources.push_back(ViewSource{p.group, groups[static_cast<std::size_t>(p.group)].layout->offset(p.slot)});
+  if (source_begin_.empty()) {  // the first call: every module's places, shapes and dtypes
+    source_begin_.reserve(modules.size() + 1);
+    for (int w = 0; w < 2; ++w) views_[w].resize(modules.size());
+    for (std::size_t mi = 0; mi < modules.size(); ++mi) {
+      source_begin_.push_back(sources_.size());
+      for (std::uint32_t pi : modules[mi].params) {
+        const ParamInfo& p = params[pi];
+        sources_.push_back(ViewSource{p.group, groups[static_cast<std::size_t>(p.group)].layout->offset(p.slot)});
+        views_[0][mi].params.push_back(TensorView{nullptr, dtype, p.shape});
+        views_[1][mi].params.push_back(TensorView{nullptr, dtype, p.shape});
+        views_[1][mi].grads.push_back(TensorView{nullptr, dtype, p.shape});
+      }
     }
+    source_begin_.push_back(sources_.size());
   }
-  for (std::size_t i = 0; i < v.sources.size(); ++i) {
-    const Group& g = groups[static_cast<std::size_t>(v.sources[i].group)];
-    t.params[i].data = g.param_full.at(v.sources[i].offset);
-    if (with_grads) t.grads[i].data = g.frozen ? nullptr : g.grad_full.at(v.sources[i].offset);
+  const auto m = static_cast<std::size_t>(module);
+  ModuleTensors& t = views_[with_grads ? 1 : 0][m];
+  const ViewSource* src = sources_.data() + source_begin_[m];
+  for (std::size_t i = 0; i < t.params.size(); ++i) {
+    const Group& g = groups[static_cast<std::size_t>(src[i].group)];
+    t.params[i].data = g.param_full.at(src[i].offset);
+    if (with_grads) t.grads[i].data = g.frozen ? nullptr : g.grad_full.at(src[i].offset);
   }
   return t;
 }

@@ -109,13 +109,20 @@ void Updater::start_update(const UpdatePlan& plan) {
     Group& g = model_.groups[gi];
     // Thousands of small groups: each group's sub-groups, and their runs, are heap blocks of
     // their own, so the loop is a chain of cache misses; ask for those a few groups ahead (the
-    // runs once their sub-group has arrived).
+    // runs once their sub-group has arrived), and for the groups themselves further ahead
+    // (reading a group's sub-group pointer before it had arrived stalled the loop there).
+    // Each level is asked for once the level above it has had time to arrive.
     constexpr std::size_t kAhead = 8;
-    if (gi + kAhead < n && !model_.groups[gi + kAhead].subgroups.empty())
-      __builtin_prefetch(model_.groups[gi + kAhead].subgroups.data());
-    if (gi + kAhead / 2 < n && !model_.groups[gi + kAhead / 2].subgroups.empty() &&
-        !model_.groups[gi + kAhead / 2].subgroups.front().runs.empty())
-      __builtin_prefetch(model_.groups[gi + kAhead / 2].subgroups.front().runs.data());
+    if (gi + 3 * kAhead < n) {
+      const Group& far = model_.groups[gi + 3 * kAhead];
+      __builtin_prefetch(&far.subgroups);
+      __builtin_prefetch(&far.update_step);
+    }
+    if (gi + 2 * kAhead < n && !model_.groups[gi + 2 * kAhead].subgroups.empty())
+      __builtin_prefetch(model_.groups[gi + 2 * kAhead].subgroups.data());
+    if (gi + kAhead < n && !model_.groups[gi + kAhead].subgroups.empty() &&
+        !model_.groups[gi + kAhead].subgroups.front().runs.empty())
+      __builtin_prefetch(model_.groups[gi + kAhead].subgroups.front().runs.data());
     // Frozen: nothing to update (it stays settled). update_step == plan.step: started in
     // backward (zoe.update_in_backward).
     if (g.frozen || g.update_step == plan.step) continue;
