@@ -15,7 +15,6 @@
 
 namespace zoe {
 namespace {
-constexpr std::size_t kAlignment = 256;
 
 // HostEvent and HostStream are final: a typeid comparison is the whole check (cheaper than
 // dynamic_cast, which the per-module calls paid for every event and stream).
@@ -35,7 +34,6 @@ HostDevice::HostDevice(std::size_t capacity_bytes) : HostDevice(HostDeviceOption
 HostDevice::HostDevice(const HostDeviceOptions& options)
     : options_((validate(options), options)),
       capacity_(options.capacity_bytes),
-      small_cache_(kCacheMinBytes / kAlignment),
       compute_(std::make_unique<HostStream>("compute")) {
   if (options_.memory == HostMemoryModel::discrete) {
     const CopyModel model{options_.copy_gbps, options_.copy_latency_us};
@@ -49,7 +47,7 @@ HostDevice::~HostDevice() {
   if (options_.memory == HostMemoryModel::discrete) remove_host_access_guard(this);
   compute_.reset();  // drains queued work before the memory map goes away
   std::lock_guard lock(mutex_);
-  for (auto& [ptr, bytes] : sizes_) std::free(ptr);  // live blocks and the small free lists' (kInFreeList)
+  for (auto& [ptr, bytes] : sizes_) std::free(ptr);  // live blocks (small_ frees its slabs)
   for (auto& [bytes, blocks] : cache_)
     for (void* p : blocks) std::free(p);
   for (auto& [p, bytes] : quarantine_) std::free(p);
@@ -63,13 +61,9 @@ void HostDevice::set_poison_freed(std::size_t quarantine_bytes) {
     for (void* p : blocks) free_block(p);
   cache_.clear();
   cached_bytes_ = 0;
-  for (std::vector<FreeSmall>& blocks : small_cache_) {
-    for (const FreeSmall& b : blocks) {
-      sizes_.erase(b.ptr);
-      free_block(b.ptr);
-    }
-    blocks.clear();
-  }
+  // Small blocks cannot go back one by one (they live in slabs): freed ones are never handed
+  // out again, and stay the device's memory.
+  small_.retire_free_lists();
   small_cached_bytes_ = 0;
 }
 
@@ -108,6 +102,23 @@ void* HostDevice::allocate(std::size_t bytes) {
                 capacity_, " bytes (", stats_.current_bytes, " in use)");
     stats_.current_bytes += static_cast<std::int64_t>(bytes);
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    if (kCachesBlocks && !cacheable) {
+      bool carved = false;
+      void* ptr = small_.take(rounded, bytes, &carved);
+      if (!ptr) {
+        stats_.current_bytes -= static_cast<std::int64_t>(bytes);
+        ZOE_THROW(OutOfMemoryError, "HostDevice: aligned_alloc of a slab for blocks of ", rounded,
+                  " bytes failed (allocating ", bytes, " bytes)");
+      }
+      if (carved) {
+        blocks_.insert(ptr, rounded);
+        stats_.reserved_peak_bytes =
+            std::max(stats_.reserved_peak_bytes, static_cast<std::int64_t>(blocks_.total_bytes()));
+      } else {
+        small_cached_bytes_ -= rounded;
+      }
+      return ptr;
+    }
     auto hit = cacheable ? cache_.find(rounded) : cache_.end();
     if (hit != cache_.end()) {
       void* ptr = hit->second.back();
@@ -117,15 +128,6 @@ void* HostDevice::allocate(std::size_t bytes) {
       live_rounded_ += rounded;
       sizes_.emplace(ptr, bytes);
       return ptr;
-    }
-    if (!cacheable) {
-      if (std::vector<FreeSmall>& small = small_cache_[rounded / kAlignment]; !small.empty()) {
-        const FreeSmall b = small.back();
-        small.pop_back();
-        small_cached_bytes_ -= rounded;
-        *b.size_entry = bytes;  // its entry stayed (kInFreeList): live again
-        return b.ptr;
-      }
     }
     // A miss: release cached blocks, largest first, until live + cached fits within the peak
     // of live bytes (a new peak releases them all).
@@ -154,47 +156,54 @@ void* HostDevice::allocate(std::size_t bytes) {
 
 void HostDevice::deallocate(void* ptr) {
   if (!ptr) return;
-  bool quarantine = false;   // set_poison_freed: poison and quarantine instead of freeing
-  std::size_t poisoned = 0;  // bytes to poison
+  // What becomes of the block once its accounts are settled under the lock.
+  enum class Fate { kept, to_system, quarantined, retired } fate = Fate::kept;
+  std::size_t bytes = 0, rounded = 0;
   {
     std::lock_guard lock(mutex_);
-    auto it = sizes_.find(ptr);
-    ZOE_CHECK_USAGE(it != sizes_.end() && !(it->second & kInFreeList), "HostDevice::deallocate: ", ptr,
-                    it == sizes_.end() ? " was not allocated by this device" : " was freed already");
-    const std::size_t bytes = it->second;
-    stats_.current_bytes -= static_cast<std::int64_t>(bytes);
-    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
-    if (kCachesBlocks && !poison_freed_ && rounded < kCacheMinBytes) {
-      // A small block keeps its entry, marked, while its free list holds it: no node to free
-      // now and allocate again at its reuse (many small modules: one per module and call).
-      it->second = bytes | kInFreeList;
-      small_cache_[rounded / kAlignment].push_back(FreeSmall{ptr, &it->second});
-      small_cached_bytes_ += rounded;
-      return;
+    // A small block goes back to its free list, or is retired in its slab (set_poison_freed).
+    const SmallBlocks::Found small =
+        kCachesBlocks ? small_.release(ptr, !poison_freed_, &bytes, &rounded) : SmallBlocks::Found::foreign;
+    ZOE_CHECK_USAGE(small == SmallBlocks::Found::live || small == SmallBlocks::Found::foreign,
+                    "HostDevice::deallocate: ", ptr, " was freed already");
+    if (small == SmallBlocks::Found::live) {
+      stats_.current_bytes -= static_cast<std::int64_t>(bytes);
+      if (!poison_freed_) {
+        small_cached_bytes_ += rounded;
+        return;
+      }
+      fate = Fate::retired;
+    } else {
+      auto it = sizes_.find(ptr);
+      ZOE_CHECK_USAGE(it != sizes_.end(), "HostDevice::deallocate: ", ptr, " was not allocated by this device");
+      bytes = it->second;
+      stats_.current_bytes -= static_cast<std::int64_t>(bytes);
+      rounded = (std::max<std::size_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+      sizes_.erase(it);
+      if (rounded >= kCacheMinBytes) live_rounded_ -= rounded;
+      if (poison_freed_) {
+        fate = Fate::quarantined;  // stays this device's until the quarantine lets it go
+      } else if (kCachesBlocks && rounded >= kCacheMinBytes) {
+        cache_[rounded].push_back(ptr);
+        cached_bytes_ += rounded;
+        return;
+      } else {
+        fate = Fate::to_system;
+        blocks_.erase(ptr);  // before free: the address may come back as host memory at once
+      }
     }
-    sizes_.erase(it);
-    if (rounded >= kCacheMinBytes) live_rounded_ -= rounded;
-    if (poison_freed_) {
-      quarantine = true;
-      poisoned = bytes;
-    } else if (kCachesBlocks && rounded >= kCacheMinBytes) {
-      cache_[rounded].push_back(ptr);
-      cached_bytes_ += rounded;
-      return;
-    }
-    // Before free: the address may come back as host memory at once. A quarantined block
-    // stays this device's until it is retired.
-    if (!quarantine) blocks_.erase(ptr);
   }
-  if (!quarantine) {
+  if (fate == Fate::to_system) {
     std::free(ptr);
     return;
   }
-  // Quarantine (set_poison_freed): poison outside the lock, then retire the oldest blocks.
-  std::memset(ptr, 0xFF, poisoned);
+  // set_poison_freed: poison outside the lock; a small block stays retired in its slab, a large
+  // one joins the quarantine, whose oldest blocks then go back to the system.
+  std::memset(ptr, 0xFF, bytes);
+  if (fate == Fate::retired) return;
   std::lock_guard lock(mutex_);
-  quarantine_.emplace_back(ptr, poisoned);
-  quarantined_bytes_ += poisoned;
+  quarantine_.emplace_back(ptr, bytes);
+  quarantined_bytes_ += bytes;
   while (quarantine_.size() > 1 && quarantined_bytes_ > quarantine_cap_) {
     free_block(quarantine_.front().first);
     quarantined_bytes_ -= quarantine_.front().second;
@@ -246,8 +255,10 @@ HostDevice::Route HostDevice::route_of(void* dst, const void* src, std::size_t b
 }
 
 HostDevice::Route HostDevice::route_locked(void* dst, const void* src, std::size_t bytes) {
-  // A live block's own address (the usual case: a group's buffer) is found by hashing.
-  auto device = [this](const void* p, std::size_t n) { return sizes_.contains(const_cast<void*>(p)) || blocks_.overlaps(p, n); };
+  // A block's own address (the usual case: a group's buffer) is found by hashing, or in a slab.
+  auto device = [this](const void* p, std::size_t n) {
+    return small_.owns(p) || sizes_.contains(const_cast<void*>(p)) || blocks_.overlaps(p, n);
+  };
   const bool dst_dev = device(dst, bytes), src_dev = device(src, bytes);
   if (dst_dev != src_dev && !registered_.contains(dst_dev ? src : dst, bytes))
     pageable_copies_.fetch_add(1, std::memory_order_relaxed);

@@ -24,12 +24,13 @@
 // bytes of cacheable blocks fit within their live peak: the footprint never exceeds what the
 // live blocks once needed. Smaller blocks are outside that account, so a step's small
 // read-back buffer cannot make the cache unmap a gathered buffer (measured: 10 ms of munmap and
-// page faults per step at Psi = 100M on the build VM, in step()'s return time); they are kept
-// in free lists of their own by rounded size and never released before the device goes (a
-// size class holds at most as many blocks as were once live of it), so a model of thousands of
-// small modules, whose gradient buffers come and go every module, allocates nothing from the
-// system after its first step. Not under ASan (it would hide use-after-free). set_poison_freed() (zoe.debug_poison) replaces the cache by
-// a poisoned quarantine.
+// page faults per step at Psi = 100M on the build VM, in step()'s return time); they come from
+// slabs (SmallBlocks: a free reads a flat table of block states, no hash node), wait in free
+// lists by rounded size and are never released before the device goes (a size class holds at
+// most as many blocks as were once live of it), so a model of thousands of small modules, whose
+// gradient buffers come and go every module, allocates nothing from the system after its first
+// step. Not under ASan (it would hide use-after-free). set_poison_freed() (zoe.debug_poison)
+// replaces the cache by a poisoned quarantine, and retires freed small blocks in their slabs.
 // Trainer usage: the trainer computes on its own thread. Work the engine queues on
 // compute_stream() runs on that stream's thread; synchronize(compute_stream()) or an
 // event recorded there makes its results visible to the calling thread, and work queued
@@ -55,6 +56,7 @@
 #include "src/device/device.hpp"
 #include "src/device/host_device_options.hpp"
 #include "src/device/host_stream.hpp"
+#include "src/device/small_blocks.hpp"
 
 namespace zoe {
 
@@ -85,7 +87,9 @@ class HostDevice final : public Device {
   HostMemoryModel memory_model() const noexcept { return options_.memory; }
   const HostDeviceOptions& options() const noexcept { return options_; }
 
-  /// Smallest block (bytes) the cache keeps: below it malloc reuses memory by itself.
+  /// Every block's address and rounded size are multiples of it (cudaMalloc's 256 bytes).
+  static constexpr std::size_t kAlignment = 256;
+  /// Smallest block (bytes) the cache keeps: smaller ones come from slabs (SmallBlocks).
   static constexpr std::size_t kCacheMinBytes = std::size_t{1} << 20;
   /// Whether freed blocks are cached (false under AddressSanitizer).
   static constexpr bool kCachesBlocks = ZOE_HOST_DEVICE_CACHES_BLOCKS;
@@ -175,25 +179,18 @@ class HostDevice final : public Device {
   HostDeviceOptions options_;
   std::size_t capacity_;
   mutable std::mutex mutex_;
-  // Live blocks: requested bytes; a small block in its free list keeps its entry with
-  // kInFreeList set (still the device's memory, not allocated).
+  // Live blocks of at least kCacheMinBytes (all blocks when kCachesBlocks is false): requested bytes.
   std::unordered_map<void*, std::size_t> sizes_;
-  static constexpr std::size_t kInFreeList = std::size_t{1} << 63;
   AddressRanges blocks_;      // every block this device holds (live and cached), rounded bytes
   AddressRanges registered_;  // register_host_memory ranges
   std::atomic<std::int64_t> pageable_copies_{0};
   std::shared_ptr<CopyEngine> h2d_, d2h_;  // discrete only; shared with queued copies
   std::map<std::size_t, std::vector<void*>> cache_;  // freed blocks by rounded size
   std::size_t cached_bytes_ = 0;
-  // A freed small block and its sizes_ entry's value (a map's elements stay put until erased,
-  // and a listed block's entry is never erased), so reuse finds no hash node.
-  struct FreeSmall {
-    void* ptr;
-    std::size_t* size_entry;
-  };
-  // Freed small blocks by rounded size: list k holds blocks of k * 256 bytes (an array, not a
-  // hash map: one index per free and reuse, thousands of small modules' buffers per step).
-  std::vector<std::vector<FreeSmall>> small_cache_;
+  // Smaller blocks (when kCachesBlocks): carved from slabs, their states in a flat table, freed
+  // ones in free lists by rounded size (a free finds no hash node: thousands of small modules'
+  // buffers come and go every step).
+  SmallBlocks small_{kAlignment};
   std::size_t small_cached_bytes_ = 0;
   bool poison_freed_ = false;                                     // set_poison_freed
   std::size_t quarantine_cap_ = 0, quarantined_bytes_ = 0;

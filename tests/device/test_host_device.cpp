@@ -2,9 +2,12 @@
 // error propagation, and the trainer-on-the-calling-thread usage of compute_stream().
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -135,6 +138,44 @@ TEST(HostDevice, FreedSmallBlocksAreReusedBySize) {
   // zoe.debug_poison releases them, as it does the large ones.
   dev.set_poison_freed(0);
   EXPECT_EQ(dev.small_cached_bytes(), 0u);
+}
+
+// Small blocks come from 2 MiB slabs of one size class: more blocks than a slab holds are all
+// distinct, aligned and reserved one by one; a free finds its block's state in its slab (a
+// second free and an address inside a block are refused); under the poison mode a freed small
+// block is poisoned and never handed out again.
+TEST(HostDevice, SmallBlocksSpanSlabsAndKeepTheirStates) {
+  if (!HostDevice::kCachesBlocks) GTEST_SKIP() << "the block cache is off under AddressSanitizer";
+  HostDevice dev;
+  constexpr std::size_t kBlocks = 3000;  // 1 KiB each: one and a half slabs
+  std::vector<void*> blocks;
+  for (std::size_t i = 0; i < kBlocks; ++i) blocks.push_back(dev.allocate(1000));
+  std::vector<void*> sorted = blocks;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "a block handed out twice";
+  for (void* b : blocks) ASSERT_EQ(reinterpret_cast<std::uintptr_t>(b) % HostDevice::kAlignment, 0u);
+  for (void* b : blocks) std::memset(b, 1, 1000);  // each block is usable memory
+  EXPECT_EQ(dev.memory_stats().current_bytes, static_cast<std::int64_t>(kBlocks * 1000));
+  EXPECT_EQ(dev.memory_stats().reserved_bytes, static_cast<std::int64_t>(kBlocks * 1024));
+  int not_ours = 0;
+  EXPECT_THROW(dev.deallocate(static_cast<char*>(blocks[5]) + 256), UsageError);  // inside a block
+  EXPECT_THROW(dev.deallocate(&not_ours), UsageError);
+  for (void* b : blocks) dev.deallocate(b);
+  EXPECT_THROW(dev.deallocate(blocks[kBlocks - 1]), UsageError);  // freed already
+  EXPECT_EQ(dev.memory_stats().current_bytes, 0);
+  EXPECT_EQ(dev.small_cached_bytes(), kBlocks * 1024);
+  for (std::size_t i = 0; i < kBlocks; ++i) EXPECT_EQ(dev.allocate(900), blocks[kBlocks - 1 - i]);  // newest first
+  EXPECT_EQ(dev.memory_stats().reserved_bytes, static_cast<std::int64_t>(kBlocks * 1024));  // nothing new
+  for (void* b : blocks) dev.deallocate(b);
+  dev.set_poison_freed(0);
+  void* p = dev.allocate(1000);
+  EXPECT_EQ(std::find(blocks.begin(), blocks.end(), p), blocks.end()) << "a listed block came back after set_poison_freed";
+  dev.deallocate(p);
+  const auto* f = static_cast<const float*>(p);
+  EXPECT_TRUE(std::isnan(f[0]) && std::isnan(f[249]));
+  EXPECT_TRUE(dev.is_device_memory(p, 1000));  // retired, still the device's
+  EXPECT_THROW(dev.deallocate(p), UsageError);
+  EXPECT_NE(dev.allocate(1000), p);
 }
 
 // Allocated (torch's memory_allocated) counts the requested bytes of live blocks; reserved
