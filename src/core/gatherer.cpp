@@ -47,9 +47,11 @@ void Gatherer::gather_coalesced(std::vector<int> gis) {
   std::erase_if(gis, [this](int gi) { return model_.group(gi).param_state == Group::ParamState::gathered; });
   if (gis.empty()) return;
   if (gis.size() == 1) return gather(model_.group(gis.front()));
-  if (cx_.world == 1) {
-    // One rank: an all-gather is a copy, so there is no collective to save, and coalescing
-    // would only add its two staging copies per group.
+  if (cx_.world == 1 && (tiers_.params || !cx_.comm.gathers_parts_in_place())) {
+    // One rank: an all-gather is a copy. Grouped in place, the copies are one collective
+    // instead of one per group; packed, coalescing would only add two staging copies per group,
+    // and with a parameter tier it would hold every group's staged shard until the last is
+    // copied (address-space caps: one at a time).
     for (int gi : gis) gather(model_.group(gi));
     return;
   }
