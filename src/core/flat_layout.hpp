@@ -42,10 +42,11 @@ class FlatLayout {
   const std::vector<Range>& live_ranges() const { return live_ranges_; }
 
  private:
+  // The sizes first: padded_numel() / shard_numel(), read per module and call, in one line.
   int world_size_;
+  std::int64_t live_ = 0, shard_ = 0;
   std::vector<std::int64_t> numels_, offsets_;
   std::vector<Range> live_ranges_;
-  std::int64_t live_ = 0, shard_ = 0;
 };
 
 }  // namespace zoe::core

@@ -60,21 +60,8 @@ struct Group {
   /// or updated. Every other group holds trainable parameters only.
   bool frozen = false;
 
-  // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
-  // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
-  // offload the shard lives in the parameter tier (OffloadTiers::params, id param_id), not on the device.
-  DeviceBuffer param_full, param_shard;
-  // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
-  // param_ready completes). Stage 3 moves it with three transitions: gather() (sharded or
-  // stale -> gathered), reshard() (gathered or stale -> sharded) and, at the step,
-  // mark_stale() (gathered -> stale) for a persistent group: its buffer stays allocated (as DeepSpeed keeps
-  // persistent parameters), holding the previous step's values until the next gather
-  // all-gathers the updated shards into it in place. Stages 0-2 are gathered from build on.
-  enum class ParamState { sharded, gathered, stale } param_state = ParamState::sharded;
-  int param_id = -1;
-  std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
-  int active = 0;                      // modules between begin_* and end_* using it
-
+  // (The gradient's fields come next to the flags and the layout: backward reads them per
+  // module and call, and thousands of small groups' lines do not stay in cache.)
   // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
   // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
   // reduced own shard accumulated over micro-batches (EngineContext::grad_dtype(); only when some sub-group
@@ -95,6 +82,21 @@ struct Group {
   //                 released grad_full. The next micro-batch's prepare makes it accumulating.
   // Frozen groups stay idle. reset_for_next_step: every group -> idle.
   enum class GradState { idle, accumulating, queued, reduced } grad_state = GradState::idle;
+
+  // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
+  // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
+  // offload the shard lives in the parameter tier (OffloadTiers::params, id param_id), not on the device.
+  DeviceBuffer param_full, param_shard;
+  // FSDP2's sharded / unsharded: whether param_full exists (its all-gather queued; valid once
+  // param_ready completes). Stage 3 moves it with three transitions: gather() (sharded or
+  // stale -> gathered), reshard() (gathered or stale -> sharded) and, at the step,
+  // mark_stale() (gathered -> stale) for a persistent group: its buffer stays allocated (as DeepSpeed keeps
+  // persistent parameters), holding the previous step's values until the next gather
+  // all-gathers the updated shards into it in place. Stages 0-2 are gathered from build on.
+  enum class ParamState { sharded, gathered, stale } param_state = ParamState::sharded;
+  int param_id = -1;
+  std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
+  int active = 0;                      // modules between begin_* and end_* using it
 
   // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
   // buffer, in sub-groups of sub_group_size elements (see SubGroup).
