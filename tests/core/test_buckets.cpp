@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "src/comm/communicator.hpp"
+#include "tests/core/forwarding_communicator.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -63,47 +64,10 @@ const std::vector<BucketCase> kCases = {{kGroup, 3},  {2 * kGroup - 1, 3}, {2 * 
                                         {3 * kGroup, 1}, {500'000'000, 1}};
 
 // The ranks' communicator without its in-place grouped collectives (as NCCL and Gloo run
-// them): the engine then packs a coalesced gather or a bucket into one buffer. Counts bytes
-// and calls as a backend does.
-class PackingCommunicator final : public Communicator {
- public:
-  explicit PackingCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  Device& device() override { return inner_->device(); }
-  void all_gather(const void* s, void* r, std::size_t n, DType t, Stream& st) override {
-    count_all_gather(n * dtype_size(t) * static_cast<std::size_t>(world_size()));
-    inner_->tag_next(take_tag());
-    inner_->all_gather(s, r, n, t, st);
-  }
-  void reduce_scatter(const void* s, void* r, std::size_t n, DType t, ReduceOp op, Stream& st) override {
-    count_reduce_scatter(n * dtype_size(t) * static_cast<std::size_t>(world_size()));
-    inner_->tag_next(take_tag());
-    inner_->reduce_scatter(s, r, n, t, op, st);
-  }
-  void all_reduce(const void* s, void* r, std::size_t n, DType t, ReduceOp op, Stream& st) override {
-    count_all_reduce(n * dtype_size(t));
-    inner_->tag_next(take_tag());
-    inner_->all_reduce(s, r, n, t, op, st);
-  }
-  void all_reduce_f64(double* d, std::size_t n, Stream& st) override {
-    count_all_reduce(n * sizeof(double));
-    inner_->tag_next(take_tag());
-    inner_->all_reduce_f64(d, n, st);
-  }
-  void broadcast(void* b, std::size_t n, DType t, int root, Stream& st) override {
-    count_broadcast(n * dtype_size(t));
-    inner_->tag_next(take_tag());
-    inner_->broadcast(b, n, t, root, st);
-  }
-  void barrier(Stream& st) override { inner_->barrier(st); }
-  void abort(const std::string& cause) noexcept override { inner_->abort(cause); }
-
- private:
-  std::shared_ptr<Communicator> inner_;
-};
-
-void packing(RankContext& r) { r.comm = std::make_shared<PackingCommunicator>(r.comm); }
+// them): the engine then packs a coalesced gather or a bucket into one buffer.
+void packing(RankContext& r) {
+  r.comm = std::make_shared<test::ForwardingCommunicator>(r.comm, test::ForwardingCommunicator::Tags::kept);
+}
 
 }  // namespace
 

@@ -21,6 +21,7 @@
 #include "src/comm/communicator.hpp"
 #include "src/comm/gloo_local_ranks.hpp"
 #include "src/device/host_device.hpp"
+#include "tests/core/forwarding_communicator.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -44,31 +45,6 @@ Config config(int stage, int gas = 1) {
   return c;
 }
 
-// A Communicator that forwards to another but drops the tags, as NCCL does (it pairs
-// collectives by position only).
-class TaglessCommunicator final : public Communicator {
- public:
-  explicit TaglessCommunicator(std::shared_ptr<Communicator> inner) : inner_(std::move(inner)) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  Device& device() override { return inner_->device(); }
-  void all_gather(const void* s, void* r, std::size_t n, DType t, Stream& st) override {
-    inner_->all_gather(s, r, n, t, st);
-  }
-  void reduce_scatter(const void* s, void* r, std::size_t n, DType t, ReduceOp op, Stream& st) override {
-    inner_->reduce_scatter(s, r, n, t, op, st);
-  }
-  void all_reduce(const void* s, void* r, std::size_t n, DType t, ReduceOp op, Stream& st) override {
-    inner_->all_reduce(s, r, n, t, op, st);
-  }
-  void all_reduce_f64(double* d, std::size_t n, Stream& st) override { inner_->all_reduce_f64(d, n, st); }
-  void broadcast(void* b, std::size_t n, DType t, int root, Stream& st) override { inner_->broadcast(b, n, t, root, st); }
-  void barrier(Stream& st) override { inner_->barrier(st); }
-  void abort(const std::string& cause) noexcept override { inner_->abort(cause); }
-
- private:
-  std::shared_ptr<Communicator> inner_;
-};
 
 enum class Backend { local, gloo, tagless };
 const char* backend_name(Backend b) { return b == Backend::local ? "local" : b == Backend::gloo ? "gloo" : "tagless"; }
@@ -81,7 +57,8 @@ std::vector<RankContext> ranks_of(Backend b, int world) {
   }
   auto ranks = make_local_ranks(world, kTimeoutS);
   if (b == Backend::tagless)
-    for (RankContext& r : ranks) r.comm = std::make_shared<TaglessCommunicator>(r.comm);
+    for (RankContext& r : ranks)  // as NCCL: collectives paired by position only
+      r.comm = std::make_shared<test::ForwardingCommunicator>(r.comm, test::ForwardingCommunicator::Tags::dropped);
   return ranks;
 }
 
