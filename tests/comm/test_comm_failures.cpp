@@ -29,6 +29,19 @@ std::string error_of(const std::function<void()>& fn) {
   }
   return "(no error)";
 }
+
+// Each rank's error (empty if none) from issuing collectives on a stream of its own and
+// synchronizing that stream, ranks as threads.
+std::vector<std::string> rank_errors(int world, const std::function<void(RankContext&, Stream&)>& issue) {
+  auto ranks = make_local_ranks(world, 60.0);
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  run_ranks(ranks, [&](RankContext& ctx) {
+    auto stream = ctx.device->create_stream();
+    issue(ctx, *stream);
+    errors[static_cast<std::size_t>(ctx.rank)] = error_of([&] { ctx.device->synchronize(*stream); });
+  });
+  return errors;
+}
 }  // namespace
 
 // Both backends: the ranks that issued a collective time out naming it and the rank that
@@ -97,16 +110,13 @@ TEST(LocalCommFailures, LateRankFailsFastAfterPeerTimedOut) {
 // naming both sides' parts; a part whose buffers overlap other than in place is refused when
 // issued, before any peer could read it.
 TEST(LocalCommFailures, GroupedPartsThatDifferNameBoth) {
-  auto ranks = make_local_ranks(2, 60.0);
-  std::vector<std::string> errors(2);
-  run_ranks(ranks, [&](RankContext& ctx) {
-    auto stream = ctx.device->create_stream();
-    std::vector<float> a(16), b(32);
-    const std::vector<GroupedPart> parts =
-        ctx.rank == 0 ? std::vector<GroupedPart>{{a.data(), b.data(), 3}, {a.data() + 3, b.data() + 6, 5}}
-                      : std::vector<GroupedPart>{{a.data(), b.data(), 5}, {a.data() + 5, b.data() + 10, 3}};
-    ctx.comm->all_gather_grouped(parts, DType::f32, *stream);
-    errors[ctx.rank] = error_of([&] { ctx.device->synchronize(*stream); });
+  std::vector<std::vector<float>> a(2, std::vector<float>(16)), b(2, std::vector<float>(32));  // per rank
+  const auto errors = rank_errors(2, [&](RankContext& ctx, Stream& stream) {
+    float* x = a[ctx.rank].data();
+    float* y = b[ctx.rank].data();
+    const std::vector<GroupedPart> parts = ctx.rank == 0 ? std::vector<GroupedPart>{{x, y, 3}, {x + 3, y + 6, 5}}
+                                                         : std::vector<GroupedPart>{{x, y, 5}, {x + 5, y + 10, 3}};
+    ctx.comm->all_gather_grouped(parts, DType::f32, stream);
   });
   for (const auto& e : errors)
     EXPECT_THAT(e, HasSubstr("rank 0 issued all_gather_grouped (collective #0, count 8 in 2 parts of 3, 5, fp32) but "
@@ -128,14 +138,10 @@ TEST(LocalCommFailures, GroupedPartsThatDifferNameBoth) {
 // CommError naming both, at once (no timeout).
 TEST(LocalCommFailures, MismatchedCollectivesNameBoth) {
   {
-    auto ranks = make_local_ranks(2, 60.0);
-    std::vector<std::string> errors(2);
-    run_ranks(ranks, [&](RankContext& ctx) {
-      auto stream = ctx.device->create_stream();
-      std::vector<float> a(8), b(8);
-      if (ctx.rank == 0) ctx.comm->all_gather(a.data(), b.data(), 4, DType::f32, *stream);
-      else ctx.comm->reduce_scatter(a.data(), b.data(), 4, DType::bf16, ReduceOp::avg, *stream);
-      errors[ctx.rank] = error_of([&] { ctx.device->synchronize(*stream); });
+    std::vector<std::vector<float>> a(2, std::vector<float>(8)), b(2, std::vector<float>(8));  // per rank
+    const auto errors = rank_errors(2, [&](RankContext& ctx, Stream& stream) {
+      if (ctx.rank == 0) ctx.comm->all_gather(a[0].data(), b[0].data(), 4, DType::f32, stream);
+      else ctx.comm->reduce_scatter(a[1].data(), b[1].data(), 4, DType::bf16, ReduceOp::avg, stream);
     });
     for (const auto& e : errors) {
       EXPECT_THAT(e, HasSubstr("mismatched collectives: rank 0 issued all_gather (collective #0, count 4, fp32) but "
