@@ -140,7 +140,9 @@ struct ZeroConfig {
   bool contiguous_gradients = true;
   /// Elements per gradient bucket (reduce-scatter / all-reduce unit).
   std::int64_t reduce_bucket_size = 500'000'000;
-  /// Elements per all-gather bucket (stage 1-2 parameter all-gather after the step).
+  /// Stages 1-2: the all-gather of a group's updated shard after the step is cut into pieces
+  /// of about this many elements (DeepSpeed's all_gather_dp_groups); groups are never merged
+  /// (see docs/config.md).
   std::int64_t allgather_bucket_size = 500'000'000;
   /// Elements per optimizer sub-group (unit of NVMe swapping and of the pipelined step).
   /// zoe's default is 1e7, not DeepSpeed's 1e9: with 1e9 a module's shard is one sub-group

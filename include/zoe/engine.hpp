@@ -295,10 +295,12 @@ class Engine {
 
   /// Gathers the module's parameters (stage 3) and returns full views. Prefetches the next
   /// modules of the order recorded in the previous step. Throws UsageError for an unknown
-  /// module or if it is not idle (see the call rules). The returned object is the engine's,
-  /// refreshed in place by each begin_forward of the module (no allocation per call): read it
-  /// until end_forward, or copy it (ModuleTensors is a value type) to keep it longer; the
-  /// reference itself stays valid for the Engine's life.
+  /// module or if it is not idle (see the call rules). The returned object is the engine's
+  /// (one per module for forward, another for backward), refreshed in place by each
+  /// begin_forward of the module (no allocation per call); the reference stays valid for the
+  /// Engine's life. Its data pointers, like any copy of them, are valid only until
+  /// end_forward (see ModuleTensors): a copy keeps the shapes, dtypes and old pointers, not
+  /// the values (read_parameter / gather_parameter read those between steps).
   const ModuleTensors& begin_forward(ModuleId module);
   /// Ends the forward (stage 3: the gathered buffer may be freed). Throws UsageError unless
   /// the module is in forward.
@@ -307,8 +309,9 @@ class Engine {
   /// call: see ModuleTensors). Throws UsageError
   /// if the module is not idle, had no forward in this micro-batch (ForwardMode::separate),
   /// already ran its backward in this micro-batch, or ran gradient_accumulation_steps
-  /// backward passes since the last step(). The returned object is the engine's, as
-  /// begin_forward's (refreshed by each begin_backward of the module).
+  /// backward passes since the last step(). The returned object is the engine's backward
+  /// views of the module (not begin_forward's object), refreshed by each begin_backward of the
+  /// module; its pointers are valid until end_backward, as begin_forward's.
   const ModuleTensors& begin_backward(ModuleId module);
   /// Queues the gradient reduction of the module (bucketed, overlapping the rest of backward).
   /// Throws UsageError unless the module is in backward.
@@ -316,8 +319,12 @@ class Engine {
 
   /// Applies the optimizer to the gradients accumulated over the
   /// `gradient_accumulation_steps` micro-batches since the last step (their mean over
-  /// micro-batches and ranks). A collective. Throws UsageError if a different number of
-  /// backward passes ran or a module is still active, and, on every rank, if the ranks made
+  /// micro-batches and ranks). A collective. A module that ran no backward pass in the step
+  /// (none at all: an evaluation-only forward, or a forgotten backward, which zoe cannot tell
+  /// apart) adds a zero gradient: its groups are still updated (AdamW's momentum and weight
+  /// decay move them, as DeepSpeed ZeRO does for parameters without gradients). Throws
+  /// UsageError if a module ran some but not gradient_accumulation_steps backward passes or a
+  /// module is still active, and, on every rank, if the ranks made
   /// different forward/backward calls this step (nothing is updated then); rethrows the
   /// CommError / TimeoutError of a failed collective of the step.
   StepResult step();
@@ -444,7 +451,10 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
-/// RAII: begin_forward in the constructor, end_forward in the destructor.
+/// RAII: begin_forward in the constructor, end_forward in the destructor. If an exception
+/// leaves the scope, end_forward is not called (it may throw, and would mask the exception):
+/// the module stays in forward, so a trainer that catches the exception and goes on calls
+/// end_forward(module) itself first. BackwardScope alike.
 class ForwardScope {
  public:
   ForwardScope(Engine& e, ModuleId m) : e_(e), m_(m), t_(e.begin_forward(m)) {}

@@ -192,7 +192,7 @@ const ModuleTensors& Engine::begin_forward(ModuleId id) {
     Impl& I = *impl_;
     I.lifecycle.check_usable("begin_forward");
     I.finalize();
-    I.model.check_module(id);
+    I.model.check_module(id, "begin_forward");
     const ModuleInfo& m = I.model.modules[id.index];
     I.updater.check_forward_allowed(m);  // before any state changes
     I.rules.begin_forward(static_cast<int>(id.index));
@@ -205,7 +205,7 @@ void Engine::end_forward(ModuleId id) {
   impl_->guarded("end_forward", [&] {
     Impl& I = *impl_;
     I.lifecycle.check_usable("end_forward");
-    I.model.check_module(id);
+    I.model.check_module(id, "end_forward");
     I.rules.end_forward(static_cast<int>(id.index));
     I.gatherer.release(static_cast<int>(id.index));
     if (I.cx.frees.poison()) I.cx.frees.show_poison();
@@ -216,7 +216,7 @@ const ModuleTensors& Engine::begin_backward(ModuleId id) {
   return impl_->guarded("begin_backward", [&]() -> const ModuleTensors& {
     Impl& I = *impl_;
     I.lifecycle.check_usable("begin_backward");
-    I.model.check_module(id);
+    I.model.check_module(id, "begin_backward");
     I.rules.begin_backward(static_cast<int>(id.index));
     I.finalize();
     const ModuleInfo& m = I.model.modules[id.index];
@@ -230,7 +230,7 @@ void Engine::end_backward(ModuleId id) {
   impl_->guarded("end_backward", [&] {
     Impl& I = *impl_;
     I.lifecycle.check_usable("end_backward");
-    I.model.check_module(id);
+    I.model.check_module(id, "end_backward");
     I.rules.end_backward(static_cast<int>(id.index));
     I.reducer.finish_backward(I.model.modules[id.index]);
     I.gatherer.release(static_cast<int>(id.index));

@@ -55,8 +55,8 @@ void Model::build_groups(const StagePolicy& policy, int rank, int world, std::in
   }
 }
 
-void Model::check_module(ModuleId m) const {
-  ZOE_CHECK_USAGE(m.index < modules.size(), "unknown module id ", m.index, " (", modules.size(),
+void Model::check_module(ModuleId m, const char* call) const {
+  ZOE_CHECK_USAGE(m.index < modules.size(), call, ": unknown module id ", m.index, " (", modules.size(),
                   " modules registered)");
 }
 

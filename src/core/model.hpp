@@ -33,8 +33,8 @@ struct Model {
   /// `persistence_threshold` elements) and this rank's optimizer range. Buffers are not
   /// allocated here.
   void build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold);
-  /// Throws UsageError for an unknown module id.
-  void check_module(ModuleId m) const;
+  /// Throws UsageError for an unknown module id, naming `call` (the public call).
+  void check_module(ModuleId m, const char* call) const;
   /// The trainer's views of module `module`'s parameters (in the gathered full buffer,
   /// `dtype`) and, `with_grads`, of their gradient buffers (null for frozen parameters). Kept
   /// per module and direction and refreshed in place (only the data pointers change), so a

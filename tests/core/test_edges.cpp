@@ -201,7 +201,11 @@ TEST(ErrorTypes, RegistrationAndCallRules) {
   zoe_error_of("parameter_name", [&] { (void)s.e.parameter_name(ParamId{99}); });
   zoe_error_of("parameter_shape", [&] { (void)s.e.parameter_shape(ParamId{99}); });
   zoe_error_of("add_module unknown", [&] { s.e.add_module("m", {ParamId{99}}); });
-  zoe_error_of("begin_forward unknown", [&] { s.e.begin_forward(ModuleId{99}); });
+  EXPECT_NE(zoe_error_of("begin_forward unknown", [&] { s.e.begin_forward(ModuleId{99}); })
+                .find("begin_forward: unknown module id 99"),
+            std::string::npos);
+  EXPECT_NE(zoe_error_of("end_backward unknown", [&] { s.e.end_backward(ModuleId{99}); }).find("end_backward: unknown module id 99"),
+            std::string::npos);
   zoe_error_of("end_forward without begin", [&] { s.e.end_forward(s.ma); });
   zoe_error_of("begin_backward without forward", [&] { s.e.begin_backward(s.ma); });
   zoe_error_of("end_backward without begin", [&] { s.e.end_backward(s.ma); });
