@@ -141,8 +141,8 @@ struct ZeroConfig {
   /// Elements per gradient bucket (reduce-scatter / all-reduce unit).
   std::int64_t reduce_bucket_size = 500'000'000;
   /// Stages 1-2: the all-gather of a group's updated shard after the step is cut into pieces
-  /// of about this many elements (DeepSpeed's all_gather_dp_groups); groups are never merged
-  /// (see docs/config.md).
+  /// of about this many elements (DeepSpeed's all_gather_dp_groups); with ranks as threads,
+  /// small groups' whole shards go together up to this many elements (see docs/config.md).
   std::int64_t allgather_bucket_size = 500'000'000;
   /// Elements per optimizer sub-group (unit of NVMe swapping and of the pipelined step).
   /// zoe's default is 1e7, not DeepSpeed's 1e9: with 1e9 a module's shard is one sub-group

@@ -270,6 +270,7 @@ void Updater::after_update(Group& g) {
 
 void Updater::settle_update(Group& g) {
   if (g.update_state != Group::UpdateState::pending) return;
+  if (cx_.policy.gathers_updates && g.updated && gathers_together(g)) return settle_together(g);
   g.update_state = Group::UpdateState::settled;
   update_points_.wait(model_.index_of(g), *g.update_done);
   // The host part: wait on the side stream (not on this thread) for its latch.
@@ -290,14 +291,62 @@ void Updater::finish_update() {
   for (Group& g : model_.groups) after_update(g);
 }
 
-void Updater::gather_update(Group& g) {
+Updater::Pieces Updater::update_pieces(const Group& g) const {
   // DeepSpeed's all_gather_dp_groups: max(1, shard · world / allgather_bucket_size) pieces of
   // the shard, each aligned (16 elements here, zoe's alignment), the last taking the rest.
   const std::int64_t S = g.layout->shard_numel();
   const std::int64_t pieces = std::max<std::int64_t>(1, S * cx_.world / cx_.config.zero_optimization.allgather_bucket_size);
   // DeepSpeed aligns a piece down (to 2 elements) and would issue empty ones below that.
   const std::int64_t piece = std::max<std::int64_t>(FlatLayout::kAlign, S / pieces / FlatLayout::kAlign * FlatLayout::kAlign);
-  const std::int64_t count = std::min(pieces, S / piece);
+  return Pieces{std::min(pieces, S / piece), piece};
+}
+
+bool Updater::gathers_together(const Group& g) const {
+  return cx_.world > 1 && cx_.comm.gathers_parts_in_place() && !g.host_done && update_pieces(g).count == 1;
+}
+
+void Updater::settle_together(Group& first) {
+  // DeepSpeed all-gathers a parameter group's whole updated partition after the step, in
+  // pieces of allgather_bucket_size elements; here the groups that gather whole go together in
+  // group order, at the first one's next use (thousands of small modules: one collective
+  // instead of one per group). Which groups join depends on the calls only, never on timing,
+  // so every rank issues the same collective.
+  const std::int64_t bucket = cx_.config.zero_optimization.allgather_bucket_size;
+  std::vector<int> batch;
+  std::int64_t elements = 0;
+  for (int gi = model_.index_of(first); gi < static_cast<int>(model_.groups.size()); ++gi) {
+    const Group& g = model_.group(gi);
+    if (g.frozen) continue;
+    if (g.update_state != Group::UpdateState::pending || !g.updated || !gathers_together(g)) break;
+    const std::int64_t e = g.layout->padded_numel();
+    if (!batch.empty() && elements + e > bucket) break;
+    batch.push_back(gi);
+    elements += e;
+  }
+  std::vector<GroupedPart> parts;
+  parts.reserve(batch.size());
+  for (int gi : batch) {
+    Group& g = model_.group(gi);
+    g.update_state = Group::UpdateState::settled;
+    update_points_.wait(gi, *g.update_done);
+    parts.push_back({g.updated.data(), g.param_full.data(), static_cast<std::size_t>(g.layout->shard_numel())});
+  }
+  if (batch.size() == 1) {
+    coll_.all_gather(parts.front().send, first.param_full.data(), static_cast<std::int64_t>(parts.front().count), cx_.dtype,
+                     coll_.params_tag(first));
+  } else {
+    coll_.all_gather_grouped(parts, cx_.dtype, coll_.coalesced_tag(batch, CollectiveTag::Kind::params));
+  }
+  for (int gi : batch) {
+    Group& g = model_.group(gi);
+    cx_.frees.after_side(std::move(g.updated));
+    if (&g != &first) cx_.device.record(*g.param_ready, *cx_.side);
+  }
+}
+
+void Updater::gather_update(Group& g) {
+  const std::int64_t S = g.layout->shard_numel();
+  const auto [count, piece] = update_pieces(g);
   if (count == 1) {
     coll_.all_gather(g.updated.data(), g.param_full.data(), S, cx_.dtype, coll_.params_tag(g));
     return;

@@ -186,6 +186,20 @@ class Updater {
   /// Stages 1-2: all-gathers the group's updated shard into param_full, in pieces of at most
   /// about allgather_bucket_size elements (DeepSpeed's all_gather_dp_groups).
   void gather_update(Group& g);
+  /// The pieces gather_update cuts group g's updated shard into, and their size (elements).
+  struct Pieces {
+    std::int64_t count, size;
+  };
+  Pieces update_pieces(const Group& g) const;
+  /// Whether g's updated shard may be all-gathered together with its neighbours' (stages 1-2):
+  /// ranks as threads (the communicator moves parts in place: no staging), one piece, and no
+  /// host part (an offloaded update keeps its own gather, so the next forward waits for that
+  /// group's CPU update only, not its neighbours').
+  bool gathers_together(const Group& g) const;
+  /// Settles `first` and the pending groups after it that gather together, up to
+  /// allgather_bucket_size elements, with one grouped all-gather (records the others'
+  /// param_ready; after_update records first's).
+  void settle_together(Group& first);
   int groups_updated_in_backward() const;
 
   EngineContext& cx_;
