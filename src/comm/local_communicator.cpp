@@ -398,7 +398,6 @@ void LocalCommunicator::reduce_scatter(const void* send, void* recv, std::size_t
   });
 }
 
-
 void LocalCommunicator::all_gather_grouped(std::span<const GroupedPart> parts, DType dtype, Stream& stream) {
   const std::size_t es = dtype_size(dtype);
   const std::size_t total = checked_total(parts, es, world_, rank_, true, "all_gather_grouped");
