@@ -36,6 +36,7 @@ void core::EngineImpl::finalize() {
     const auto& zc = cx.config.zero_optimization;
     const StagePolicy& policy = cx.policy;
     model.build_groups(policy, cx.rank, cx.world, zc.stage3_param_persistence_threshold);
+    model.build_views(cx.dtype);
     // Every state's home, sizes only: the offload tiers must know all their tensors before
     // they open (finalize), and the values are written after, chunk by chunk.
     updater.place_sub_groups();

@@ -78,7 +78,7 @@ struct EngineImpl {
   /// the checks that run before anything is built (no module, an unused parameter).
   void finalize();
   /// The module's tensors for the trainer (its gathered parameters, its gradient buffers).
-  const ModuleTensors& views(int module, bool with_grads) { return model.views(module, with_grads, cx.dtype); }
+  const ModuleTensors& views(int module, bool with_grads) { return model.views(module, with_grads); }
 
   // step.cpp
   /// The optimizer step after the trainer's last backward (see step.cpp).

@@ -60,22 +60,25 @@ void Model::check_module(ModuleId m, const char* call) const {
                   " modules registered)");
 }
 
-const ModuleTensors& Model::views(int module, bool with_grads, DType dtype) {
-  if (source_begin_.empty()) {  // the first call: every module's places, shapes and dtypes
-    source_begin_.reserve(modules.size() + 1);
-    for (int w = 0; w < 2; ++w) views_[w].resize(modules.size());
-    for (std::size_t mi = 0; mi < modules.size(); ++mi) {
-      source_begin_.push_back(sources_.size());
-      for (std::uint32_t pi : modules[mi].params) {
-        const ParamInfo& p = params[pi];
-        sources_.push_back(ViewSource{p.group, groups[static_cast<std::size_t>(p.group)].layout->offset(p.slot)});
-        views_[0][mi].params.push_back(TensorView{nullptr, dtype, p.shape});
-        views_[1][mi].params.push_back(TensorView{nullptr, dtype, p.shape});
-        views_[1][mi].grads.push_back(TensorView{nullptr, dtype, p.shape});
-      }
-    }
+void Model::build_views(DType dtype) {
+  for (int w = 0; w < 2; ++w) views_[w].assign(modules.size(), ModuleTensors{});
+  sources_.clear();
+  source_begin_.clear();
+  source_begin_.reserve(modules.size() + 1);
+  for (std::size_t mi = 0; mi < modules.size(); ++mi) {
     source_begin_.push_back(sources_.size());
+    for (std::uint32_t pi : modules[mi].params) {
+      const ParamInfo& p = params[pi];
+      sources_.push_back(ViewSource{p.group, groups[static_cast<std::size_t>(p.group)].layout->offset(p.slot)});
+      views_[0][mi].params.push_back(TensorView{nullptr, dtype, p.shape});
+      views_[1][mi].params.push_back(TensorView{nullptr, dtype, p.shape});
+      views_[1][mi].grads.push_back(TensorView{nullptr, dtype, p.shape});
+    }
   }
+  source_begin_.push_back(sources_.size());
+}
+
+const ModuleTensors& Model::views(int module, bool with_grads) {
   const auto m = static_cast<std::size_t>(module);
   ModuleTensors& t = views_[with_grads ? 1 : 0][m];
   const ViewSource* src = sources_.data() + source_begin_[m];

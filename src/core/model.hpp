@@ -35,12 +35,15 @@ struct Model {
   void build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold);
   /// Throws UsageError for an unknown module id, naming `call` (the public call).
   void check_module(ModuleId m, const char* call) const;
-  /// The trainer's views of module `module`'s parameters (in the gathered full buffer,
-  /// `dtype`) and, `with_grads`, of their gradient buffers (null for frozen parameters). Kept
-  /// per module and direction and refreshed in place (only the data pointers change), so a
-  /// call allocates nothing after the module's first and the reference stays valid for the
-  /// Model's life (its contents until the next call for the same module and direction).
-  const ModuleTensors& views(int module, bool with_grads, DType dtype);
+  /// Builds the trainer's views of every module (shapes, `dtype`, where each parameter lies)
+  /// once the groups are built; views() then only refreshes their data pointers.
+  void build_views(DType dtype);
+  /// The trainer's views of module `module`'s parameters (in the gathered full buffer) and,
+  /// `with_grads`, of their gradient buffers (null for frozen parameters). Kept per module and
+  /// direction and refreshed in place (only the data pointers change), so a call allocates
+  /// nothing and the reference stays valid for the Model's life (its contents until the next
+  /// call for the same module and direction). Needs build_views first.
+  const ModuleTensors& views(int module, bool with_grads);
   /// Runs of equal optimizer options over the group's flat buffer [0, padded_numel): parameter
   /// i covers [offset(i), offset(i + 1)) (its padding with it), neighbours with equal options
   /// merged; an empty group is one run with the config's `default_weight_decay`.

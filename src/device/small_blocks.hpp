@@ -34,10 +34,8 @@ class SmallBlocks {
   SmallBlocks(const SmallBlocks&) = delete;
   SmallBlocks& operator=(const SmallBlocks&) = delete;
 
-  /// Whether `rounded` bytes (a multiple of the alignment) is a size class here.
-  static bool fits(std::size_t rounded) { return rounded > 0 && rounded <= kMaxSlabBytes / 2; }
-
-  /// A block of `rounded` bytes for `bytes` requested (bytes <= rounded, fits(rounded)): the
+  /// A block of `rounded` bytes for `bytes` requested (bytes <= rounded; rounded a multiple
+  /// of the alignment, 0 < rounded <= kMaxSlabBytes / 2: HostDevice's blocks under 1 MiB): the
   /// most recently freed one of its size class if any, else a new one carved from the class's
   /// slab (`*carved` set true: the caller counts it reserved), else from a new slab. Returns
   /// null if the system has no memory for a new slab.

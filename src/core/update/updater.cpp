@@ -271,10 +271,7 @@ void Updater::after_update(Group& g) {
 void Updater::settle_update(Group& g) {
   if (g.update_state != Group::UpdateState::pending) return;
   if (cx_.policy.gathers_updates && g.updated && gathers_together(g)) return settle_together(g);
-  g.update_state = Group::UpdateState::settled;
-  update_points_.wait(model_.index_of(g), *g.update_done);
-  // The host part: wait on the side stream (not on this thread) for its latch.
-  if (g.host_done) cx_.device.host_func(*cx_.side, [done = g.host_done] { done->wait(); });
+  side_waits_for_update(g);
   if (g.updated) {
     if (cx_.policy.gathers_updates) {
       gather_update(g);
@@ -283,6 +280,13 @@ void Updater::settle_update(Group& g) {
     }
     cx_.frees.after_side(std::move(g.updated));
   }
+}
+
+void Updater::side_waits_for_update(Group& g) {
+  g.update_state = Group::UpdateState::settled;
+  update_points_.wait(model_.index_of(g), *g.update_done);
+  // The host part: wait on the side stream (not on this thread) for its latch.
+  if (g.host_done) cx_.device.host_func(*cx_.side, [done = g.host_done] { done->wait(); });
 }
 
 void Updater::finish_update() {
@@ -327,13 +331,11 @@ void Updater::settle_together(Group& first) {
   parts.reserve(batch.size());
   for (int gi : batch) {
     Group& g = model_.group(gi);
-    g.update_state = Group::UpdateState::settled;
-    update_points_.wait(gi, *g.update_done);
+    side_waits_for_update(g);
     parts.push_back({g.updated.data(), g.param_full.data(), static_cast<std::size_t>(g.layout->shard_numel())});
   }
   if (batch.size() == 1) {
-    coll_.all_gather(parts.front().send, first.param_full.data(), static_cast<std::int64_t>(parts.front().count), cx_.dtype,
-                     coll_.params_tag(first));
+    gather_update(first);  // alone: its own all-gather, as without neighbours
   } else {
     coll_.all_gather_grouped(parts, cx_.dtype, coll_.coalesced_tag(batch, CollectiveTag::Kind::params));
   }

@@ -200,6 +200,9 @@ class Updater {
   /// allgather_bucket_size elements, with one grouped all-gather (records the others'
   /// param_ready; after_update records first's).
   void settle_together(Group& first);
+  /// pending -> settled: the side stream waits for group g's update (device part and, if any,
+  /// host part). What the new values need next (a gather, a copy) is the caller's.
+  void side_waits_for_update(Group& g);
   int groups_updated_in_backward() const;
 
   EngineContext& cx_;
