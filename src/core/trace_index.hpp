@@ -26,19 +26,30 @@ class TraceIndex {
   static constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
 
   /// Indexes `order` (the previous step's calls); entry i uses the groups of its module.
+  /// Every step rebuilds it: a counting sort of the uses by group into one array, so a
+  /// step with thousands of groups allocates nothing once the arrays have grown.
   void build(std::span<const TraceEntry> order, const Model& model) {
     const std::size_t n = order.size();
-    uses_.assign(model.groups.size(), {});
-    next_.assign(model.groups.size(), 0);
+    uses_.assign(model.groups.size(), Uses{});
     prefix_.assign(n + 1, 0);
     for (std::size_t i = 0; i < n; ++i) {
       std::int64_t elements = 0;
       for (int g : model.modules[static_cast<std::size_t>(order[i].module)].groups) {
-        uses_[static_cast<std::size_t>(g)].push_back(i);
+        ++uses_[static_cast<std::size_t>(g)].end;  // a count for now
         elements += model.group(g).layout->live_numel();
       }
       prefix_[i + 1] = prefix_[i] + elements;
     }
+    std::size_t begin = 0;
+    for (Uses& u : uses_) {  // counts -> [next, end) = where each group's positions go
+      u.next = begin;
+      begin += u.end;
+      u.end = u.next;
+    }
+    positions_.resize(begin);
+    for (std::size_t i = 0; i < n; ++i)
+      for (int g : model.modules[static_cast<std::size_t>(order[i].module)].groups)
+        positions_[uses_[static_cast<std::size_t>(g)].end++] = i;
     cursor_ = 0;
   }
   /// The first position >= `pos` that uses group g, or npos. `pos` must not decrease between
@@ -46,10 +57,9 @@ class TraceIndex {
   std::size_t next_use(int g, std::size_t pos) {
     const auto gi = static_cast<std::size_t>(g);
     if (gi >= uses_.size()) return npos;
-    const std::vector<std::size_t>& u = uses_[gi];
-    std::size_t& k = next_[gi];
-    while (k < u.size() && u[k] < pos) ++k;
-    return k < u.size() ? u[k] : npos;
+    Uses& u = uses_[gi];
+    while (u.next < u.end && positions_[u.next] < pos) ++u.next;
+    return u.next < u.end ? positions_[u.next] : npos;
   }
   /// Live elements of the groups of entries [a, b) (a group used twice counts twice).
   std::int64_t elements_between(std::size_t a, std::size_t b) const { return prefix_[b] - prefix_[a]; }
@@ -65,14 +75,19 @@ class TraceIndex {
   /// Prediction is off (a call departed from the order): nothing to resume.
   void clear() {
     uses_.clear();
-    next_.clear();
+    positions_.clear();
     prefix_.assign(1, 0);
     cursor_ = 0;
   }
 
  private:
-  std::vector<std::vector<std::size_t>> uses_;  // per group: the positions that use it, ascending
-  std::vector<std::size_t> next_;               // per group: index into uses_ of its next use
+  // Per group: its positions are positions_[next, end), ascending; `next` advances past the
+  // uses already behind.
+  struct Uses {
+    std::size_t next = 0, end = 0;
+  };
+  std::vector<Uses> uses_;
+  std::vector<std::size_t> positions_;  // every group's uses, grouped by group
   std::vector<std::int64_t> prefix_{0};         // prefix_[i]: elements of entries [0, i)
   std::size_t cursor_ = 0;
 };
