@@ -50,18 +50,15 @@ struct SubGroup {
 
 /// The parameters one module owns (the first module that lists them), as one flat buffer.
 struct Group {
-  std::string name;
-  std::vector<std::uint32_t> params;
-  std::optional<FlatLayout> layout;
-  std::vector<int> users;  // modules whose params live here
+  // (Field order: what the per-module calls read and change first, then the layout, then
+  // what registration and the step read. A pass over thousands of small groups reads each
+  // group's lines once, and they do not stay in cache between passes: the fewer lines a call
+  // touches, the flatter the cost per module.)
   bool persistent = false;  // stage 3: stays gathered (below the persistence threshold)
   /// The module's frozen parameters (ParamOptions::frozen) form a group of their own: compute-
   /// dtype parameters only (no gradient buffers, no sub-groups, opt_numel 0), never reduced
   /// or updated. Every other group holds trainable parameters only.
   bool frozen = false;
-
-  // (The gradient's fields come next to the flags and the layout: backward reads them per
-  // module and call, and thousands of small groups' lines do not stay in cache.)
   // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
   // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
   // reduced own shard accumulated over micro-batches (EngineContext::grad_dtype(); only when some sub-group
@@ -82,7 +79,6 @@ struct Group {
   //                 released grad_full. The next micro-batch's prepare makes it accumulating.
   // Frozen groups stay idle. reset_for_next_step: every group -> idle.
   enum class GradState { idle, accumulating, queued, reduced } grad_state = GradState::idle;
-
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
   // Stage 3: param_shard is persistent, param_full exists while gathered; with parameter
   // offload the shard lives in the parameter tier (OffloadTiers::params, id param_id), not on the device.
@@ -97,7 +93,7 @@ struct Group {
   int param_id = -1;
   std::unique_ptr<Event> param_ready;  // param_full is valid once this completes
   int active = 0;                      // modules between begin_* and end_* using it
-
+  std::optional<FlatLayout> layout;
   // Optimizer states for this rank's range [opt_begin, opt_begin + opt_numel) of the flat
   // buffer, in sub-groups of sub_group_size elements (see SubGroup).
   std::int64_t opt_begin = 0, opt_numel = 0;
@@ -119,6 +115,11 @@ struct Group {
   /// The host part (CPU optimizer) of the last update: set once its new parameters are on
   /// the device (or in the parameter tier). Null when the group has no host part.
   std::shared_ptr<GroupDone> host_done;
+
+  // Registration's: the group's name, its parameters and the modules that use them.
+  std::string name;
+  std::vector<std::uint32_t> params;
+  std::vector<int> users;  // modules whose params live here
 };
 
 
