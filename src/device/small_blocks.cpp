@@ -1,6 +1,8 @@
 // SmallBlocks (see small_blocks.hpp).
 #include "src/device/small_blocks.hpp"
 
+#include "src/device/host_elementwise.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -42,6 +44,10 @@ void* SmallBlocks::take(std::size_t rounded, std::size_t bytes, bool* carved) {
     p = list.back();
     list.pop_back();
     s = &slab_of(p);
+    // The next take of this class gets the block now on top: thousands of small modules take
+    // one each, a call apart, and it is written first (a gradient zeroed, a parameter
+    // gathered). Its lines are asked for now, so they arrive while the caller uses this one.
+    if (!list.empty()) host_ops::prefetch_write(list.back(), rounded);
   } else {
     s = carving_[k];
     if (!s || s->carved == s->capacity) {
