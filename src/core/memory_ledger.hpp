@@ -11,7 +11,8 @@ namespace zoe::core {
 enum class Tier { device, host, nvme };
 enum class MemKind { model_state, buffer };
 
-class MemoryLedger {
+// (A line of its own: every allocation and free, on any thread, writes it.)
+class alignas(64) MemoryLedger {
  public:
   void add(Tier tier, MemKind kind, std::int64_t bytes) { slot(tier, kind).fetch_add(bytes); }
   void sub(Tier tier, MemKind kind, std::int64_t bytes) { slot(tier, kind).fetch_sub(bytes); }
