@@ -255,9 +255,10 @@ bool same_part_counts(const std::vector<Descriptor>& all, std::span<const Groupe
   return true;
 }
 
-// Software prefetch of part k's operands, each part a small allocation of its own (the
-// hardware prefetcher finds no stream in time): every rank's send (all-gather) or this rank's
-// slice of it (reduce-scatter), and this rank's recv.
+// Software prefetch of part k's operands, asked for host_ops::kPrefetchAhead parts before
+// their use, each part a small allocation of its own (the hardware prefetcher finds no stream
+// in time): every rank's send (all-gather) or this rank's slice of it (reduce-scatter), and
+// this rank's recv.
 void prefetch_part(const std::vector<Descriptor>& all, std::size_t k, std::size_t es, int rank, bool gather) {
   const std::size_t bytes = all[static_cast<std::size_t>(rank)].parts[k].count * es;
   for (const Descriptor& d : all)
@@ -409,8 +410,11 @@ void LocalCommunicator::all_gather_grouped(std::span<const GroupedPart> parts, D
                   mine.set_parts(mine_parts);
                   auto all = impl_->join(op, mine);
                   impl_->check_part_counts(op, all, mine_parts);
+                  for (std::size_t k = 1; k < std::min(host_ops::kPrefetchAhead, mine_parts.size()); ++k)
+                    prefetch_part(all, k, es, rank_, true);
                   for (std::size_t k = 0; k < mine_parts.size(); ++k) {
-                    if (k + 1 < mine_parts.size()) prefetch_part(all, k + 1, es, rank_, true);
+                    if (k + host_ops::kPrefetchAhead < mine_parts.size())
+                      prefetch_part(all, k + host_ops::kPrefetchAhead, es, rank_, true);
                     const std::size_t bytes = mine_parts[k].count * es;
                     char* out = static_cast<char*>(mine_parts[k].recv);
                     for (int p = 0; p < world_; ++p) {
@@ -436,8 +440,11 @@ void LocalCommunicator::reduce_scatter_grouped(std::span<const GroupedPart> part
                   auto all = impl_->join(op, mine);
                   impl_->check_part_counts(op, all, mine_parts);
                   std::vector<const void*> slices(world_);
+                  for (std::size_t k = 1; k < std::min(host_ops::kPrefetchAhead, mine_parts.size()); ++k)
+                    prefetch_part(all, k, es, rank_, false);
                   for (std::size_t k = 0; k < mine_parts.size(); ++k) {
-                    if (k + 1 < mine_parts.size()) prefetch_part(all, k + 1, es, rank_, false);
+                    if (k + host_ops::kPrefetchAhead < mine_parts.size())
+                      prefetch_part(all, k + host_ops::kPrefetchAhead, es, rank_, false);
                     const std::size_t bytes = mine_parts[k].count * es;
                     for (int p = 0; p < world_; ++p)
                       slices[p] = static_cast<const char*>(all[p].parts[k].send) + rank_ * bytes;

@@ -457,12 +457,16 @@ void HostDevice::sum_squares_batch(std::span<const TensorRegion> xs, DType dtype
 void HostDevice::adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtype, DType out_dtype, Stream& stream) {
   if (ts.empty()) return;
   host_queue(stream).enqueue([ts = std::vector<AdamTensor>(ts.begin(), ts.end()), grad_dtype, out_dtype] {
+    // Many small tensors (thousands of small modules) lie in blocks of their own: the arrays
+    // of the one kPrefetchAhead ahead are fetched while this one computes, since a hardware
+    // prefetcher finds a stream only after its first lines.
+    auto prefetch = [&](std::size_t j) {
+      host_ops::prefetch_adam(ts[j].master, ts[j].exp_avg, ts[j].exp_avg_sq, ts[j].grad, grad_dtype, ts[j].out,
+                              out_dtype, ts[j].n);
+    };
+    for (std::size_t j = 1; j < std::min(host_ops::kPrefetchAhead, ts.size()); ++j) prefetch(j);
     for (std::size_t i = 0; i < ts.size(); ++i) {
-      // Many small tensors (thousands of small modules) lie in blocks of their own: the next
-      // one's arrays are fetched while this one computes, since a hardware prefetcher finds a
-      // stream only after its first lines.
-      if (i + 1 < ts.size()) host_ops::prefetch_adam(ts[i + 1].master, ts[i + 1].exp_avg, ts[i + 1].exp_avg_sq,
-                                                      ts[i + 1].grad, grad_dtype, ts[i + 1].out, out_dtype, ts[i + 1].n);
+      if (i + host_ops::kPrefetchAhead < ts.size()) prefetch(i + host_ops::kPrefetchAhead);
       const AdamTensor& t = ts[i];
       host_ops::adam_step(t.c, t.master, t.exp_avg, t.exp_avg_sq, t.grad, grad_dtype, t.out, out_dtype, t.n);
     }
