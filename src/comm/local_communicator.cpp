@@ -93,22 +93,29 @@ bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_b
 // out[i] = kernels::reduce_ranks(slices, T, world, i, avg) for i < n, computed a block at
 // a time so the compiler vectorizes across elements. Per element the operations are the
 // same (fp32 sum in rank order, then / N, then one rounding), so the bits are too. `out`
-// may alias one slice element for element (in-place all_reduce): a block is fully read
-// before it is written.
+// may alias one slice element for element (in-place all_reduce and reduce-scatter): a block
+// is fully read before it is written. The block has a fixed size, so it stays in registers
+// (a variable one was copied in and out with a string move each time: a cost per call that
+// thousands of small parts paid once each).
+template <DType T>
+void reduce_block(const void* const* slices, int world, void* out, std::size_t b, bool avg) {
+  constexpr std::size_t kBlock = 64;
+  float acc[kBlock];
+  for (std::size_t i = 0; i < kBlock; ++i) acc[i] = kernels::load_f32(slices[0], T, b + i);
+  for (int r = 1; r < world; ++r)
+    for (std::size_t i = 0; i < kBlock; ++i) acc[i] += kernels::load_f32(slices[r], T, b + i);
+  if (avg) {
+    const float divisor = static_cast<float>(world);
+    for (std::size_t i = 0; i < kBlock; ++i) acc[i] = acc[i] / divisor;
+  }
+  for (std::size_t i = 0; i < kBlock; ++i) kernels::store_f32(out, T, b + i, acc[i]);
+}
 template <DType T>
 void reduce_blocks(const void* const* slices, int world, void* out, std::size_t n, bool avg) {
-  constexpr std::size_t kBlock = 1024;
-  float acc[kBlock];
-  const float divisor = static_cast<float>(world);
-  for (std::size_t b = 0; b < n; b += kBlock) {
-    std::size_t m = std::min(kBlock, n - b);
-    for (std::size_t i = 0; i < m; ++i) acc[i] = kernels::load_f32(slices[0], T, b + i);
-    for (int r = 1; r < world; ++r)
-      for (std::size_t i = 0; i < m; ++i) acc[i] += kernels::load_f32(slices[r], T, b + i);
-    if (avg)
-      for (std::size_t i = 0; i < m; ++i) acc[i] = acc[i] / divisor;
-    for (std::size_t i = 0; i < m; ++i) kernels::store_f32(out, T, b + i, acc[i]);
-  }
+  constexpr std::size_t kBlock = 64;
+  std::size_t b = 0;
+  for (; b + kBlock <= n; b += kBlock) reduce_block<T>(slices, world, out, b, avg);
+  for (; b < n; ++b) kernels::store_f32(out, T, b, kernels::reduce_ranks(slices, T, world, b, avg));
 }
 void reduce_into(const std::vector<const void*>& slices, DType t, void* out, std::size_t n, bool avg) {
   int world = static_cast<int>(slices.size());
