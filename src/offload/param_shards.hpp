@@ -125,11 +125,11 @@ class ParamShards {
   std::int64_t host_bytes() const;     // shards in host memory (cpu tier; nvme: host_budget's)
   std::int64_t nvme_bytes() const;     // shards on NVMe
   std::int64_t staging_bytes() const;  // pinned buffers (nvme tier)
+  /// Whether shard id lives in host memory (cpu tier, or host_budget's on nvme). After finalize().
+  bool in_host(int id) const { return host_[id].data() != nullptr; }
 
  private:
   std::string name(int id) const { return "param.g" + std::to_string(id); }
-  /// Whether shard id lives in host memory (cpu tier, or host_budget's on nvme).
-  bool in_host(int id) const { return host_[id].data() != nullptr; }
 
   ParamShardsOptions options_;
   std::vector<std::size_t> bytes_;

@@ -4,8 +4,6 @@
 // device optimizer alike.
 #include <gtest/gtest.h>
 
-#include <spdlog/sinks/ostream_sink.h>
-
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -15,9 +13,11 @@
 #include "kernels/adam_math.hpp"
 #include "src/common/log.hpp"
 #include "src/optim/cpu_adam.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
+using zoe::test::LogCapture;
 using zoe::test::NetSpec;
 using zoe::test::RunResult;
 using zoe::test::train;
@@ -34,35 +34,6 @@ Config small_config() {
 
 NetSpec mlp() { return NetSpec{{8, 16, 8}, false, 7}; }
 
-// Everything zoe's logger writes while it lives (info level and above).
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)) {
-    sink_->set_pattern("%v");
-    level_ = log::get().level();
-    log::get().set_level(spdlog::level::info);
-    log::get().sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = log::get().sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-    log::get().set_level(level_);
-  }
-  std::string text() const { return text_.str(); }
-  // Lines containing `needle`.
-  std::vector<std::string> lines_with(const std::string& needle) const {
-    std::vector<std::string> out;
-    std::istringstream in(text_.str());
-    for (std::string line; std::getline(in, line);)
-      if (line.find(needle) != std::string::npos) out.push_back(line);
-    return out;
-  }
-
- private:
-  std::ostringstream text_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-  spdlog::level::level_enum level_;
-};
 
 }  // namespace
 

@@ -34,6 +34,7 @@
 #include "src/core/test_hooks.hpp"
 #include "src/optim/cpu_adam.hpp"
 #include "src/optim/split_master.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/core/config_refusal.hpp"
 #include "tests/core/test_net.hpp"
 
@@ -232,11 +233,15 @@ TEST(SplitMasterWeights, TheUpdateInBackwardTakesTheStepsReadOfTheShard) {
     // Each module gathered again in backward, one module prefetched: every update finds its read.
     c.zero_optimization.stage3_max_reuse_distance = 0;
     c.zero_optimization.stage3_prefetch_bucket_size = 1;
+    // An update that reads its shard again says so, once per engine (each rank its own).
+    const std::string again = "split-master updates read their parameter shard from NVMe again";
     updates = 0;
     hooks::kept_shard_reads_taken = 0;
+    zoe::test::LogCapture kept_log;
     const RunResult kept = train(c, kNet, world, 6, 16);
     EXPECT_GT(updates.load(), 0);
     EXPECT_EQ(hooks::kept_shard_reads_taken.load(), updates.load()) << "an update read its shard from NVMe again";
+    EXPECT_TRUE(kept_log.lines_with(again).empty()) << kept_log.text();
     EXPECT_TRUE(bitwise_equal(kept, ref));
     EXPECT_EQ(kept.losses, ref.losses);
     // The default prefetch reads this small model whole ahead, here more than its two read
@@ -246,9 +251,13 @@ TEST(SplitMasterWeights, TheUpdateInBackwardTakesTheStepsReadOfTheShard) {
     updates = 0;
     hooks::kept_shard_reads_taken = 0;
     hooks::kept_shard_reads_dropped = 0;
+    zoe::test::LogCapture deep_log;
     const RunResult deep = train(c, kNet, world, 6, 16);
     EXPECT_LT(hooks::kept_shard_reads_taken.load(), updates.load());
     EXPECT_GT(hooks::kept_shard_reads_dropped.load(), 0);
+    const std::vector<std::string> said = deep_log.lines_with(again);
+    EXPECT_EQ(said.size(), static_cast<std::size_t>(world)) << deep_log.text();
+    for (const std::string& line : said) EXPECT_NE(line.find("offload_param.buffer_count = 3"), std::string::npos) << line;
     EXPECT_TRUE(bitwise_equal(deep, ref));
     EXPECT_EQ(deep.losses, ref.losses);
   }

@@ -34,8 +34,10 @@ PipelineGroup Updater::host_part(Group& g, int gi, void* out, std::shared_ptr<De
   // first: the device sub-groups' output below overwrites only their own ranges).
   bool split = false;
   for (const SubGroup& sg : g.subgroups) split = split || (sg.offloaded() && tiers_.states->split_master(sg.offload_id));
-  // The step's last read of the shard, when one was kept for this update: copied, not read again.
-  std::shared_ptr<KeptShardReads::Handoff> kept = split ? kept_reads_.hand_over(gi) : nullptr;
+  // The step's last read of the shard, when one was kept for this update: copied, not read
+  // again (a shard in host memory is read from its home, nothing kept).
+  const bool reads_nvme = split && keeps_reads_[static_cast<std::size_t>(gi)] && !tiers_.params->in_host(id);
+  std::shared_ptr<KeptShardReads::Handoff> kept = reads_nvme ? kept_reads_.hand_over(gi) : nullptr;
   pg.before = [this, &g, id, esz, device_part, device_out, split, kept](PipelineGroup& self) mutable {
     void* home = kept ? tiers_.params->write_buffer_from(id, *kept->read) : tiers_.params->write_buffer(id, split);
     kept.reset();  // its read buffer goes back to the gathers

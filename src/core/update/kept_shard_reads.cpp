@@ -35,7 +35,11 @@ void KeptShardReads::keep(int group, std::shared_ptr<offload::ShardRead> read) {
 
 std::shared_ptr<KeptShardReads::Handoff> KeptShardReads::hand_over(int group) {
   auto it = std::find_if(kept_.begin(), kept_.end(), [group](const auto& k) { return k.first == group; });
-  if (it == kept_.end()) return nullptr;
+  if (it == kept_.end()) {
+    if (enabled_) ++counts_.missed;
+    return nullptr;
+  }
+  ++counts_.taken;
   test_hooks::kept_shard_reads_taken.fetch_add(1, std::memory_order_relaxed);
   auto h = std::make_shared<Handoff>();
   h->read = std::move(it->second);

@@ -71,6 +71,13 @@ class KeptShardReads {
   /// Drops every kept read (the step's updates are done, or it failed). Handed ones are the
   /// pipeline's and go with it.
   void clear() { kept_.clear(); }
+  /// The updates since the last call that took a kept read (`taken`) and that found none
+  /// (`missed`: given up by free_one, so that update reads its shard from NVMe again); resets
+  /// both. Counted only while enabled.
+  struct Counts {
+    std::int64_t taken = 0, missed = 0;
+  };
+  Counts take_counts() { return std::exchange(counts_, Counts{}); }
   /// Kept reads (for tests).
   std::size_t kept_count() const { return kept_.size(); }
 
@@ -79,6 +86,7 @@ class KeptShardReads {
   std::function<bool()> reduce_waiting_;
   std::deque<std::pair<int, std::shared_ptr<offload::ShardRead>>> kept_;  // oldest first
   std::shared_ptr<Handoff::Counter> handed_;
+  Counts counts_;
 };
 
 }  // namespace zoe::core

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "src/common/check.hpp"
+#include "src/common/log.hpp"
 #include "src/common/quote.hpp"
 #include "kernels/adam_math.hpp"
 
@@ -133,6 +134,7 @@ void Updater::start_update(const UpdatePlan& plan) {
   }
   device_batch_.issue();  // every group's event recorded before anything waits on it
   kept_reads_.clear();    // every update of the step has begun: what was not taken is no one's
+  report_kept_reads();
   if (!host_parts.empty()) pipeline_->start(std::move(host_parts), plan);
   if (!cx_.config.zoe.overlap_step && !cx_.config.zoe.delayed_update) finish_update();
 }
@@ -218,6 +220,18 @@ void Updater::start_in_backward(int gi) {
   host_parts.front().ready = std::make_shared<GroupDone>();
   grad_sink_->signal(host_parts.front().ready);
   pipeline_->start(std::move(host_parts), backward_plan_);
+}
+
+void Updater::report_kept_reads() {
+  const KeptShardReads::Counts n = kept_reads_.take_counts();
+  if (n.missed == 0 || kept_reads_missed_said_) return;
+  kept_reads_missed_said_ = true;
+  ZOE_LOG_WARN(
+      "rank {}: {} of this step's {} split-master updates read their parameter shard from NVMe again "
+      "(2 bytes per element each): the read kept for them was given up for lack of pinned read buffers "
+      "(offload_param.buffer_count = {}, the prefetch's and the kept reads' together); a larger "
+      "offload_param.buffer_count keeps them (said once)",
+      cx_.rank, n.missed, n.missed + n.taken, cx_.config.zero_optimization.offload_param.buffer_count);
 }
 
 void Updater::keep_shard_read(int gi, std::shared_ptr<offload::ShardRead> read) {

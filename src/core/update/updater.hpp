@@ -159,6 +159,9 @@ class Updater {
 
  private:
   int device_sub_group_count() const;
+  /// At step(), once every update of the step has begun: warns (once per engine) if an update
+  /// found the read kept for it given up, so it read its shard from NVMe again.
+  void report_kept_reads();
   void place_sub_groups(Group& g, int& device_left);
   /// On the update stream after group g's update: its gradients are consumed (stages 0-1 zero
   /// the persistent buffer for the next step).
@@ -224,6 +227,7 @@ class Updater {
   // byte per group, set by build_paths). A handed read shares its counter, not this object.
   KeptShardReads kept_reads_;
   std::vector<std::uint8_t> keeps_reads_;
+  bool kept_reads_missed_said_ = false;  // report_kept_reads warned
   UpdatePlan backward_plan_{};  // the plan of the update begun in backward (phase in_backward)
   struct CoeffMemo {
     optim::AdamHyper hyper;
