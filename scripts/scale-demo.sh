@@ -24,7 +24,10 @@
 #      ZOE_SCALE_STATE_DTYPE (fp32, or bf16: zoe.optimizer_state_dtype, exp_avg / exp_avg_sq in bf16),
 #      ZOE_SCALE_SPLIT_MASTER (0; 1: zoe.split_master_weights, masters as low halves + a bit on NVMe),
 #      ZOE_SCALE_HOST_BUDGET (0: zoe.host_memory_budget in bytes, e.g. 2 per parameter keeps the
-#      bf16 shards in host memory).
+#      bf16 shards in host memory),
+#      ZOE_SCALE_PARAM_BUFFERS (4: offload_param.buffer_count, the pinned read buffers of the
+#      parameter shards; with the update in backward and split masters, the reads kept for the
+#      updates share them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 L=${ZOE_SCALE_LAYERS:-32} C=${ZOE_SCALE_WIDTH:-2816} H=${ZOE_SCALE_HEADS:-22} T=${ZOE_SCALE_CONTEXT:-256}
@@ -113,7 +116,7 @@ cat >"$cfg" <<EOF
     "stage": 3,
     "reduce_bucket_size": 0,
     "offload_optimizer": {"device": "nvme", "nvme_path": "$run", "buffer_count": 4},
-    "offload_param": {"device": "nvme", "nvme_path": "$run", "buffer_count": 4, "buffer_size": $buffer_size}
+    "offload_param": {"device": "nvme", "nvme_path": "$run", "buffer_count": ${ZOE_SCALE_PARAM_BUFFERS:-4}, "buffer_size": $buffer_size}
   }
 }
 EOF
