@@ -88,7 +88,7 @@ class TraceIndex {
   };
   std::vector<Uses> uses_;
   std::vector<std::size_t> positions_;  // every group's uses, grouped by group
-  std::vector<std::int64_t> prefix_{0};         // prefix_[i]: elements of entries [0, i)
+  std::vector<std::int64_t> prefix_{0};  // prefix_[i]: elements of entries [0, i)
   std::size_t cursor_ = 0;
 };
 

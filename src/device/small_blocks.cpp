@@ -1,10 +1,10 @@
 // SmallBlocks (see small_blocks.hpp).
 #include "src/device/small_blocks.hpp"
 
-#include "src/device/host_elementwise.hpp"
-
 #include <algorithm>
 #include <cstdlib>
+
+#include "src/device/host_elementwise.hpp"
 
 namespace zoe {
 

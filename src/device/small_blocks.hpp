@@ -36,7 +36,8 @@ class SmallBlocks {
 
   /// A block of `rounded` bytes for `bytes` requested (bytes <= rounded; rounded a multiple
   /// of the alignment, 0 < rounded <= kMaxSlabBytes / 2: HostDevice's blocks under 1 MiB): the
-  /// most recently freed one of its size class if any, else a new one carved from the class's
+  /// most recently freed one of its size class if any (and the lines of the one the next take
+  /// of the class gets are prefetched for writing), else a new one carved from the class's
   /// slab (`*carved` set true: the caller counts it reserved), else from a new slab. Returns
   /// null if the system has no memory for a new slab.
   void* take(std::size_t rounded, std::size_t bytes, bool* carved);
