@@ -417,18 +417,16 @@ void LocalCommunicator::all_gather_grouped(std::span<const GroupedPart> parts, D
                   mine.set_parts(mine_parts);
                   auto all = impl_->join(op, mine);
                   impl_->check_part_counts(op, all, mine_parts);
-                  for (std::size_t k = 1; k < std::min(host_ops::kPrefetchAhead, mine_parts.size()); ++k)
-                    prefetch_part(all, k, es, rank_, true);
-                  for (std::size_t k = 0; k < mine_parts.size(); ++k) {
-                    if (k + host_ops::kPrefetchAhead < mine_parts.size())
-                      prefetch_part(all, k + host_ops::kPrefetchAhead, es, rank_, true);
-                    const std::size_t bytes = mine_parts[k].count * es;
-                    char* out = static_cast<char*>(mine_parts[k].recv);
-                    for (int p = 0; p < world_; ++p) {
-                      const void* theirs = all[p].parts[k].send;
-                      if (bytes > 0 && out + p * bytes != theirs) std::memcpy(out + p * bytes, theirs, bytes);
-                    }
-                  }
+                  host_ops::for_each_prefetched(
+                      mine_parts.size(), [&](std::size_t k) { prefetch_part(all, k, es, rank_, true); },
+                      [&](std::size_t k) {
+                        const std::size_t bytes = mine_parts[k].count * es;
+                        char* out = static_cast<char*>(mine_parts[k].recv);
+                        for (int p = 0; p < world_; ++p) {
+                          const void* theirs = all[p].parts[k].send;
+                          if (bytes > 0 && out + p * bytes != theirs) std::memcpy(out + p * bytes, theirs, bytes);
+                        }
+                      });
                   impl_->meet(op);  // peers have finished reading this rank's sends
                 });
 }
@@ -447,16 +445,14 @@ void LocalCommunicator::reduce_scatter_grouped(std::span<const GroupedPart> part
                   auto all = impl_->join(op, mine);
                   impl_->check_part_counts(op, all, mine_parts);
                   std::vector<const void*> slices(world_);
-                  for (std::size_t k = 1; k < std::min(host_ops::kPrefetchAhead, mine_parts.size()); ++k)
-                    prefetch_part(all, k, es, rank_, false);
-                  for (std::size_t k = 0; k < mine_parts.size(); ++k) {
-                    if (k + host_ops::kPrefetchAhead < mine_parts.size())
-                      prefetch_part(all, k + host_ops::kPrefetchAhead, es, rank_, false);
-                    const std::size_t bytes = mine_parts[k].count * es;
-                    for (int p = 0; p < world_; ++p)
-                      slices[p] = static_cast<const char*>(all[p].parts[k].send) + rank_ * bytes;
-                    reduce_into(slices, dtype, mine_parts[k].recv, mine_parts[k].count, rop == ReduceOp::avg);
-                  }
+                  host_ops::for_each_prefetched(
+                      mine_parts.size(), [&](std::size_t k) { prefetch_part(all, k, es, rank_, false); },
+                      [&](std::size_t k) {
+                        const std::size_t bytes = mine_parts[k].count * es;
+                        for (int p = 0; p < world_; ++p)
+                          slices[p] = static_cast<const char*>(all[p].parts[k].send) + rank_ * bytes;
+                        reduce_into(slices, dtype, mine_parts[k].recv, mine_parts[k].count, rop == ReduceOp::avg);
+                      });
                   impl_->meet(op);
                 });
 }

@@ -464,12 +464,10 @@ void HostDevice::adam_step_batch(std::span<const AdamTensor> ts, DType grad_dtyp
       host_ops::prefetch_adam(ts[j].master, ts[j].exp_avg, ts[j].exp_avg_sq, ts[j].grad, grad_dtype, ts[j].out,
                               out_dtype, ts[j].n);
     };
-    for (std::size_t j = 1; j < std::min(host_ops::kPrefetchAhead, ts.size()); ++j) prefetch(j);
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-      if (i + host_ops::kPrefetchAhead < ts.size()) prefetch(i + host_ops::kPrefetchAhead);
+    host_ops::for_each_prefetched(ts.size(), prefetch, [&](std::size_t i) {
       const AdamTensor& t = ts[i];
       host_ops::adam_step(t.c, t.master, t.exp_avg, t.exp_avg_sq, t.grad, grad_dtype, t.out, out_dtype, t.n);
-    }
+    });
   });
 }
 

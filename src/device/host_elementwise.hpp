@@ -48,6 +48,16 @@ inline constexpr std::size_t kPrefetchBytes = 4096;
 /// time of a step over 400 steps, AMD EPYC Zen 5): two ahead in the grouped collectives and
 /// the Adam batch x0.90 of one ahead, three or four ahead no better.
 inline constexpr std::size_t kPrefetchAhead = 2;
+/// body(i) for i in [0, n), in order, with prefetch(j) asked for block j kPrefetchAhead blocks
+/// before body(j) runs (the first blocks' up front, block 0 excepted: its use follows at once).
+template <class Prefetch, class Body>
+void for_each_prefetched(std::size_t n, Prefetch&& prefetch, Body&& body) {
+  for (std::size_t j = 1; j < n && j < kPrefetchAhead; ++j) prefetch(j);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) prefetch(i + kPrefetchAhead);
+    body(i);
+  }
+}
 void prefetch_read(const void* p, std::size_t bytes);
 void prefetch_write(const void* p, std::size_t bytes);
 /// Prefetch of the arrays adam_step with these arguments reads and writes. `out` may be null.
