@@ -49,12 +49,15 @@ const KernelTable& avx2_kernels();
 const KernelTable& avx512_kernels();
 
 /// Software prefetch distance of the update loops when AdamArgs::prefetch (a measured choice of
-/// CpuAdam), in elements: 1 KiB of fp32 ahead on each of the four input streams (with bf16
-/// states the same element distance, 512 bytes, on m and v). The distance
-/// was not re-tuned on the 2-core VM; whether to prefetch at all is measured per CPU (issue 16:
-/// it lost 3-8% on one thread on a Zen 4 VM, gained under load on a Xeon VM). Prefetching past
-/// the array end is harmless (no fault).
-inline constexpr std::size_t kPrefetchElements = 256;
+/// CpuAdam), in elements: 4 KiB of fp32 ahead on each of the four input streams (with bf16
+/// states the same element distance, 2 KiB, on m and v). Measured on a 2-vCPU Zen 5 VM (one
+/// thread, 16M elements, bf16 states, where the dependent sqrt / divide chain keeps the core from
+/// running far enough ahead on its own): CpuAdam against its bound 0.89 with 256 elements ahead,
+/// 0.94-0.96 with 512, 0.99-1.03 with 1,024, 0.99 with 2,048, 0.99-1.02 with 4,096; fp32 states
+/// picked no prefetch at any distance. Whether to prefetch at all stays a per-CPU, per-size
+/// measurement (CpuAdam's store trials): it lost 3-8% on one thread of a Zen 4 VM and gained
+/// under load on a Xeon VM at 256. Prefetching past the array end is harmless (no fault).
+inline constexpr std::size_t kPrefetchElements = 1024;
 
 /// Chunk of add_grad's sums of squares (kernels::kSumSquaresChunk: host_ops' and the device's).
 /// Vector TUs use only this constant of kernels/elementwise.hpp, none of its inline functions.
