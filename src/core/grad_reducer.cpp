@@ -21,9 +21,15 @@ void GradReducer::prepare(const ModuleInfo& m) {
     if (g.frozen || g.grad_state == Group::GradState::accumulating) continue;
     g.grad_state = Group::GradState::accumulating;
     if (!cx_.policy.shards_grads) continue;  // persistent buffers, zeroed after each step
-    // A fresh buffer (no queued work uses what the allocator hands out), zeroed where the
-    // trainer's compute sees it first: no task for the side stream.
-    g.grad_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
+    if (g.grad_full) {
+      // A persistent group's kept buffer: the side stream's reduction of the last round
+      // read it, so the trainer's compute (this zero-fill first) waits for that.
+      if (!filled) cx_.compute_waits_for_side();
+    } else {
+      // A fresh buffer (no queued work uses what the allocator hands out).
+      g.grad_full = cx_.alloc(MemKind::buffer, cx_.dtype, g.layout->padded_numel());
+    }
+    // Zeroed where the trainer's compute sees it first: no task for the side stream.
     cx_.device.fill_for_compute(g.grad_full.data(), cx_.dtype, g.layout->padded_numel(), 0.0f);
     filled = true;
   }
@@ -153,7 +159,7 @@ void GradReducer::reduce_groups(const std::vector<int>& gis) {
     } else {
       absorb_shard(g, parts[k].recv);
     }
-    if (cx_.policy.shards_grads) reduced_from.push_back(std::move(g.grad_full));
+    if (cx_.policy.shards_grads && !keeps_gradient_buffer(g)) reduced_from.push_back(std::move(g.grad_full));
     start_update_if_final(gis[k]);
   }
   cx_.frees.after_side(std::move(reduced_from));
@@ -228,7 +234,12 @@ void GradReducer::reduce_group(Group& g) {
       cx_.frees.after_side(std::move(part));
     }
   }
-  cx_.frees.after_side(std::move(g.grad_full));
+  if (!keeps_gradient_buffer(g)) cx_.frees.after_side(std::move(g.grad_full));
+}
+
+bool GradReducer::keeps_gradient_buffer(const Group& g) const {
+  // zoe.debug_poison frees every gradient buffer, so a view kept past end_backward reads NaN.
+  return g.persistent && !cx_.frees.poison();
 }
 
 void GradReducer::zero_unused_gradients() {

@@ -3,7 +3,11 @@
 //  stage 1: grad_full persistent; reduce-scattered into grad_shard after the last one.
 //  stages 2-3: grad_full lives for one micro-batch; reduce-scattered once every module using
 //    the group finished its backward (on the side stream, overlapping the rest of backward)
-//    and accumulated into the persistent grad_shard.
+//    and accumulated into the persistent grad_shard. A persistent group (stage 3, below the
+//    persistence threshold: its parameters stay gathered) keeps its grad_full too, zeroed
+//    again at the next prepare: with thousands of small modules an allocation and a free per
+//    group and micro-batch cost more than the reduction itself, and the buffers are as small
+//    as the parameters kept whole beside them.
 // Reductions go through DeepSpeed's IPG bucket (GradBucket): consecutive groups, in the order
 // their backward completed, reduced by one collective of at most reduce_bucket_size elements
 // (a larger group alone, straight from its buffer). A bucket of several groups is flattened
@@ -68,6 +72,8 @@ class GradReducer {
   void absorb_shard(Group& g, const void* reduced);
   /// zoe.update_in_backward: starts group gi's update if this was its step's last micro-batch.
   void start_update_if_final(int gi);
+  /// Whether group g keeps grad_full between rounds (persistent groups, not zoe.debug_poison).
+  bool keeps_gradient_buffer(const Group& g) const;
 
   EngineContext& cx_;
   Model& model_;

@@ -60,7 +60,8 @@ struct Group {
   /// or updated. Every other group holds trainable parameters only.
   bool frozen = false;
   // Gradients (compute dtype). Stages 0-1: grad_full persistent, the trainer accumulates
-  // into it over micro-batches. Stages 2-3: grad_full per micro-batch, grad_shard keeps the
+  // into it over micro-batches. Stages 2-3: grad_full per micro-batch (kept between them by a
+  // persistent group, GradReducer::keeps_gradient_buffer), grad_shard keeps the
   // reduced own shard accumulated over micro-batches (EngineContext::grad_dtype(); only when some sub-group
   // is on the device optimizer: offloaded sub-groups keep fp32 gradients in the offload
   // tier). Stage 1: grad_shard holds the reduce-scatter output between the last backward and
@@ -70,13 +71,14 @@ struct Group {
   int micro_batches = 0;   // micro-batches whose backward every user finished this step
   // The gradient's lifecycle in a round (a micro-batch; stages 0-1 reduce after the last one),
   // changed only by GradReducer (grad_reducer.cpp):
-  //   idle          no backward of this round began. Stages 2-3: no grad_full; stages 0-1:
+  //   idle          no backward of this round began. Stages 2-3: no grad_full (a persistent
+  //                 group's kept one holds the last round's values, unread); stages 0-1:
   //                 grad_full holds the earlier micro-batches' sum (zero at a step's start).
   //   accumulating  a user's backward began (prepare): the trainer writes into grad_full.
   //   queued        every user finished (finish_backward): waiting in the bucket.
   //   reduced       its reduction is on the side stream (flush_bucket): the result goes into
   //                 grad_shard and the offloaded sub-groups' gradients (the tier); stages 2-3
-  //                 released grad_full. The next micro-batch's prepare makes it accumulating.
+  //                 released grad_full (persistent groups keep it). The next micro-batch's prepare makes it accumulating.
   // Frozen groups stay idle. reset_for_next_step: every group -> idle.
   enum class GradState { idle, accumulating, queued, reduced } grad_state = GradState::idle;
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
