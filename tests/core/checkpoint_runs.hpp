@@ -31,8 +31,10 @@ inline Config checkpoint_config(int stage, OffloadDevice offload, const std::str
 
 using Params = std::vector<std::vector<float>>;
 
+/// `losses`, if given, gets rank 0's mean micro-batch loss of each step trained.
 inline Params checkpoint_run(const Config& c, int world, int from, int to, const std::string& load,
-                             const std::string& save, const NetSpec& net_spec = kCheckpointNet) {
+                             const std::string& save, const NetSpec& net_spec = kCheckpointNet,
+                             std::vector<double>* losses = nullptr) {
   auto ranks = make_local_ranks(world, 60.0);
   Params out;
   run_ranks(ranks, [&](RankContext& ctx) {
@@ -42,8 +44,9 @@ inline Params checkpoint_run(const Config& c, int world, int from, int to, const
     EXPECT_EQ(e.global_step(), from);
     const int per_rank = 16 / world;
     for (int s = from; s < to; ++s) {
-      net.micro_batch(s * 16 + ctx.rank * per_rank, per_rank);
+      const double loss = net.micro_batch(s * 16 + ctx.rank * per_rank, per_rank);
       e.step();
+      if (losses && ctx.rank == 0) losses->push_back(loss);
     }
     if (!save.empty()) e.save_checkpoint(save);
     Params p;
@@ -55,10 +58,14 @@ inline Params checkpoint_run(const Config& c, int world, int from, int to, const
 
 inline void expect_bitwise(const Params& a, const Params& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
+  bool differ = false;
   for (std::size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].size(), b[i].size()) << what;
-    EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4)) << what << ": param " << i;
+    const bool same = std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) == 0;
+    EXPECT_TRUE(same) << what << ": param " << i;
+    differ = differ || !same;
   }
+  if (differ) ADD_FAILURE() << what << ": first difference: " << describe_first_difference(a, b);
 }
 
 // The largest |a - b| / max(|a|, |b|, 1e-3) over every element.

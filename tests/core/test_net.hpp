@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -254,6 +255,29 @@ inline bool bitwise_equal(const RunResult& a, const RunResult& b) {
         std::memcmp(a.params[i].data(), b.params[i].data(), a.params[i].size() * sizeof(float)) != 0)
       return false;
   return true;
+}
+
+/// Where two sets of parameters first differ, for a failure message: "param P element I:
+/// A (0xBITS) vs B (0xBITS)", a size mismatch, or "none".
+inline std::string describe_first_difference(const std::vector<std::vector<float>>& a,
+                                             const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return std::to_string(a.size()) + " parameters vs " + std::to_string(b.size());
+  for (std::size_t p = 0; p < a.size(); ++p) {
+    if (a[p].size() != b[p].size())
+      return "param " + std::to_string(p) + ": " + std::to_string(a[p].size()) + " elements vs " +
+             std::to_string(b[p].size());
+    for (std::size_t i = 0; i < a[p].size(); ++i) {
+      std::uint32_t x, y;
+      std::memcpy(&x, &a[p][i], sizeof x);
+      std::memcpy(&y, &b[p][i], sizeof y);
+      if (x == y) continue;
+      char text[160];
+      std::snprintf(text, sizeof text, "param %zu element %zu: %.9g (0x%08x) vs %.9g (0x%08x)", p, i,
+                    static_cast<double>(a[p][i]), x, static_cast<double>(b[p][i]), y);
+      return text;
+    }
+  }
+  return "none";
 }
 
 /// A fresh, empty directory under the system temp dir named zoe-<tag>-<pid> (a test's files).
