@@ -172,6 +172,71 @@ TEST(OptimizerOffload, PartialRatioSplitsSubGroupsAndKeepsTheBits) {
   std::filesystem::remove_all(dir);
 }
 
+// fp16 compute, one micro-batch per step: the tier keeps the reduced fp16 gradient shard as it
+// arrived (2 bytes per element, widened exactly by the update) instead of an fp32 copy. The
+// parameters, losses, norms, loss scales and skipped steps are those of the device optimizer,
+// bit for bit, at stages 2-3 and 1-2 ranks, with the same dynamic loss scaling in both runs:
+// 2^8 to start, doubled every 3 good steps, halved at the first overflow (the poisoned step 4,
+// whose inf reaches the tier in fp16 and must skip it there too).
+TEST(OptimizerOffload, Fp16OneMicroBatchKeepsTheReducedGradientExactly) {
+  std::string dir = temp_dir("fp16");
+  auto fp16 = [&](int stage, OffloadDevice d) {
+    Config c = config(stage, d, dir);
+    c.bf16.enabled = false;
+    c.fp16.enabled = true;
+    c.fp16.initial_scale_power = 8;
+    c.fp16.loss_scale_window = 3;
+    c.fp16.hysteresis = 1;
+    return c;
+  };
+  constexpr int kPoisoned = 4;
+  for (int stage : {2, 3})
+    for (int world : {1, 2}) {
+      const std::string what = "stage " + std::to_string(stage) + " world " + std::to_string(world);
+      SCOPED_TRACE(what);
+      const RunResult ref = train(fp16(stage, OffloadDevice::none), kNet, world, 10, 16, kPoisoned);
+      // The reference does what the comment says: its loss scale moved both ways and it took
+      // all but the poisoned step.
+      ASSERT_EQ(ref.steps.size(), 10u);
+      EXPECT_EQ(ref.steps[0].loss_scale, 256.0);
+      EXPECT_EQ(ref.steps[3].loss_scale, 512.0);
+      EXPECT_TRUE(ref.steps[kPoisoned].skipped);
+      EXPECT_EQ(ref.steps[kPoisoned + 1].loss_scale, ref.steps[kPoisoned].loss_scale / 2);
+      int skipped = 0;
+      for (const StepResult& st : ref.steps) skipped += st.skipped ? 1 : 0;
+      EXPECT_EQ(skipped, 1);
+      EXPECT_FALSE(bitwise_equal(ref, train(fp16(stage, OffloadDevice::none), kNet, world, 0, 16)))
+          << "the run must change the parameters";
+      RunResult by_tier[2];
+      for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+        const char* tier = d == OffloadDevice::cpu ? "cpu" : "nvme";
+        const RunResult r = train(fp16(stage, d), kNet, world, 10, 16, kPoisoned);
+        EXPECT_TRUE(bitwise_equal(r, ref))
+            << tier << ": first difference: " << zoe::test::describe_first_difference(r.params, ref.params);
+        EXPECT_EQ(r.losses, ref.losses) << tier;
+        ASSERT_EQ(r.steps.size(), ref.steps.size()) << tier;
+        for (std::size_t i = 0; i < r.steps.size(); ++i) {
+          EXPECT_EQ(r.steps[i].skipped, ref.steps[i].skipped) << tier << " step " << i;
+          EXPECT_EQ(r.steps[i].loss_scale, ref.steps[i].loss_scale) << tier << " step " << i;
+          if (!ref.steps[i].skipped) EXPECT_EQ(r.steps[i].grad_norm, ref.steps[i].grad_norm) << tier << " step " << i;
+        }
+        by_tier[d == OffloadDevice::cpu ? 0 : 1] = r;
+      }
+      for (int k = 0; k < world; ++k) {
+        // 12 bytes of states and the 2-byte fp16 gradient per element leave the device for the
+        // tier (an fp32 gradient there would make it 16).
+        const std::int64_t moved = ref.memory[k].device_model_states - by_tier[0].memory[k].device_model_states;
+        ASSERT_EQ(moved % 14, 0) << "rank " << k;
+        EXPECT_GT(moved, 0) << "rank " << k;
+        EXPECT_EQ(by_tier[0].memory[k].host_model_states, moved) << "rank " << k;
+        EXPECT_EQ(by_tier[1].memory[k].nvme_model_states, moved) << "rank " << k;
+        EXPECT_EQ(by_tier[1].memory[k].host_model_states, 0) << "rank " << k;
+      }
+    }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
 // The offloaded fp32 gradients carry the norm, the overflow check and clipping: with a poisoned
 // (inf) step and clipping on, offload to host or NVMe equals the device run bit for bit, also
 // with 3 micro-batches accumulating in fp32.
