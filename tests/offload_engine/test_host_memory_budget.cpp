@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "src/common/host_memory.hpp"
+#include "tests/common/log_capture.hpp"
 #include "tests/core/test_net.hpp"
 
 using namespace zoe;
@@ -135,6 +138,116 @@ TEST(HostMemoryBudget, ParameterShardsFirstChangeNoBit) {
         EXPECT_EQ(ref.memory[k].nvme_model_states - first.memory[k].nvme_model_states, kept) << "rank " << k;
       }
     }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+// fp32 compute: the gradient on the tier is the fp32 reduced shard (4 bytes per element, one
+// micro-batch or two) and the parameter shards are fp32 (4 bytes). Every gradient and some
+// states in host memory, or the shards and some gradients, change no bit against budget 0:
+// parameters, losses and norms; the bytes kept leave the NVMe tier, byte for byte.
+TEST(HostMemoryBudget, Fp32ComputeChangesNoBit) {
+  const std::string dir = zoe::test::temp_dir("host-budget-fp32");
+  auto fp32 = [&](int stage, int gas, std::int64_t budget, bool params_on_nvme) {
+    Config c = config(stage, gas, budget, dir);
+    c.bf16.enabled = false;
+    if (params_on_nvme) {
+      c.zero_optimization.offload_param.device = OffloadDevice::nvme;
+      c.zero_optimization.offload_param.nvme_path = dir;
+      c.zero_optimization.offload_param.buffer_size = 4096;  // elements: the largest shard fits
+      c.zero_optimization.stage3_param_persistence_threshold = 0;  // every shard on the tier
+    }
+    return c;
+  };
+  auto expect_same_run = [](const RunResult& r, const RunResult& ref) {
+    EXPECT_TRUE(bitwise_equal(r, ref)) << "first difference: " << zoe::test::describe_first_difference(r.params, ref.params);
+    EXPECT_EQ(r.losses, ref.losses);
+    ASSERT_EQ(r.steps.size(), ref.steps.size());
+    for (std::size_t s = 0; s < ref.steps.size(); ++s) EXPECT_EQ(r.steps[s].grad_norm, ref.steps[s].grad_norm) << "step " << s;
+  };
+  struct Case {
+    int stage, world, gas;
+    bool params_on_nvme;
+  };
+  for (const Case& k : {Case{2, 1, 1, false}, Case{2, 2, 1, false}, Case{3, 1, 1, false}, Case{3, 2, 1, false},
+                        Case{3, 2, 2, false}, Case{3, 1, 1, true}, Case{3, 2, 1, true}}) {
+    SCOPED_TRACE("stage " + std::to_string(k.stage) + " world " + std::to_string(k.world) + " gas " +
+                 std::to_string(k.gas) + (k.params_on_nvme ? " params on nvme" : ""));
+    const RunResult ref = train(fp32(k.stage, k.gas, 0, k.params_on_nvme), kNet, k.world, 8, 16);
+    // Per element on NVMe: 12 bytes of states, the 4-byte gradient, and the 4-byte shard.
+    const std::int64_t per_element = 16 + (k.params_on_nvme ? 4 : 0);
+    ASSERT_EQ(ref.memory[0].nvme_model_states % per_element, 0);
+    const std::int64_t elements = ref.memory[0].nvme_model_states / per_element;  // rank 0's; ranks alike
+    // Without parameter offload: every gradient, then at most five sub-groups' states (64
+    // elements of 12 bytes); with it: every shard, then at most three sub-groups' gradients.
+    const std::int64_t first = 4 * elements, then = k.params_on_nvme ? 3 * 64 * 4 : 5 * 64 * 12;
+    const RunResult some = train(fp32(k.stage, k.gas, first + then, k.params_on_nvme), kNet, k.world, 8, 16);
+    const RunResult all = train(fp32(k.stage, k.gas, std::int64_t{1} << 30, k.params_on_nvme), kNet, k.world, 8, 16);
+    expect_same_run(some, ref);
+    expect_same_run(all, ref);
+    for (int r = 0; r < k.world; ++r) {
+      EXPECT_EQ(ref.memory[r].nvme_model_states, per_element * elements) << "rank " << r;
+      EXPECT_EQ(all.memory[r].nvme_model_states, 0) << "rank " << r;
+      EXPECT_EQ(all.memory[r].host_model_states - ref.memory[r].host_model_states, per_element * elements) << "rank " << r;
+      const std::int64_t moved = some.memory[r].host_model_states - ref.memory[r].host_model_states;
+      EXPECT_GT(moved, first) << "rank " << r << ": the first kind whole and some of the next";
+      EXPECT_LE(moved, first + then) << "rank " << r;
+      EXPECT_EQ((moved - first) % (k.params_on_nvme ? 4 : 12), 0) << "rank " << r << ": whole elements";
+      EXPECT_EQ(ref.memory[r].nvme_model_states - some.memory[r].nvme_model_states, moved) << "rank " << r;
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+// The placement is logged when the tiers are built, one line per tier and rank, naming what the
+// budget kept in host memory (exact below 1 KiB, where the size prints in bytes). The layout,
+// per rank of 2 with kTinyNet and sub-groups of 16: bf16 shards of 160, 160 and 32 bytes (80,
+// 80, 16 elements: l0 with the tied head's weight, l1, head.bias), eleven sub-groups of 16
+// elements (32 bytes of gradient, 192 of fp32 states each).
+TEST(HostMemoryBudget, ThePlacementIsLoggedWithTheBytesKept) {
+  const std::string dir = zoe::test::temp_dir("host-budget-log");
+  const NetSpec kTinyNet{{8, 16, 8}, true, 11};
+  struct Case {
+    std::int64_t budget;
+    std::string shards_on_nvme, shards_kept, states_kept;  // what each rank's two lines say
+    std::int64_t host;                                     // memory_report().host_model_states
+  };
+  const std::vector<Case> cases{
+      // The first shard (160); the second does not fit the 40 left, then one gradient (32).
+      {200, "2 parameter shards on NVMe", "1 in host memory (160 B, zoe.host_memory_budget)",
+       "in host memory (32 B, zoe.host_memory_budget): bf16 gradients of 1, the states of 0", 160 + 32},
+      // Every shard (352), every gradient (352), three sub-groups' states (576; 100 left over).
+      {352 + 352 + 3 * 192 + 100, "0 parameter shards on NVMe", "3 in host memory (352 B, zoe.host_memory_budget)",
+       "in host memory (928 B, zoe.host_memory_budget): bf16 gradients of 11, the states of 3", 352 + 352 + 3 * 192},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE("budget " + std::to_string(k.budget));
+    Config c = config(3, 1, k.budget, dir);
+    c.zero_optimization.sub_group_size = 16;
+    c.zero_optimization.offload_param.device = OffloadDevice::nvme;
+    c.zero_optimization.offload_param.nvme_path = dir;
+    c.zero_optimization.offload_param.buffer_size = 4096;  // elements: the largest shard fits
+    c.zero_optimization.stage3_param_persistence_threshold = 0;  // every shard on the tier
+    zoe::test::LogCapture log;
+    const RunResult r = train(c, kTinyNet, 2, 1, 16);
+    const std::vector<std::string> shards = log.lines_with("parameter shards on NVMe"),
+                                   states = log.lines_with("optimizer states of");
+    ASSERT_EQ(shards.size(), 2u) << log.text();
+    ASSERT_EQ(states.size(), 2u) << log.text();
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string who = "rank " + std::to_string(rank) + ": ";
+      // Each rank logs its own lines; the ranks' threads may log in either order.
+      const std::string& s = shards[0].rfind(who, 0) == 0 ? shards[0] : shards[1];
+      const std::string& o = states[0].rfind(who, 0) == 0 ? states[0] : states[1];
+      EXPECT_EQ(s.rfind(who + k.shards_on_nvme, 0), 0u) << s;
+      EXPECT_TRUE(s.ends_with(k.shards_kept)) << s;
+      EXPECT_EQ(o.rfind(who + "optimizer states of 11 sub-groups (fp32 master", 0), 0u) << o;
+      EXPECT_TRUE(o.ends_with(k.states_kept)) << o;
+      // What the lines name is what the memory report counts.
+      EXPECT_EQ(r.memory[rank].host_model_states, k.host) << "rank " << rank;
+    }
+  }
   EXPECT_TRUE(std::filesystem::is_empty(dir)) << "NVMe files left behind in " << dir;
   std::filesystem::remove_all(dir);
 }
