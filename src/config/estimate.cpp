@@ -179,10 +179,13 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
     const std::int64_t grads = std::max(L + reduced(L) + m + reduced(m), bucketed);
     if (stage.shards_params) {
       const std::int64_t P = std::min(z.stage3_prefetch_bucket_size, psi);
-      const std::int64_t staging = z.offload_param.device != OffloadDevice::none ? shard_of(L) : 0;
+      const bool staged = z.offload_param.device != OffloadDevice::none;
+      const std::int64_t staging = staged ? shard_of(L) : 0;
       // The first step (no recorded order: nothing prefetched or kept): the largest module
-      // gathered, its shard staged from the parameter tier, and the module before it still held.
-      const std::int64_t first = L + staging + m + grads;
+      // gathered, its shard staged from the parameter tier, and the module before it still held
+      // (its gather and its staged shard, freed but given back only at the next module's
+      // acquire, and its gradients in `grads`).
+      const std::int64_t first = L + staging + m + (staged ? shard_of(m) : 0) + grads;
       // Later steps: modules reused within stage3_max_reuse_distance stay gathered, next ones
       // are prefetched, never past stage3_max_live_parameters (a module's own gather always
       // runs); several groups prefetched together are all-gathered through one staging copy.
