@@ -7,8 +7,12 @@
 // and the ratio to the smallest count (1.0 = flat: O(1) per call). A second case runs the same
 // step at world 2 for n modules against one module holding all n x 256 elements.
 // Each figure is taken in --rounds rounds (default 5), every case once per round, and reported
-// as the median value and the median (least, greatest) of its per-round ratios.
+// as the median value and the median (least, greatest) of its per-round ratios. The world-2
+// case reports the step's wall time and its CPU time (every thread of the process: both ranks'
+// engine and stream threads), whose ratio the machine's other load moves less.
 // Usage: zoe-module-count-bench [--json] [--counts 100,1000,4000,16000] [--steps N] [--rounds N]
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,7 +30,14 @@ namespace {
 
 struct PassTimes {
   double forward_us = 0, backward_us = 0, step_ms = 0;  // per call pair (fw, bw), per step
+  double step_cpu_ms = 0;  // the process's CPU time per step (all threads)
 };
+
+double process_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
 
 Config bench_config(int world) {
   Config c;
@@ -66,8 +77,9 @@ PassTimes run(int world, int modules, std::int64_t elements, int steps) {
       });
       ids.push_back(e.add_module(name, {p}));
     }
-    std::vector<double> fw, bw, st;
+    std::vector<double> fw, bw, st, cpu;
     for (int s = 0; s <= steps; ++s) {
+      const double c0 = process_cpu_ms();
       const auto t0 = Clock::now();
       for (ModuleId m : ids) {
         e.begin_forward(m);
@@ -81,13 +93,15 @@ PassTimes run(int world, int modules, std::int64_t elements, int steps) {
       const auto t2 = Clock::now();
       e.step();
       const auto t3 = Clock::now();
+      const double c3 = process_cpu_ms();
       if (s == 0) continue;  // the first step records the order
       using us = std::chrono::duration<double, std::micro>;
       fw.push_back(us(t1 - t0).count() / modules);
       bw.push_back(us(t2 - t1).count() / modules);
       st.push_back(us(t3 - t0).count() / 1000.0);
+      cpu.push_back(c3 - c0);
     }
-    per_rank[static_cast<std::size_t>(ctx.rank)] = PassTimes{median(fw), median(bw), median(st)};
+    per_rank[static_cast<std::size_t>(ctx.rank)] = PassTimes{median(fw), median(bw), median(st), median(cpu)};
   });
   return per_rank[0];
 }
@@ -144,7 +158,7 @@ int main(int argc, char** argv) {
   // Rounds: every case once per round, each ratio against its baseline of the same round (the
   // machine's speed drifts between rounds; a ratio of neighbours holds), medians reported.
   std::vector<Paired> forward(counts.size()), backward(counts.size());
-  Paired world2;
+  Paired world2, world2_cpu;
   for (int r = 0; r < rounds; ++r) {
     std::vector<PassTimes> t;
     for (int c : counts) t.push_back(run(1, c, kElements, passes_for(c, steps)));
@@ -155,6 +169,7 @@ int main(int argc, char** argv) {
     const PassTimes small = run(2, many, kElements, passes_for(many, steps));
     const PassTimes one = run(2, 1, many * kElements, passes_for(many, steps));
     world2.add(small.step_ms, one.step_ms);
+    world2_cpu.add(small.step_cpu_ms, one.step_cpu_ms);
   }
   for (std::size_t k = 0; k < counts.size(); ++k) {
     const std::string f = "forward_per_module_" + std::to_string(counts[k]);
@@ -164,5 +179,7 @@ int main(int argc, char** argv) {
   }
   const std::string w = "world2_step_" + std::to_string(many) + "_modules";
   print(json, w.c_str(), "ms", world2);
+  const std::string wc = "world2_step_cpu_" + std::to_string(many) + "_modules";
+  print(json, wc.c_str(), "ms", world2_cpu);
   return 0;
 }
