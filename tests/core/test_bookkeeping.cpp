@@ -18,6 +18,16 @@
 namespace {
 using namespace zoe;
 
+// `modules` modules of one parameter of 256 fp32 elements each.
+std::vector<ModuleId> add_modules(Engine& e, int modules) {
+  std::vector<ModuleId> ids;
+  for (int i = 0; i < modules; ++i) {
+    const ParamId p = e.add_parameter("w" + std::to_string(i), {256}, std::vector<float>(256, 0.5f));
+    ids.push_back(e.add_module("m" + std::to_string(i), {p}));
+  }
+  return ids;
+}
+
 // Entries visited per begin_forward / begin_backward call over steps 2-3 (the order known).
 double visits_per_call(int modules, std::int64_t prefetch_bucket) {
   Config c;
@@ -25,11 +35,7 @@ double visits_per_call(int modules, std::int64_t prefetch_bucket) {
   c.zero_optimization.stage3_param_persistence_threshold = 0;  // every module gathered and released
   c.zero_optimization.stage3_prefetch_bucket_size = prefetch_bucket;
   Engine e(c, make_local_ranks(1)[0]);
-  std::vector<ModuleId> ids;
-  for (int i = 0; i < modules; ++i) {
-    const ParamId p = e.add_parameter("w" + std::to_string(i), {256}, std::vector<float>(256, 0.5f));
-    ids.push_back(e.add_module("m" + std::to_string(i), {p}));
-  }
+  const std::vector<ModuleId> ids = add_modules(e, modules);
   std::int64_t calls = 0, before = 0;
   for (int step = 0; step < 3; ++step) {
     if (step == 1) before = core::test_hooks::prefetch_entries_visited.load();
@@ -60,11 +66,7 @@ std::vector<std::int64_t> buffers_after_steps(int modules, std::int64_t persiste
   c.zero_optimization.stage3_param_persistence_threshold = persistence_threshold;
   c.zoe.debug_poison = poison;
   Engine e(c, make_local_ranks(1)[0]);
-  std::vector<ModuleId> ids;
-  for (int i = 0; i < modules; ++i) {
-    const ParamId p = e.add_parameter("w" + std::to_string(i), {256}, std::vector<float>(256, 0.5f));
-    ids.push_back(e.add_module("m" + std::to_string(i), {p}));
-  }
+  const std::vector<ModuleId> ids = add_modules(e, modules);
   std::vector<std::int64_t> held;
   for (int step = 0; step < 3; ++step) {
     for (ModuleId m : ids) ForwardScope f(e, m);
