@@ -120,7 +120,8 @@ struct TensorView {
 /// trainer ADDS its gradients into them (never overwrites: the buffer may hold other
 /// backward passes' sums). At begin_backward a gradient view holds what was added to that
 /// parameter and not yet reduced: zero for its first use in the micro-batch at stages 2-3
-/// (each micro-batch's buffer is reduced and freed after its last user's end_backward); for a
+/// (each micro-batch's buffer is reduced after its last user's end_backward, then freed, or at
+/// stage 3 kept and zeroed again for a module below stage3_param_persistence_threshold); for a
 /// parameter shared by several modules (tied weights), the sum its earlier uses in the
 /// micro-batch added; at stages 0-1 also the sum of the step's earlier micro-batches (one
 /// persistent buffer, reduced once per step and zeroed by step()). A frozen parameter's
@@ -128,15 +129,20 @@ struct TensorView {
 /// Valid until the matching end_forward / end_backward; keep no pointer past it (to reuse
 /// forward weights in backward, take them from begin_backward's views). Otherwise:
 ///  - stage 3: the gathered parameter buffer is freed (or kept for a later module, then
-///    freed); a stale view reads freed memory, typically another module's values later;
+///    freed); a stale view reads freed memory, typically another module's values later. A
+///    module below stage3_param_persistence_threshold keeps it: a stale view reads the current
+///    (after step(): updated) values;
 ///  - stages 2-3: the gradient buffer is freed after the reduction; writes through a stale
-///    gradient view corrupt whatever reuses the memory, and are lost;
+///    gradient view corrupt whatever reuses the memory, and are lost. A stage-3 module below
+///    the persistence threshold keeps it (zeroed at its next begin_backward): a write through
+///    a stale gradient view races with the reduction, undefined results, as at stages 0-1;
 ///  - stages 0-1: both stay allocated (the persistent full copies), so a stale parameter view
 ///    reads the current (after step(): updated) values, and a write through a stale
 ///    gradient view races with the reduction: undefined results.
 /// zoe.debug_poison (docs/config.md) turns stale reads at stages 2-3 into NaN: every buffer
-/// the engine frees is filled with NaN before end_forward / end_backward returns, and the
-/// host device keeps freed blocks poisoned in a quarantine instead of reusing them.
+/// the engine frees is filled with NaN before end_forward / end_backward returns (the
+/// persistent modules' buffers are freed too), and the host device keeps freed blocks poisoned
+/// in a quarantine instead of reusing them.
 struct ModuleTensors {
   std::vector<TensorView> params;
   std::vector<TensorView> grads;  // empty during forward
@@ -162,7 +168,9 @@ struct StepResult {
 };
 
 /// Bytes a rank holds, per tier, split into model states (compute params, gradients,
-/// master weights, exp_avg, exp_avg_sq) and buffers (gather buffers, staging, buckets).
+/// master weights, exp_avg, exp_avg_sq) and buffers (gather buffers, staging, buckets; at
+/// stage 3 also the gathered parameters and gradient buffers that modules below
+/// stage3_param_persistence_threshold keep between steps).
 /// The *_model_states and *_buffers are what the rank holds now (at the call).
 /// device_peak: the allocated peak, the most bytes of live device buffers (model states and
 /// buffers, including those freed by the engine but waiting for queued work to pass them) at
