@@ -53,6 +53,9 @@ Config bench_config(int world) {
 // modules (half a millisecond) is not one timer reading among the machine's noise.
 constexpr int kMinModulesTimed = 64000;
 
+// Timed world-2 steps per case and round, at least (see main).
+constexpr int kWorld2Steps = 100;
+
 // The timed passes for `modules` modules: at least `steps`, and at least kMinModulesTimed calls.
 int passes_for(int modules, int steps) { return std::max(steps, (kMinModulesTimed + modules - 1) / modules); }
 
@@ -158,6 +161,9 @@ int main(int argc, char** argv) {
   // Rounds: every case once per round, each ratio against its baseline of the same round (the
   // machine's speed drifts between rounds; a ratio of neighbours holds), medians reported.
   std::vector<Paired> forward(counts.size()), backward(counts.size());
+  // A world-2 step takes 1-4 ms: at least kWorld2Steps of them per case and round, so a round's
+  // median is not a handful of steps that a burst of the machine's other load can move.
+  const int world2_steps = std::max(passes_for(many, steps), kWorld2Steps);
   Paired world2, world2_cpu;
   for (int r = 0; r < rounds; ++r) {
     std::vector<PassTimes> t;
@@ -166,8 +172,8 @@ int main(int argc, char** argv) {
       forward[k].add(t[k].forward_us, t[0].forward_us);
       backward[k].add(t[k].backward_us, t[0].backward_us);
     }
-    const PassTimes small = run(2, many, kElements, passes_for(many, steps));
-    const PassTimes one = run(2, 1, many * kElements, passes_for(many, steps));
+    const PassTimes small = run(2, many, kElements, world2_steps);
+    const PassTimes one = run(2, 1, many * kElements, world2_steps);
     world2.add(small.step_ms, one.step_ms);
     world2_cpu.add(small.step_cpu_ms, one.step_cpu_ms);
   }
