@@ -97,9 +97,10 @@ bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_b
 // is fully read before it is written. The block has a fixed size, so it stays in registers
 // (a variable one was copied in and out with a string move each time: a cost per call that
 // thousands of small parts paid once each).
+constexpr std::size_t kReduceBlock = 64;  // elements per block (a fixed size: see above)
 template <DType T>
 void reduce_block(const void* const* slices, int world, void* out, std::size_t b, bool avg) {
-  constexpr std::size_t kBlock = 64;
+  constexpr std::size_t kBlock = kReduceBlock;
   float acc[kBlock];
   for (std::size_t i = 0; i < kBlock; ++i) acc[i] = kernels::load_f32(slices[0], T, b + i);
   for (int r = 1; r < world; ++r)
@@ -112,9 +113,8 @@ void reduce_block(const void* const* slices, int world, void* out, std::size_t b
 }
 template <DType T>
 void reduce_blocks(const void* const* slices, int world, void* out, std::size_t n, bool avg) {
-  constexpr std::size_t kBlock = 64;
   std::size_t b = 0;
-  for (; b + kBlock <= n; b += kBlock) reduce_block<T>(slices, world, out, b, avg);
+  for (; b + kReduceBlock <= n; b += kReduceBlock) reduce_block<T>(slices, world, out, b, avg);
   for (; b < n; ++b) kernels::store_f32(out, T, b, kernels::reduce_ranks(slices, T, world, b, avg));
 }
 void reduce_into(const std::vector<const void*>& slices, DType t, void* out, std::size_t n, bool avg) {

@@ -102,7 +102,8 @@ struct RankEstimate {
   ///      after the side stream passes them and gets back at the next module's acquire;
   ///    stage 3, the larger of the first step, L + ⌈L/Nd⌉·[offload_param] (its shard staged
   ///      from the parameter tier) + m + ⌈m/Nd⌉·[offload_param] (the module before it: its
-  ///      gather and staged shard, given back at the next acquire) + grads, and later steps, G + grads + c + ⌈c/Nd⌉ with
+  ///      gather and staged shard, given back at the next acquire) + grads, and later steps,
+  ///      G + grads + c + ⌈c/Nd⌉ with
   ///      G = min(Ψ, max(L + P, min(stage3_max_live_parameters, stage3_max_reuse_distance + L)))
   ///      (modules reused within the reuse distance stay gathered, up to the live cap; P =
   ///      min(stage3_prefetch_bucket_size, Ψ)) and, at Nd > 1 while G < Ψ, a coalesced

@@ -78,7 +78,8 @@ struct Group {
   //   queued        every user finished (finish_backward): waiting in the bucket.
   //   reduced       its reduction is on the side stream (flush_bucket): the result goes into
   //                 grad_shard and the offloaded sub-groups' gradients (the tier); stages 2-3
-  //                 released grad_full (persistent groups keep it). The next micro-batch's prepare makes it accumulating.
+  //                 released grad_full (persistent groups keep it). The next micro-batch's
+  //                 prepare makes it accumulating.
   // Frozen groups stay idle. reset_for_next_step: every group -> idle.
   enum class GradState { idle, accumulating, queued, reduced } grad_state = GradState::idle;
   // Compute-dtype parameters. Stages 0-2: param_full is the persistent full copy.
