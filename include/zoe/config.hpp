@@ -191,6 +191,12 @@ struct ZoeConfig {
   double comm_timeout_s = 300.0;
   /// Threads for the CPU optimizer (0 = all hardware threads).
   int optimizer_threads = 0;
+  /// Elements, >= 0. A run of consecutive modules (registration order) whose own trainable
+  /// parameters are each fewer than min(this, stage3_param_persistence_threshold) elements
+  /// shares one flat group while their total stays below that (FSDP's size-based wrapping):
+  /// one gather, reduction, update and norm piece for all of them, so thousands of tiny
+  /// modules cost about what one module of their size does. 0: every module a group of its own.
+  std::int64_t small_module_threshold = 100'000;
   /// Require O_DIRECT on the NVMe tier (error if the filesystem refuses it).
   bool require_direct_io = false;
   /// Pinned host memory budget in bytes for the offload tiers (0 = unlimited).

@@ -441,7 +441,8 @@ class Engine {
   /// of format 1 (zoe before the manifest). A collective; returns the saved client_state.
   /// Reads `dir`, or `dir`.old if `dir` is incomplete (a crash in a save), the same on every
   /// rank. Before changing anything every rank verifies the manifest (checksum, the model's
-  /// group and parameter names and shapes: UsageError for another model) and every part of
+  /// parameter names and shapes: UsageError for another model, naming the parameter; the
+  /// saved groups may cut them otherwise, zoe.small_module_threshold) and every part of
   /// the rank files it will read (header, rank, save id, size, CRC32C: CorruptionError naming
   /// the file); if any rank fails every rank throws, naming the failed ranks and their errors,
   /// and the engine is unchanged. Host memory: one sub-group's states. Frozen parameters come

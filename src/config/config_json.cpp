@@ -189,6 +189,7 @@ void read_aio(Section s, AioConfig& c) {
 void read_zoe(Section s, ZoeConfig& c) {
   s.number("comm_timeout_s", c.comm_timeout_s);
   s.integer("optimizer_threads", c.optimizer_threads);
+  s.integer("small_module_threshold", c.small_module_threshold);
   s.boolean("require_direct_io", c.require_direct_io);
   s.integer("pinned_budget_bytes", c.pinned_budget_bytes);
   s.integer_or_word("host_memory_budget", c.host_memory_budget, "auto", ZoeConfig::kHostMemoryBudgetAuto);
@@ -423,6 +424,7 @@ std::string Config::to_json() const {
               {"overlap_events", aio.overlap_events}};
   j["zoe"] = {{"comm_timeout_s", zoe.comm_timeout_s},
               {"optimizer_threads", zoe.optimizer_threads},
+              {"small_module_threshold", zoe.small_module_threshold},
               {"require_direct_io", zoe.require_direct_io},
               {"pinned_budget_bytes", zoe.pinned_budget_bytes},
               {"host_memory_budget", zoe.host_memory_budget == ZoeConfig::kHostMemoryBudgetAuto

@@ -156,6 +156,7 @@ void check_zoe(Checker& k, const Config& c) {
     k.fail("zoe.comm_timeout_s", {}, "must be at most ", kMaxCommTimeoutS, " seconds (30 days), got ",
            z.comm_timeout_s);
   k.in_range("zoe.optimizer_threads", z.optimizer_threads, 0, kMaxOptimizerThreads);
+  k.at_least("zoe.small_module_threshold", z.small_module_threshold, 0);
   k.at_least("zoe.pinned_budget_bytes", z.pinned_budget_bytes, 0);
   const bool auto_budget = z.host_memory_budget == ZoeConfig::kHostMemoryBudgetAuto;
   if (!auto_budget && z.host_memory_budget < 0)

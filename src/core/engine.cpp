@@ -221,7 +221,7 @@ const ModuleTensors& Engine::begin_backward(ModuleId id) {
     I.finalize();
     const ModuleInfo& m = I.model.modules[id.index];
     I.gatherer.acquire(static_cast<int>(id.index), true);
-    I.reducer.prepare(m);
+    I.reducer.prepare(m, I.rules.backwards(static_cast<int>(id.index)));
     return I.views(static_cast<int>(id.index), true);
   });
 }

@@ -35,7 +35,12 @@ void core::EngineImpl::finalize() {
   try {
     const auto& zc = cx.config.zero_optimization;
     const StagePolicy& policy = cx.policy;
-    model.build_groups(policy, cx.rank, cx.world, zc.stage3_param_persistence_threshold);
+    // Small modules share groups (zoe.small_module_threshold), except under zoe.debug_poison:
+    // a module's gradient view is freed (poisoned) only when its whole group is reduced, so
+    // each module keeps a group of its own there and a stale view reads NaN at its end_*.
+    const std::int64_t share_below =
+        cx.config.zoe.debug_poison ? 0 : std::min(cx.config.zoe.small_module_threshold, zc.stage3_param_persistence_threshold);
+    model.build_groups(policy, cx.rank, cx.world, zc.stage3_param_persistence_threshold, share_below);
     model.build_views(cx.dtype);
     // Every state's home, sizes only: the offload tiers must know all their tensors before
     // they open (finalize), and the values are written after, chunk by chunk.

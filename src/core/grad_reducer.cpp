@@ -6,7 +6,13 @@
 
 namespace zoe::core {
 
-void GradReducer::prepare(const ModuleInfo& m) {
+void GradReducer::prepare(const ModuleInfo& m, int round) {
+  // A group of several modules whose round this module already finished: the others ran no
+  // backward in it (as a module may skip one); its round ends here, with what they wrote.
+  for (int gi : m.groups) {
+    const Group& g = model_.group(gi);
+    if (g.grad_state == Group::GradState::accumulating && round > g.micro_batches + 1) complete_round(gi);
+  }
   // A group still waiting in the bucket is reduced before its buffer takes the next
   // micro-batch's gradients.
   for (int gi : m.groups)
@@ -48,17 +54,29 @@ void GradReducer::finish_backward(const ModuleInfo& m) {
   for (int gi : m.groups) {
     Group& g = model_.group(gi);
     if (g.frozen) continue;  // no gradients: never reduced
-    if (--g.pending_users > 0) continue;
-    g.pending_users = static_cast<int>(g.users.size());
-    ++g.micro_batches;
-    reached_round(g);
-    if (cx_.policy.shards_grads || g.micro_batches == cx_.config.gradient_accumulation_steps) {
-      queue_reduction(gi);
-    } else {
-      g.grad_state = Group::GradState::idle;  // stages 0-1: the sum waits in grad_full for the last one
-    }
+    if (--g.pending_users == 0) complete_round(gi);
   }
   if (round_complete()) flush_bucket();
+}
+
+void GradReducer::complete_round(int gi) {
+  Group& g = model_.group(gi);
+  g.pending_users = static_cast<int>(g.users.size());
+  ++g.micro_batches;
+  reached_round(g);
+  if (cx_.policy.shards_grads || g.micro_batches == cx_.config.gradient_accumulation_steps) {
+    queue_reduction(gi);
+  } else {
+    g.grad_state = Group::GradState::idle;  // stages 0-1: the sum waits in grad_full for the last one
+  }
+}
+
+void GradReducer::complete_partial_rounds() {
+  for (std::size_t gi = 0; gi < model_.groups.size(); ++gi) {
+    const Group& g = model_.groups[gi];
+    if (g.grad_state == Group::GradState::accumulating && g.pending_users < static_cast<int>(g.users.size()))
+      complete_round(static_cast<int>(gi));
+  }
 }
 
 void GradReducer::queue_reduction(int gi) {

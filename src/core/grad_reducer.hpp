@@ -35,12 +35,18 @@ class GradReducer {
   GradReducer(EngineContext& cx, Model& model, Collectives& coll, Updater& updater)
       : cx_(cx), model_(model), coll_(coll), updater_(updater) {}
 
-  /// At begin_backward(m): reduces a bucket holding one of m's groups first, then (stages 2-3)
-  /// allocates and zeroes the gradient buffers m's groups lack.
-  void prepare(const ModuleInfo& m);
-  /// At end_backward(m): each of m's groups whose every user finished this round joins the
-  /// bucket; the bucket is reduced once the round is complete.
+  /// At begin_backward(m) of m's backward number `round` this step (1-based): ends the round
+  /// of a group of several modules that m already finished this round in (complete_round),
+  /// reduces a bucket holding one of m's groups, then (stages 2-3) allocates and zeroes the
+  /// gradient buffers m's groups lack.
+  void prepare(const ModuleInfo& m, int round);
+  /// At end_backward(m): each of m's groups whose every user finished this round completes
+  /// it; the bucket is reduced once the round is complete.
   void finish_backward(const ModuleInfo& m);
+  /// At step(), before the micro-batch count is checked: a group some but not all of whose
+  /// modules ran the last round's backward completes that round with their gradients (a
+  /// module that runs no backward adds nothing, as for a group of its own).
+  void complete_partial_rounds();
   /// Reduces the bucket's groups with one collective (nothing when empty).
   void flush_bucket();
   /// Whether gradients wait in the bucket.
@@ -52,6 +58,9 @@ class GradReducer {
   void reset_for_next_step(bool skipped);
 
  private:
+  /// Group `gi`'s round is over: counted (micro_batches), its gradient queued for reduction
+  /// (stages 0-1: only after the step's last micro-batch), its users pending again.
+  void complete_round(int gi);
   /// Puts group `gi`'s complete gradient of this round into the bucket (reducing the bucket
   /// first when it would overflow, after when it is full).
   void queue_reduction(int gi);

@@ -16,26 +16,77 @@ void Model::check_complete() const {
     ZOE_CHECK_USAGE(used[pi], "parameter ", detail::quoted(params[pi].name), " is not used by any module");
 }
 
-void Model::build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold) {
-  // Each module owns the parameters it lists first; its group is their flat buffer. Its
-  // frozen parameters form a second group (compute-dtype values only), made only when it has
-  // some, so a model without frozen parameters has exactly one group per module.
-  for (const ModuleInfo& m : modules) {
-    Group trainable, frozen;
-    trainable.name = m.name;
-    frozen.name = m.name + " (frozen)";
-    frozen.frozen = true;
-    const int at = static_cast<int>(groups.size());
+std::vector<Model::OwnGroup> Model::own_groups() const {
+  // Each module owns the parameters it lists first: its trainable ones, then (when it has
+  // some) its frozen ones, "<module> (frozen)". Every module has a trainable entry, empty
+  // when all its parameters are frozen or owned by an earlier module.
+  std::vector<OwnGroup> out;
+  std::vector<bool> owned(params.size(), false);
+  for (std::size_t mi = 0; mi < modules.size(); ++mi) {
+    const ModuleInfo& m = modules[mi];
+    OwnGroup trainable{m.name, false, static_cast<int>(mi), {}}, frozen{m.name + " (frozen)", true, static_cast<int>(mi), {}};
     for (std::uint32_t pi : m.params) {
-      if (params[pi].group >= 0) continue;
-      Group& g = params[pi].options.frozen ? frozen : trainable;
-      params[pi].group = params[pi].options.frozen ? at + 1 : at;
+      if (owned[pi]) continue;
+      owned[pi] = true;
+      (params[pi].options.frozen ? frozen : trainable).params.push_back(pi);
+    }
+    out.push_back(std::move(trainable));
+    if (!frozen.params.empty()) out.push_back(std::move(frozen));
+  }
+  return out;
+}
+
+void Model::build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold,
+                         std::int64_t share_below) {
+  // The modules' own groups (own_groups), except that consecutive small ones share one: a run
+  // of modules, in registration order, whose own trainable parameters are each fewer than
+  // `share_below` elements shares one flat buffer while the total stays below it
+  // (FSDP's size-based wrapping: small modules fold into one unit). Such a group is one unit
+  // of every per-group cost (a gather, a reduction, a sub-group's update, a norm piece), so a
+  // step over thousands of tiny modules costs about what one module of their size does; at
+  // stage 3 it stays below the persistence threshold (share_below is not above it), so it is
+  // persistent as each of its modules was.
+  // The same at every stage, so stages agree bit for bit (the norm sums per group).
+  const std::vector<OwnGroup> own = own_groups();
+  auto live_of = [this](const std::vector<std::uint32_t>& ps) {
+    std::int64_t n = 0;
+    for (std::uint32_t pi : ps) n += params[pi].numel;
+    return n;
+  };
+  int shared = -1;            // the group small modules are joining, or -1
+  std::int64_t shared_live = 0;
+  int shared_modules = 0;
+  for (const OwnGroup& o : own) {
+    const std::int64_t live = live_of(o.params);
+    const bool small = !o.frozen && !o.params.empty() && live < share_below;
+    int gi;
+    if (small && shared >= 0 && shared_live + live < share_below) {
+      gi = shared;
+      shared_live += live;
+      Group& g = groups[static_cast<std::size_t>(gi)];
+      g.name = detail::concat(modules[static_cast<std::size_t>(g.users.front())].name, " .. ", modules[static_cast<std::size_t>(o.module)].name,
+                              " (", ++shared_modules, " modules)");
+    } else {
+      gi = static_cast<int>(groups.size());
+      Group g;
+      g.name = o.name;
+      g.frozen = o.frozen;
+      groups.push_back(std::move(g));
+      if (!o.frozen) {
+        shared = small ? gi : -1;
+        shared_live = live;
+        shared_modules = 1;
+      }
+    }
+    Group& g = groups[static_cast<std::size_t>(gi)];
+    if (!o.frozen && g.users.empty()) g.users.push_back(o.module);  // (registration's first: the name's)
+    for (std::uint32_t pi : o.params) {
+      params[pi].group = gi;
       params[pi].slot = g.params.size();
       g.params.push_back(pi);
     }
-    groups.push_back(std::move(trainable));
-    if (!frozen.params.empty()) groups.push_back(std::move(frozen));
   }
+  for (Group& g : groups) g.users.clear();
   for (std::size_t mi = 0; mi < modules.size(); ++mi) {
     auto& gs = modules[mi].groups;
     for (std::uint32_t pi : modules[mi].params) gs.push_back(params[pi].group);

@@ -27,12 +27,26 @@ struct Model {
   /// Throws UsageError unless a build can start: some module registered, every parameter used
   /// by one. Changes nothing.
   void check_complete() const;
-  /// Partitions the parameters into groups (each module owns the parameters it lists first;
-  /// frozen ones form "<module> (frozen)") and lays each out as a flat buffer padded for
-  /// `world` ranks: sets every group's layout, users, persistence (stage 3, below
-  /// `persistence_threshold` elements) and this rank's optimizer range. Buffers are not
-  /// allocated here.
-  void build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold);
+  /// The parameters each module owns (those it lists first), in registration order: its
+  /// trainable ones (an entry for every module, maybe empty), then its frozen ones (an entry
+  /// "<module> (frozen)" only when it has some). Before build_groups merges small ones, these
+  /// are the groups; a checkpoint of format 1 was written in them.
+  struct OwnGroup {
+    std::string name;
+    bool frozen = false;
+    int module = -1;
+    std::vector<std::uint32_t> params;
+  };
+  std::vector<OwnGroup> own_groups() const;
+  /// Partitions the parameters into groups, the own_groups() except that a run of consecutive
+  /// modules whose own trainable parameters are each under `share_below` elements shares one
+  /// group while its total stays under it (named "<first> .. <last> (<k> modules)"; callers
+  /// keep share_below <= persistence_threshold, so such a group is persistent at stage 3),
+  /// and lays each out as a flat buffer padded for `world` ranks: sets every group's layout,
+  /// users, persistence (stage 3, below `persistence_threshold` elements) and this rank's
+  /// optimizer range. Buffers are not allocated here.
+  void build_groups(const StagePolicy& policy, int rank, int world, std::int64_t persistence_threshold,
+                    std::int64_t share_below);
   /// Throws UsageError for an unknown module id, naming `call` (the public call).
   void check_module(ModuleId m, const char* call) const;
   /// Builds the trainer's views of every module (shapes, `dtype`, where each parameter lies)

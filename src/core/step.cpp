@@ -15,15 +15,19 @@
 namespace zoe {
 
 namespace {
-// Throws UsageError unless every module is idle and every trainable group took exactly
-// gradient_accumulation_steps micro-batches of backward (a group no module ran backward for
-// takes none: its gradient is zero).
-void check_step_complete(const core::Model& model, const core::CallRules& rules, int gas) {
+// Throws UsageError unless every module is idle.
+void check_modules_idle(const core::Model& model, const core::CallRules& rules) {
   for (std::size_t mi = 0; mi < model.modules.size(); ++mi) {
     const core::ModulePhase phase = rules.phase(static_cast<int>(mi));
     ZOE_CHECK_USAGE(phase == core::ModulePhase::idle, "step() while module ", detail::quoted(model.modules[mi].name), " is still in ",
                     phase == core::ModulePhase::forward ? "forward" : "backward");
   }
+}
+
+// Throws UsageError unless every trainable group took exactly gradient_accumulation_steps
+// micro-batches of backward (a group no module ran backward for takes none: its gradient is
+// zero).
+void check_micro_batches(const core::Model& model, const core::CallRules& rules, int gas) {
   // Frozen groups have no gradients: they are never reduced and take no part in the step.
   // Neither does a trainable group no module uses (a module whose parameters are all frozen or
   // owned by another module leaves its trainable group empty): its count stays 0.
@@ -48,7 +52,9 @@ void check_step_complete(const core::Model& model, const core::CallRules& rules,
 
 StepResult core::EngineImpl::step() {
   updater.wait_for_previous_step();
-  check_step_complete(model, rules, cx.gradient_accumulation_steps());
+  check_modules_idle(model, rules);
+  reducer.complete_partial_rounds();
+  check_micro_batches(model, rules, cx.gradient_accumulation_steps());
   reducer.flush_bucket();  // the last round's gradients still waiting
   reducer.zero_unused_gradients();
   const core::GradStats stats = core::measure_gradients(cx, model, updater, tiers);

@@ -120,7 +120,7 @@ TEST_F(CheckpointIntegrity, FlippedStateByteNamesTheFileAndGroupOnEveryRank) {
   expect_refused(o, "rank1.zoe", "do not match their checksum", 1);
   EXPECT_EQ(o.kinds[0], "corruption");
   EXPECT_EQ(o.kinds[1], "corruption");
-  EXPECT_NE(o.errors[1].find("group 'l0'"), std::string::npos) << o.errors[1];
+  EXPECT_NE(o.errors[1].find("group 'l0"), std::string::npos) << o.errors[1];  // (its small modules share it)
 }
 
 TEST_F(CheckpointIntegrity, FlippedLossScaleInTheManifestIsRefused) {

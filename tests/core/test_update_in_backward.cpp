@@ -41,6 +41,7 @@ Config config(int stage, OffloadDevice optimizer, OffloadDevice param, bool in_b
   c.optimizer.lr = 1e-2;
   c.optimizer.weight_decay = 0.01;
   c.zoe.optimizer_threads = 1;
+  c.zoe.small_module_threshold = 0;  // a group per module: these tests follow the update group by group
   c.zoe.update_in_backward = in_backward;
   c.zero_optimization.sub_group_size = 96;  // several sub-groups per group
   c.zero_optimization.reduce_bucket_size = 0;  // one group per bucket: each reduced at its backward

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "io/file_writer.hpp"
@@ -32,6 +33,7 @@
 #include "src/common/quote.hpp"
 #include "src/core/checkpoint/checkpoint_dir.hpp"
 #include "src/core/checkpoint/checkpoint_manifest.hpp"
+#include "src/core/checkpoint/checkpoint_param_map.hpp"
 #include "src/core/checkpoint/checkpoint_reader.hpp"
 #include "src/core/checkpoint/engine_checkpoint.hpp"
 #include "src/core/state_access.hpp"
@@ -102,6 +104,26 @@ std::vector<ckpt::GroupEntry> model_of(const core::StateAccess& S) {
     for (std::size_t i = 0; i < g.params.size(); ++i) {
       const core::ParamInfo& p = S.model().params[g.params[i]];
       e.params.push_back({p.name, p.shape, g.layout->offset(i), p.numel});
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// The model as format 1 saved it: the modules' own groups (Model::own_groups), laid out
+// as FlatLayout lays out any group (offsets do not depend on the world size).
+std::vector<ckpt::GroupEntry> own_groups_of(const core::StateAccess& S) {
+  std::vector<ckpt::GroupEntry> out;
+  for (const core::Model::OwnGroup& o : S.model().own_groups()) {
+    std::vector<std::int64_t> numels;
+    for (std::uint32_t pi : o.params) numels.push_back(S.model().params[pi].numel);
+    const core::FlatLayout layout(numels, 1);
+    ckpt::GroupEntry e;
+    e.name = o.name;
+    e.frozen = o.frozen;
+    for (std::size_t i = 0; i < o.params.size(); ++i) {
+      const core::ParamInfo& p = S.model().params[o.params[i]];
+      e.params.push_back({p.name, p.shape, layout.offset(i), p.numel});
     }
     out.push_back(std::move(e));
   }
@@ -287,7 +309,7 @@ ckpt::Manifest read_manifest(const core::StateAccess& S, const std::string& from
     std::map<std::string, bool> saved;  // format 1 stores every parameter trainable
     for (const core::ParamInfo& p : S.model().params) saved[p.name] = false;
     check_frozen_set(S, saved, "checkpoint " + detail::quoted_path(from) + " (format 1)");
-    return ckpt::read_legacy(from, model_of(S));
+    return ckpt::read_legacy(from, own_groups_of(S));  // format 1: a group per module
   }
   const std::string path = (fs::path(from) / ckpt::kManifestName).string();
   ckpt::Manifest m = ckpt::parse_manifest(ckpt::read_manifest_text(path), path);
@@ -295,39 +317,19 @@ ckpt::Manifest read_manifest(const core::StateAccess& S, const std::string& from
   for (const ckpt::GroupEntry& g : m.groups)
     for (const ckpt::ParamEntry& p : g.params) saved[p.name] = g.frozen;
   check_frozen_set(S, saved, "checkpoint " + detail::quoted_path(path));
-  const std::string other = "checkpoint " + detail::quoted_path(path) + " is of another model: ";
-  if (m.groups.size() != S.model().groups.size())
-    ZOE_THROW(UsageError, other, "it has ", m.groups.size(), " module groups, this engine ", S.model().groups.size());
-  const std::vector<ckpt::GroupEntry> mine = model_of(S);
-  for (std::size_t gi = 0; gi < mine.size(); ++gi) {
-    const ckpt::GroupEntry &a = m.groups[gi], &b = mine[gi];
-    if (a.name != b.name) ZOE_THROW(UsageError, other, "group ", gi, " is ", detail::quoted(a.name), " there, ", detail::quoted(b.name), " here");
-    if (a.params.size() != b.params.size())
-      ZOE_THROW(UsageError, other, "group ", detail::quoted(a.name), " has ", a.params.size(), " parameters there, ", b.params.size(),
-                " here");
-    for (std::size_t pi = 0; pi < a.params.size(); ++pi) {
-      const ckpt::ParamEntry &p = a.params[pi], &q = b.params[pi];
-      auto shape = [](const std::vector<std::int64_t>& s) {
-        std::string t = "[";
-        for (std::size_t d = 0; d < s.size(); ++d) t += (d ? ", " : "") + std::to_string(s[d]);
-        return t + "]";
-      };
-      if (p.name != q.name || p.shape != q.shape)
-        ZOE_THROW(UsageError, other, "group ", detail::quoted(a.name), " parameter ", pi, " is ", detail::quoted(p.name), " ", shape(p.shape),
-                  " there, ", detail::quoted(q.name), " ", shape(q.shape), " here");
-    }
-  }
   return m;
 }
 
 // Opens and verifies every part of every rank file this rank will read.
-void verify_needed(core::StateAccess& S, ckpt::CheckpointReader& reader) {
+void verify_needed(core::StateAccess& S, ckpt::CheckpointReader& reader, const ckpt::ParamMap& map) {
+  std::set<std::pair<std::size_t, int>> parts;
   for (std::size_t gi = 0; gi < S.model().groups.size(); ++gi) {
     const auto [begin, end] = kept_part(S, S.model().groups[gi]);
-    for (int r : reader.sources(gi, begin, end, S.rank())) {
-      reader.check_file(r);
-      reader.verify(r, gi);
-    }
+    parts.merge(map.sources(reader, gi, begin, end, S.rank()));
+  }
+  for (const auto& [saved_group, r] : parts) {
+    reader.check_file(r);
+    reader.verify(r, saved_group);
   }
 }
 }  // namespace
@@ -347,9 +349,13 @@ std::string core::load_engine_checkpoint(StateAccess& S, const std::string& dir)
 
   // 2. Every rank reads the manifest, checks it and verifies what it will read.
   std::unique_ptr<ckpt::CheckpointReader> reader;
+  std::unique_ptr<ckpt::ParamMap> map;  // where this engine's groups' elements were saved
   try {
     reader = std::make_unique<ckpt::CheckpointReader>(from, read_manifest(S, from));
-    verify_needed(S, *reader);
+    const std::string source = ckpt::is_legacy(from) ? detail::quoted_path(from) + " (format 1)"
+                                                     : detail::quoted_path((fs::path(from) / ckpt::kManifestName).string());
+    map = std::make_unique<ckpt::ParamMap>(S.model(), reader->manifest(), "checkpoint " + source);
+    verify_needed(S, *reader, *map);
     mine = ok(hex_id(reader->manifest().id));
   } catch (...) {
     error = std::current_exception();
@@ -379,10 +385,10 @@ std::string core::load_engine_checkpoint(StateAccess& S, const std::string& dir)
     S.write_values(
         [&](const core::Group& g, std::int64_t begin, std::span<float> master, std::span<float> moments) {
           const auto gi = static_cast<std::size_t>(&g - S.model().groups.data());
-          reader->read(gi, 0, begin, master, S.rank());
+          map->read(*reader, gi, 0, begin, master, S.rank());
           if (moments.empty()) return;
-          reader->read(gi, 1, begin, moments.first(master.size()), S.rank());
-          reader->read(gi, 2, begin, moments.subspan(master.size()), S.rank());
+          map->read(*reader, gi, 1, begin, moments.first(master.size()), S.rank());
+          map->read(*reader, gi, 2, begin, moments.subspan(master.size()), S.rank());
         },
         true);
   } catch (const std::exception& e) {
