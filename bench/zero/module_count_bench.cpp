@@ -5,7 +5,9 @@
 // pair (median of the timed steps, at least 64,000 module calls per case, after one step that
 // records the order prefetch follows),
 // and the ratio to the smallest count (1.0 = flat: O(1) per call). A second case runs the same
-// step at world 2 for n modules against one module holding all n x 256 elements.
+// step at world 2 for n modules against one module holding all n x 256 elements: with the
+// default config (the small modules share groups, zoe.small_module_threshold) and with a group
+// per module ("_own_groups": threshold 0).
 // Each figure is taken in --rounds rounds (default 5), every case once per round, and reported
 // as the median value and the median (least, greatest) of its per-round ratios. The world-2
 // case reports the step's wall time and its CPU time (every thread of the process: both ranks'
@@ -39,8 +41,11 @@ double process_cpu_ms() {
   return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
 }
 
-Config bench_config(int world) {
+// share_below: zoe.small_module_threshold (the default: small modules share groups; 0: a group
+// per module).
+Config bench_config(int world, std::int64_t share_below) {
   Config c;
+  c.zoe.small_module_threshold = share_below;
   c.zero_optimization.stage = 3;
   c.train_batch_size = world;
   c.train_micro_batch_size_per_gpu = 1;
@@ -67,11 +72,11 @@ double median(std::vector<double> v) {
 
 // Runs `steps` + 1 passes over `modules` modules of `elements` each on every rank; returns
 // rank 0's median per-call times of all passes but the first.
-PassTimes run(int world, int modules, std::int64_t elements, int steps) {
+PassTimes run(int world, int modules, std::int64_t elements, int steps, std::int64_t share_below = ZoeConfig{}.small_module_threshold) {
   std::vector<RankContext> ranks = make_local_ranks(world, 600.0);
   std::vector<PassTimes> per_rank(static_cast<std::size_t>(world));
   run_ranks(ranks, [&](RankContext& ctx) {
-    Engine e(bench_config(world), ctx);
+    Engine e(bench_config(world, share_below), ctx);
     std::vector<ModuleId> ids;
     for (int m = 0; m < modules; ++m) {
       const std::string name = "m" + std::to_string(m);
@@ -127,7 +132,7 @@ void print(bool json, const char* name, const char* unit, const Paired& p) {
                 "\"ratio\":%.3f,\"ratio_min\":%.3f,\"ratio_max\":%.3f,\"rounds\":%zu}\n",
                 name, median(p.values), unit, median(p.baselines), median(p.ratios), *lo, *hi, p.ratios.size());
   } else {
-    std::printf("%-28s %9.3f %s (baseline %.3f): ratio x%.2f (x%.2f-%.2f over %zu rounds)\n", name, median(p.values), unit,
+    std::printf("%-39s %9.3f %s (baseline %.3f): ratio x%.2f (x%.2f-%.2f over %zu rounds)\n", name, median(p.values), unit,
                 median(p.baselines), median(p.ratios), *lo, *hi, p.ratios.size());
   }
 }
@@ -164,7 +169,7 @@ int main(int argc, char** argv) {
   // A world-2 step takes 1-4 ms: at least kWorld2Steps of them per case and round, so a round's
   // median is not a handful of steps that a burst of the machine's other load can move.
   const int world2_steps = std::max(passes_for(many, steps), kWorld2Steps);
-  Paired world2, world2_cpu;
+  Paired world2, world2_cpu, world2_own, world2_own_cpu;
   for (int r = 0; r < rounds; ++r) {
     std::vector<PassTimes> t;
     for (int c : counts) t.push_back(run(1, c, kElements, passes_for(c, steps)));
@@ -176,6 +181,9 @@ int main(int argc, char** argv) {
     const PassTimes one = run(2, 1, many * kElements, world2_steps);
     world2.add(small.step_ms, one.step_ms);
     world2_cpu.add(small.step_cpu_ms, one.step_cpu_ms);
+    const PassTimes own = run(2, many, kElements, world2_steps, 0);
+    world2_own.add(own.step_ms, one.step_ms);
+    world2_own_cpu.add(own.step_cpu_ms, one.step_cpu_ms);
   }
   for (std::size_t k = 0; k < counts.size(); ++k) {
     const std::string f = "forward_per_module_" + std::to_string(counts[k]);
@@ -187,5 +195,7 @@ int main(int argc, char** argv) {
   print(json, w.c_str(), "ms", world2);
   const std::string wc = "world2_step_cpu_" + std::to_string(many) + "_modules";
   print(json, wc.c_str(), "ms", world2_cpu);
+  print(json, (w + "_own_groups").c_str(), "ms", world2_own);
+  print(json, (wc + "_own_groups").c_str(), "ms", world2_own_cpu);
   return 0;
 }
