@@ -197,45 +197,13 @@ void adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
 }
 
 // Squares 8 floats into lanes [0, 4) and [4, 8) of two fp64 accumulators (exact products).
-void add_squares8(__m256 x, __m256d& lo, __m256d& hi) {
-  const __m256d dlo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
-  const __m256d dhi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-  lo = _mm256_add_pd(lo, _mm256_mul_pd(dlo, dlo));
-  hi = _mm256_add_pd(hi, _mm256_mul_pd(dhi, dhi));
-}
-
-template <DType D>
-double sum_squares_t(const void* x, std::size_t begin, std::size_t end) {
-  __m256d acc[8];
-  for (auto& a : acc) a = _mm256_setzero_pd();
-  std::size_t i = begin;
-  for (; i + kSumLanes <= end; i += kSumLanes) {
-    add_squares8(load8<D>(x, i), acc[0], acc[1]);
-    add_squares8(load8<D>(x, i + 8), acc[2], acc[3]);
-    add_squares8(load8<D>(x, i + 16), acc[4], acc[5]);
-    add_squares8(load8<D>(x, i + 24), acc[6], acc[7]);
-  }
-  alignas(32) double lanes[kSumLanes];
-  for (int k = 0; k < 8; ++k) _mm256_store_pd(lanes + 4 * k, acc[k]);
-  sum_squares_scalar_lanes(lanes, x, D, i, end);
-  return reduce_lanes(lanes);
-}
-
-double sum_squares(const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  switch (dtype) {
-    case DType::f32: return sum_squares_t<DType::f32>(x, begin, end);
-    case DType::bf16: return sum_squares_t<DType::bf16>(x, begin, end);
-    case DType::f16: return sum_squares_t<DType::f16>(x, begin, end);
-  }
-  return 0.0;
-}
 
 }  // namespace
 
 const KernelTable& avx2_kernels() {
   // add_grad: the scalar loop (its fp64 sums are in index order per chunk; only the AVX-512
   // path has the chunk-transposed vector version).
-  static const KernelTable table{adam, sum_squares, add_grad_scalar};
+  static const KernelTable table{adam, chunk_sums_scalar, add_grad_scalar};
   return table;
 }
 

@@ -266,40 +266,6 @@ void adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
   }
 }
 
-// Squares 16 floats into lanes [0, 8) and [8, 16) of two fp64 accumulators (exact products).
-void add_squares16(__m512 x, __m512d& lo, __m512d& hi) {
-  const __m512d dlo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-  const __m512d dhi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
-  lo = _mm512_add_pd(lo, _mm512_mul_pd(dlo, dlo));
-  hi = _mm512_add_pd(hi, _mm512_mul_pd(dhi, dhi));
-}
-
-template <DType D>
-double sum_squares_t(const void* x, std::size_t begin, std::size_t end) {
-  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
-  __m512d acc2 = _mm512_setzero_pd(), acc3 = _mm512_setzero_pd();
-  std::size_t i = begin;
-  for (; i + kSumLanes <= end; i += kSumLanes) {
-    add_squares16(load_grad16<D>(x, i), acc0, acc1);
-    add_squares16(load_grad16<D>(x, i + 16), acc2, acc3);
-  }
-  alignas(64) double acc[kSumLanes];
-  _mm512_store_pd(acc, acc0);
-  _mm512_store_pd(acc + 8, acc1);
-  _mm512_store_pd(acc + 16, acc2);
-  _mm512_store_pd(acc + 24, acc3);
-  sum_squares_scalar_lanes(acc, x, D, i, end);
-  return reduce_lanes(acc);
-}
-
-double sum_squares(const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  switch (dtype) {
-    case DType::f32: return sum_squares_t<DType::f32>(x, begin, end);
-    case DType::bf16: return sum_squares_t<DType::bf16>(x, begin, end);
-    case DType::f16: return sum_squares_t<DType::f16>(x, begin, end);
-  }
-  return 0.0;
-}
 
 // 8 rows of 8 doubles -> 8 columns: c[k] lane j = r[j] lane k.
 void transpose8x8(const __m512d r[8], __m512d c[8]) {
@@ -341,6 +307,66 @@ __m512 load_src16(const void* src, std::size_t i) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(src) + i));
     if constexpr (S == DType::bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     else return _mm512_cvtph_ps(h);
+  }
+}
+
+// KernelTable::chunk_sums in blocks of 8 whole chunks, as add_grad_t's sums: lane j of the fp64
+// accumulator sums chunk j, one element of each chunk per add, in index order (one 64-byte
+// line of each chunk per iteration, squared, transposed in two 8x8 halves), so each lane's sum
+// is the scalar loop's. The rest of the range goes to the scalar loop.
+template <DType S>
+void chunk_sums_t(const void* x, std::size_t begin, std::size_t end, double* sums) {
+  constexpr std::size_t C = kGradSumChunk;
+  std::size_t b = begin;
+  // 16 chunks at a time: two accumulators, two independent chains of adds (one alone is
+  // bound by the add's latency).
+  for (; b + 16 * C <= end; b += 16 * C) {
+    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (std::size_t k = 0; k < C; k += 16) {
+      for (int half = 0; half < 2; ++half) {
+        __m512d lo[8], hi[8], c[8];
+        for (int j = 0; j < 8; ++j) {
+          const __m512 v = load_src16<S>(x, b + (8 * half + j) * C + k);
+          const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+          const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+          lo[j] = _mm512_mul_pd(dl, dl);
+          hi[j] = _mm512_mul_pd(dh, dh);
+        }
+        transpose8x8(lo, c);
+        for (int e = 0; e < 8; ++e) acc[half] = _mm512_add_pd(acc[half], c[e]);
+        transpose8x8(hi, c);
+        for (int e = 0; e < 8; ++e) acc[half] = _mm512_add_pd(acc[half], c[e]);
+      }
+    }
+    _mm512_storeu_pd(sums + (b - begin) / C, acc[0]);
+    _mm512_storeu_pd(sums + (b - begin) / C + 8, acc[1]);
+  }
+  for (; b + 8 * C <= end; b += 8 * C) {
+    __m512d acc = _mm512_setzero_pd();
+    for (std::size_t k = 0; k < C; k += 16) {
+      __m512d lo[8], hi[8], c[8];
+      for (int j = 0; j < 8; ++j) {
+        const __m512 v = load_src16<S>(x, b + j * C + k);
+        const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+        lo[j] = _mm512_mul_pd(dl, dl);
+        hi[j] = _mm512_mul_pd(dh, dh);
+      }
+      transpose8x8(lo, c);
+      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+      transpose8x8(hi, c);
+      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+    }
+    _mm512_storeu_pd(sums + (b - begin) / C, acc);
+  }
+  if (b < end) chunk_sums_scalar(x, S, b, end, sums + (b - begin) / C);
+}
+
+void chunk_sums(const void* x, DType dtype, std::size_t begin, std::size_t end, double* sums) {
+  switch (dtype) {
+    case DType::f32: chunk_sums_t<DType::f32>(x, begin, end, sums); return;
+    case DType::bf16: chunk_sums_t<DType::bf16>(x, begin, end, sums); return;
+    case DType::f16: chunk_sums_t<DType::f16>(x, begin, end, sums); return;
   }
 }
 
@@ -405,7 +431,7 @@ bool add_grad(const void* src, DType src_dtype, float* grad, bool first, bool st
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static const KernelTable table{adam, sum_squares, add_grad};
+  static const KernelTable table{adam, chunk_sums, add_grad};
   return table;
 }
 

@@ -31,9 +31,10 @@ struct AdamArgs {
 
 struct KernelTable {
   void (*adam)(const AdamArgs& a, std::size_t begin, std::size_t end);
-  /// The chunk partial of sum_squares for [begin, end) (end - begin <= kChunk), in the order
-  /// CpuAdam::kSumLanes documents.
-  double (*sum_squares)(const void* x, DType dtype, std::size_t begin, std::size_t end);
+  /// CpuAdam::sum_squares over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
+  /// sums[k] = the sum of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk
+  /// of the range, as add_grad's sums and host_ops::sum_squares' chunks.
+  void (*chunk_sums)(const void* x, DType dtype, std::size_t begin, std::size_t end, double* sums);
   /// CpuAdam::add_grad over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
   /// grad[i] = float(src[i]) (first) or grad[i] + float(src[i]) (fp32 add); sums[k] = the sum
   /// of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk of the range.
@@ -63,18 +64,13 @@ inline constexpr std::size_t kPrefetchElements = 1024;
 /// Vector TUs use only this constant of kernels/elementwise.hpp, none of its inline functions.
 inline constexpr std::size_t kGradSumChunk = kernels::kSumSquaresChunk;
 
-/// Lanes of the sum_squares accumulators (CpuAdam::kSumLanes).
-inline constexpr std::size_t kSumLanes = 32;
-
 // Scalar pieces the vector kernels call for their tails (defined in adam_scalar.cpp, compiled
 // without ISA flags; vector TUs call no inline math of their own, so no AVX-512 copy of a shared
 // inline function can be picked by the linker for the scalar path).
 /// adam_update over [begin, end) with ordinary stores (fp32 or bf16 states per a.bf16_states).
 void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end);
-/// acc[(i - begin) % kSumLanes] += double(x[i])^2 for i in [begin, end), in index order.
-void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size_t begin, std::size_t end);
-/// acc[0] + acc[1] + ... + acc[kSumLanes - 1], left to right.
-double reduce_lanes(const double* acc);
+/// KernelTable::chunk_sums, scalar (also the tail of the vector paths).
+void chunk_sums_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end, double* sums);
 /// KernelTable::add_grad, scalar (also the tail of the vector paths).
 bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
                      std::size_t end, double* sums);

@@ -80,12 +80,6 @@ void adam_scalar_whole(const AdamArgs& a, std::size_t begin, std::size_t end) {
   adam_scalar_range(a, begin, end);
 }
 
-double sum_squares_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  double acc[kSumLanes] = {};
-  sum_squares_scalar_lanes(acc, x, dtype, begin, end);
-  return reduce_lanes(acc);
-}
-
 }  // namespace
 
 void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
@@ -93,17 +87,34 @@ void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
   else adam_pick_grad<float>(a, begin, end);
 }
 
-void sum_squares_scalar_lanes(double* acc, const void* x, DType dtype, std::size_t begin, std::size_t end) {
-  for (std::size_t i = begin; i < end; ++i) {
-    const double f = load_as_float(x, dtype, i);
-    acc[(i - begin) % kSumLanes] += f * f;
+namespace {
+template <DType D>
+void chunk_sums_typed(const void* x, std::size_t begin, std::size_t end, double* sums) {
+  constexpr std::size_t C = kernels::kSumSquaresChunk;
+  std::size_t c = begin;
+  // Four chunks side by side: four independent chains of dependent adds, each in index order
+  // (one chain alone is bound by the add's latency).
+  for (; c + 4 * C <= end; c += 4 * C) {
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+    for (std::size_t i = 0; i < C; ++i)
+      for (std::size_t k = 0; k < 4; ++k) s[k] += kernels::square_f64(load_as<D>(x, c + k * C + i));
+    for (std::size_t k = 0; k < 4; ++k) sums[(c - begin) / C + k] = s[k];
+  }
+  for (; c < end; c += C) {
+    const std::size_t ce = std::min(end, c + C);
+    double sum = 0.0;
+    for (std::size_t i = c; i < ce; ++i) sum += kernels::square_f64(load_as<D>(x, i));
+    sums[(c - begin) / C] = sum;
   }
 }
+}  // namespace
 
-double reduce_lanes(const double* acc) {
-  double s = 0.0;
-  for (std::size_t l = 0; l < kSumLanes; ++l) s += acc[l];
-  return s;
+void chunk_sums_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end, double* sums) {
+  switch (dtype) {
+    case DType::f32: chunk_sums_typed<DType::f32>(x, begin, end, sums); return;
+    case DType::bf16: chunk_sums_typed<DType::bf16>(x, begin, end, sums); return;
+    case DType::f16: chunk_sums_typed<DType::f16>(x, begin, end, sums); return;
+  }
 }
 
 bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool /*stream*/, std::size_t begin,
@@ -125,7 +136,7 @@ bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, 
 }
 
 const KernelTable& scalar_kernels() {
-  static const KernelTable table{adam_scalar_whole, sum_squares_scalar, add_grad_scalar};
+  static const KernelTable table{adam_scalar_whole, chunk_sums_scalar, add_grad_scalar};
   return table;
 }
 

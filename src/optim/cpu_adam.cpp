@@ -65,8 +65,7 @@ OptimizerStateDType parse_optimizer_state_dtype(std::string_view text, const cha
 namespace {
 
 static_assert(CpuAdam::kChunk % 64 == 0, "chunks must keep 64-byte alignment of fp32 and bf16 arrays");
-static_assert(CpuAdam::kChunk % CpuAdam::kSumLanes == 0);
-static_assert(CpuAdam::kSumLanes == detail::kSumLanes);
+static_assert(CpuAdam::kChunk % kernels::kSumSquaresChunk == 0);
 
 StorePolicy store_policy_from_env() {
   const char* env = std::getenv("ZOE_ADAM_STORES");
@@ -349,11 +348,12 @@ void CpuAdam::split_master(const float* master, const std::uint16_t* high, std::
 double CpuAdam::sum_squares(const void* x, DType dtype, std::size_t n) {
   if (n == 0) return 0.0;
   ZOE_CHECK_USAGE(x, "CpuAdam::sum_squares: null array for n = ", n);
-  std::vector<double> partials((n + kChunk - 1) / kChunk);
-  const auto sum = impl_->kernels.sum_squares;
-  impl_->for_chunks(n, [&](std::size_t c, std::size_t begin, std::size_t end) { partials[c] = sum(x, dtype, begin, end); });
+  constexpr std::size_t C = kernels::kSumSquaresChunk;
+  std::vector<double> sums((n + C - 1) / C);
+  const auto chunk_sums = impl_->kernels.chunk_sums;
+  impl_->for_chunks(n, [&](std::size_t, std::size_t begin, std::size_t end) { chunk_sums(x, dtype, begin, end, sums.data() + begin / C); });
   double total = 0.0;
-  for (double p : partials) total += p;  // chunk order: independent of which thread made which partial
+  for (double s : sums) total += s;  // chunk order, as host_ops::sum_squares: whichever thread made which sum
   return total;
 }
 

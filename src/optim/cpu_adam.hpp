@@ -144,10 +144,6 @@ class CpuAdam {
   /// Element chunk every parallel loop is cut into (a multiple of every SIMD width; independent
   /// of the thread count, which is what makes sum_squares deterministic).
   static constexpr std::size_t kChunk = 16384;
-  /// Lanes of sum_squares' fp64 accumulators: element i (counted from its chunk's start) is
-  /// added to lane i % kSumLanes; a chunk's partial is lane 0 + lane 1 + ... + lane 31 (in that
-  /// order), and the result is partial 0 + partial 1 + ... in chunk order.
-  static constexpr std::size_t kSumLanes = 32;
 
   /// Timed rounds over the candidates per size class under StorePolicy::measure (medians of 11
   /// interleaved trials: one trial alone was seen off by 2x on a shared 2-core machine, and
@@ -223,9 +219,12 @@ class CpuAdam {
   void step(const AdamHyper& hyper, std::int64_t step, float grad_scale, float* master, void* exp_avg,
             void* exp_avg_sq, OptimizerStateDType state_dtype, const void* grad, DType grad_dtype, std::size_t n,
             void* out_half = nullptr, DType out_dtype = DType::bf16);
-  /// Sum of float(x[i])^2 over n elements of dtype, accumulated in fp64 in the fixed order given
-  /// at kSumLanes (squares of floats are exact in fp64), so the result is bitwise the same for
-  /// any thread count and ISA. NaN / inf propagate. Throws zoe::UsageError for null x with n > 0.
+  /// Sum of float(x[i])^2 over n elements of dtype in fp64 (squares of floats are exact there),
+  /// in host_ops::sum_squares' order: each kernels::kSumSquaresChunk-element chunk summed in
+  /// index order, the chunk sums added in chunk order from 0. So the result is bitwise the same
+  /// for any thread count and ISA, and the same as the device's sum of the same values (a
+  /// gradient tier's norm piece equals the device optimizer's). NaN / inf propagate. Throws
+  /// zoe::UsageError for null x with n > 0.
   double sum_squares(const void* x, DType dtype, std::size_t n);
 
   /// What add_grad reports about the gradient it wrote.

@@ -279,11 +279,6 @@ TEST(OptimizerOffload, MultithreadedGradientAddKeepsTheBits) {
     Config none = config(3, OffloadDevice::none, dir);
     none.zoe.optimizer_threads = 2;
     none.zero_optimization.sub_group_size = 70000;  // 2 sub-groups per large shard, 3 blocks each
-    // A group per module, as this test was measured. Known: a bf16 gradient tier with one
-    // micro-batch sums a sub-group's squares in CpuAdam's 32-lane order, the device in
-    // 4096-element chunks; they agree only while no fp64 sum rounds, and with the last layer
-    // sharing l1's group (84,240 elements) one step's sum of its second sub-group does.
-    none.zoe.small_module_threshold = 0;
     none.gradient_clipping = 0.1;
     none.gradient_accumulation_steps = gas;
     const RunResult ref = train(none, wide, 1, 6, 8 * gas);
