@@ -59,6 +59,13 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const StagePolicy stage(z.stage);
   const std::int64_t psi = model.parameters;
   const std::int64_t nd = world_size;
+  // The largest group: the largest module's, or one small modules share (under
+  // min(zoe.small_module_threshold, stage3_param_persistence_threshold) elements, no
+  // zoe.debug_poison), which may be larger than any of its modules.
+  const std::int64_t share_below = config.zoe.debug_poison ? 0
+                                   : std::min(config.zoe.small_module_threshold, z.stage3_param_persistence_threshold);
+  const std::int64_t largest_group =
+      model.largest_layer > 0 ? std::max(model.largest_layer, std::min(share_below - 1, psi)) : 0;
   const std::int64_t B = static_cast<std::int64_t>(dtype_size(config.compute_dtype()));
 
   RankEstimate r;
@@ -129,9 +136,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   std::int64_t grads_in_host = 0;
   if (recycled) {
     const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
-    const std::int64_t module_shard = model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : t;
+    const std::int64_t module_shard = largest_group > 0 ? round_up((largest_group + nd - 1) / nd, kAlign) : t;
     const std::int64_t slot = std::max(kPage, kGradientBytes * std::min({sub_group, module_shard, off}));
-    // Sub-groups never span modules: those of one module's shard, and of all of them.
+    // Sub-groups never span groups: those of one group's shard, and of all of them.
     const std::int64_t group = std::min(module_shard, off), per_group = (group + sub_group - 1) / sub_group;
     const std::int64_t slots = std::min(per_group + 1, (off + group - 1) / group * per_group);  // at most one per sub-group
     grads_in_host = off;
@@ -227,10 +234,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
                                         stage.shards_params ? round_up(shard_of(L), kAlign) : L);
     r.buffers.device = std::max(r.buffers.device, 4 * chunk);
   }
-  // Sub-groups never span modules: the largest is bounded by the largest module's shard.
+  // Sub-groups never span groups: the largest is bounded by the largest group's shard.
   const std::int64_t sub_group = std::max(kAlign, z.sub_group_size / kAlign * kAlign);
-  const std::int64_t module_shard =
-      model.largest_layer > 0 ? round_up((model.largest_layer + nd - 1) / nd, kAlign) : t;
+  const std::int64_t module_shard = largest_group > 0 ? round_up((largest_group + nd - 1) / nd, kAlign) : t;
   const std::int64_t largest = std::min({sub_group, module_shard, off});
   if (offloaded && largest > 0) {
     // The update pipeline's pinned staging of one sub-group each (src/core/update/gradient_sink.hpp,

@@ -99,6 +99,24 @@ TEST_F(EngineAccounting, ModelStatesEqualTheEstimateWithoutPadding) {
   }
 }
 
+// Small modules sharing a group (zoe.small_module_threshold): 16 modules of 1,024 elements
+// form one group of 16,384, larger than any module, and the offload's pinned staging holds a
+// sub-group of its shard. The estimate sized that by the largest module (4 KiB pages of 512
+// elements' staging) before it knew groups are shared.
+TEST_F(EngineAccounting, SharedGroupsOfSmallModulesEqualTheEstimate) {
+  const int world = 2;
+  const std::vector<std::int64_t> numels(16, 1024);
+  const ModelShape shape{16 * 1024, 1024};
+  for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (int stage : {2, 3}) {
+      SCOPED_TRACE(::testing::Message() << "stage " << stage << ", offload_optimizer " << static_cast<int>(d));
+      Config cfg = config(stage, d, dir_);
+      cfg.zero_optimization.stage3_param_persistence_threshold = 100'000;  // (its default: groups are shared)
+      expect_reports_equal_the_estimate(build_engine(cfg, world, numels), estimate::estimate_rank(shape, world, cfg), world);
+    }
+  }
+}
+
 // The byte-saving modes: bf16 optimizer states (8 bytes per element on the tier), gradients kept
 // in host memory by the budget, and the update in backward's recycled gradient buffers (none on
 // NVMe): the engine's report equals the estimate, tier by tier.
