@@ -191,11 +191,13 @@ struct ZoeConfig {
   double comm_timeout_s = 300.0;
   /// Threads for the CPU optimizer (0 = all hardware threads).
   int optimizer_threads = 0;
-  /// Elements, >= 0. A run of consecutive modules (registration order) whose own trainable
-  /// parameters are each fewer than min(this, stage3_param_persistence_threshold) elements
-  /// shares one flat group while their total stays below that (FSDP's size-based wrapping):
-  /// one gather, reduction, update and norm piece for all of them, so thousands of tiny
-  /// modules cost about what one module of their size does. 0: every module a group of its own.
+  /// Elements, >= 0. A run of consecutive modules (registration order), each owning fewer than
+  /// min(this, stage3_param_persistence_threshold) trainable elements in total, shares one
+  /// flat group while the run's total stays below that (FSDP's size-based wrapping): one
+  /// gather, reduction, update and norm piece for all of them, so thousands of tiny modules
+  /// cost little more than one module of their size. Same parameters as a group per module
+  /// without gradient_clipping (the reported norm's last bits may differ). 0: every module a
+  /// group of its own. docs/config.md.
   std::int64_t small_module_threshold = 100'000;
   /// Require O_DIRECT on the NVMe tier (error if the filesystem refuses it).
   bool require_direct_io = false;

@@ -279,7 +279,9 @@ class Engine {
   /// Parameters registered so far.
   std::size_t parameter_count() const;
   /// Groups parameters into a module, the unit of all-gather and of gradient reduction.
-  /// A parameter may appear in several modules (tied weights); its gradients add up.
+  /// Consecutive small modules (each under zoe.small_module_threshold elements of its own)
+  /// share one unit, gathered and reduced together (docs/config.md). A parameter may appear
+  /// in several modules (tied weights); its gradients add up.
   /// `mode`: whether the module's forward has its own begin/end calls (see ForwardMode).
   /// Throws UsageError after the first forward, for an unknown or repeated parameter, and for
   /// a name as add_parameter refuses (naming the module's index).

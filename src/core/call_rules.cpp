@@ -80,6 +80,9 @@ void CallRules::begin_backward(int i) {
   m.forwards_seen = forwards_;
   ++m.backwards;
   backward_log_.push_back(i);
+  // In the fingerprint too: modules that share a group issue the same collectives in any
+  // order, and the step agreement still sees a rank whose backward calls came in another.
+  fold_into_hash(i | (std::int64_t{1} << 40));
 }
 
 void CallRules::end_backward(int i) {
@@ -100,12 +103,16 @@ void CallRules::step_done() {
 }
 
 void CallRules::note_collective(const CollectiveTag& tag) {
-  // FNV-1a over the tag's fields.
   const std::int64_t words[4] = {static_cast<std::int64_t>(tag.kind), tag.group, tag.step, tag.micro_batch};
-  unsigned char bytes[sizeof(words)];
-  std::memcpy(bytes, words, sizeof(words));
-  for (unsigned char b : bytes) hash_ = (hash_ ^ b) * 0x100000001b3ull;
+  for (std::int64_t w : words) fold_into_hash(w);
   ++collectives_;
+}
+
+void CallRules::fold_into_hash(std::int64_t word) {
+  // FNV-1a over the word's bytes.
+  unsigned char bytes[sizeof(word)];
+  std::memcpy(bytes, &word, sizeof(word));
+  for (unsigned char b : bytes) hash_ = (hash_ ^ b) * 0x100000001b3ull;
 }
 
 std::string CallRules::backward_log() const {

@@ -59,7 +59,7 @@ class CallRules {
 
   /// Adds a collective's tag to this step's fingerprint.
   void note_collective(const CollectiveTag& tag);
-  /// A 32-bit hash of this step's collective tags in issue order.
+  /// A 32-bit hash of this step's collective tags and begin_backward calls in issue order.
   std::uint32_t fingerprint() const { return static_cast<std::uint32_t>(hash_ ^ (hash_ >> 32)); }
   std::uint32_t collectives() const { return collectives_; }
   std::uint32_t backward_calls() const { return static_cast<std::uint32_t>(backward_log_.size()); }
@@ -77,6 +77,7 @@ class CallRules {
   };
   Module& module(int m) { return modules_[static_cast<std::size_t>(m)]; }
   Module& close(int m, ModulePhase phase);  // the shared checks of end_forward / end_backward
+  void fold_into_hash(std::int64_t word);   // into hash_ (fingerprint)
 
   int gas_;
   std::vector<Module> modules_;

@@ -143,16 +143,23 @@ CollectiveTag Collectives::group_tag(const Group& g, CollectiveTag::Kind kind) c
   return t;
 }
 
+// Names a label quotes of a list (modules of a group, groups of a bucket) before "and N more".
+constexpr std::size_t kNamed = 4;
+
 const std::string& Collectives::group_label(const Group& g, CollectiveTag::Kind kind) const {
   std::vector<std::string>& cache = labels_[kind == CollectiveTag::Kind::grads ? 1 : 0];
   const auto gi = static_cast<std::size_t>(model_.index_of(g));
   if (cache.size() <= gi) cache.resize(model_.groups.size());
   std::string& label = cache[gi];
   if (!label.empty()) return label;
+  // Its modules, the first few (a group small modules share has hundreds; its name says so).
   std::string users;
-  if (g.users.size() > 1)
-    for (int u : g.users) users += (users.empty() ? " (modules " : ", ") + detail::quoted(model_.modules[static_cast<std::size_t>(u)].name);
-  if (!users.empty()) users += ")";
+  if (g.users.size() > 1) {
+    for (std::size_t k = 0; k < std::min(kNamed, g.users.size()); ++k)
+      users += (users.empty() ? " (modules " : ", ") + detail::quoted(model_.modules[static_cast<std::size_t>(g.users[k])].name);
+    if (g.users.size() > kNamed) users += detail::concat(" and ", g.users.size() - kNamed, " more");
+    users += ")";
+  }
   label = detail::concat(kind == CollectiveTag::Kind::grads ? "gradients of " : "parameters of ", detail::quoted(g.name), users);
   return label;
 }
@@ -164,7 +171,6 @@ CollectiveTag Collectives::coalesced_tag(const std::vector<int>& group_indices, 
   CollectiveTag t = group_tag(model_.group(group_indices.front()), kind);
   // The first few names say which collective it is (a communicator keeps the label's first 96
   // characters): quoting thousands of small groups' names would cost more than their reduction.
-  constexpr std::size_t kNamed = 4;
   std::string names;
   for (std::size_t k = 0; k < std::min(kNamed, group_indices.size()); ++k)
     names += (names.empty() ? "" : ", ") + detail::quoted(model_.group(group_indices[k]).name);

@@ -48,45 +48,45 @@ void Model::build_groups(const StagePolicy& policy, int rank, int world, std::in
   // persistent as each of its modules was.
   // The same at every stage, so stages agree bit for bit (the norm sums per group).
   const std::vector<OwnGroup> own = own_groups();
-  auto live_of = [this](const std::vector<std::uint32_t>& ps) {
-    std::int64_t n = 0;
-    for (std::uint32_t pi : ps) n += params[pi].numel;
-    return n;
+  // The run of small modules sharing the last trainable group, if that group is shared.
+  struct SharingRun {
+    int group = -1;  // -1: the last trainable group takes no more modules
+    std::int64_t live = 0;
+    int first_module = -1, last_module = -1, modules = 0;
+  } run;
+  auto close_run = [&] {
+    if (run.modules > 1)
+      groups[static_cast<std::size_t>(run.group)].name =
+          detail::concat(modules[static_cast<std::size_t>(run.first_module)].name, " .. ",
+                         modules[static_cast<std::size_t>(run.last_module)].name, " (", run.modules, " modules)");
+    run = SharingRun{};
   };
-  int shared = -1;            // the group small modules are joining, or -1
-  std::int64_t shared_live = 0;
-  int shared_modules = 0;
   for (const OwnGroup& o : own) {
-    const std::int64_t live = live_of(o.params);
+    std::int64_t live = 0;
+    for (std::uint32_t pi : o.params) live += params[pi].numel;
     const bool small = !o.frozen && !o.params.empty() && live < share_below;
-    int gi;
-    if (small && shared >= 0 && shared_live + live < share_below) {
-      gi = shared;
-      shared_live += live;
-      Group& g = groups[static_cast<std::size_t>(gi)];
-      g.name = detail::concat(modules[static_cast<std::size_t>(g.users.front())].name, " .. ", modules[static_cast<std::size_t>(o.module)].name,
-                              " (", ++shared_modules, " modules)");
-    } else {
-      gi = static_cast<int>(groups.size());
+    if (!small || run.group < 0 || run.live + live >= share_below) {
+      if (!o.frozen) close_run();  // (a frozen group between small modules does not end their run)
       Group g;
       g.name = o.name;
       g.frozen = o.frozen;
       groups.push_back(std::move(g));
-      if (!o.frozen) {
-        shared = small ? gi : -1;
-        shared_live = live;
-        shared_modules = 1;
-      }
+      if (small) run = SharingRun{static_cast<int>(groups.size()) - 1, 0, o.module, o.module, 0};
+    }
+    const int gi = small ? run.group : static_cast<int>(groups.size()) - 1;
+    if (small) {
+      run.live += live;
+      run.last_module = o.module;
+      ++run.modules;
     }
     Group& g = groups[static_cast<std::size_t>(gi)];
-    if (!o.frozen && g.users.empty()) g.users.push_back(o.module);  // (registration's first: the name's)
     for (std::uint32_t pi : o.params) {
       params[pi].group = gi;
       params[pi].slot = g.params.size();
       g.params.push_back(pi);
     }
   }
-  for (Group& g : groups) g.users.clear();
+  close_run();
   for (std::size_t mi = 0; mi < modules.size(); ++mi) {
     auto& gs = modules[mi].groups;
     for (std::uint32_t pi : modules[mi].params) gs.push_back(params[pi].group);

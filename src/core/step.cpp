@@ -24,6 +24,18 @@ void check_modules_idle(const core::Model& model, const core::CallRules& rules) 
   }
 }
 
+// Throws UsageError unless every module ran gradient_accumulation_steps backward passes or
+// none. (Checked per module, not only per group: modules that share a group add into one
+// buffer, so a module that missed a micro-batch would not show in the group's count.)
+void check_module_backwards(const core::Model& model, const core::CallRules& rules, int gas) {
+  for (std::size_t mi = 0; mi < model.modules.size(); ++mi) {
+    const int b = rules.backwards(static_cast<int>(mi));
+    ZOE_CHECK_USAGE(b == 0 || b == gas, "step() after ", b, " backward pass(es) of module ", detail::quoted(model.modules[mi].name),
+                    "; gradient_accumulation_steps is ", gas,
+                    " (rule: a module runs its backward in every micro-batch of a step or in none)");
+  }
+}
+
 // Throws UsageError unless every trainable group took exactly gradient_accumulation_steps
 // micro-batches of backward (a group no module ran backward for takes none: its gradient is
 // zero).
@@ -53,6 +65,7 @@ void check_micro_batches(const core::Model& model, const core::CallRules& rules,
 StepResult core::EngineImpl::step() {
   updater.wait_for_previous_step();
   check_modules_idle(model, rules);
+  check_module_backwards(model, rules, cx.gradient_accumulation_steps());
   reducer.complete_partial_rounds();
   check_micro_batches(model, rules, cx.gradient_accumulation_steps());
   reducer.flush_bucket();  // the last round's gradients still waiting
