@@ -25,6 +25,12 @@ const char* type_name(const Json& v) {
   }
 }
 
+// "a string \"abc\"", "an array [1, 2]", "null" (its kind and its value, once when they are one word).
+std::string described(const Json& v) {
+  if (v.is_null()) return "null";
+  return std::string(type_name(v)) + " " + shown(v);
+}
+
 // An integer in [lo, hi] from a JSON integer or an integral double (5e8).
 std::int64_t read_integer(const std::string& path, const Json& v, std::int64_t lo, std::int64_t hi) {
   if (v.is_number_unsigned()) {
@@ -48,7 +54,7 @@ std::int64_t read_integer(const std::string& path, const Json& v, std::int64_t l
       ZOE_THROW_CONFIG(path, "value ", shown(v), " is out of range [", lo, ", ", hi, "]");
     return static_cast<std::int64_t>(d);
   }
-  ZOE_THROW_CONFIG(path, "expected an integer, got ", type_name(v), " ", shown(v));
+  ZOE_THROW_CONFIG(path, "expected an integer, got ", described(v));
 }
 }  // namespace
 
@@ -103,7 +109,7 @@ void JsonReader::Section::boolean(std::string_view key, bool& out, Auto a) {
   guarded([&] {
     const Json* v = value(key, a);
     if (!v) return;
-    if (!v->is_boolean()) ZOE_THROW_CONFIG(path(key), "expected true or false, got ", type_name(*v), " ", shown(*v));
+    if (!v->is_boolean()) ZOE_THROW_CONFIG(path(key), "expected true or false, got ", described(*v));
     out = v->get<bool>();
   });
 }
@@ -144,7 +150,7 @@ void JsonReader::Section::number(std::string_view key, double& out, Auto a) {
   guarded([&] {
     const Json* v = value(key, a);
     if (!v) return;
-    if (!v->is_number()) ZOE_THROW_CONFIG(path(key), "expected a number, got ", type_name(*v), " ", shown(*v));
+    if (!v->is_number()) ZOE_THROW_CONFIG(path(key), "expected a number, got ", described(*v));
     out = v->get<double>();
   });
 }
@@ -163,7 +169,7 @@ void JsonReader::Section::string(std::string_view key, std::string& out) {
   guarded([&] {
     const Json* v = find(key);
     if (!v) return;
-    if (!v->is_string()) ZOE_THROW_CONFIG(path(key), "expected a string, got ", type_name(*v), " ", shown(*v));
+    if (!v->is_string()) ZOE_THROW_CONFIG(path(key), "expected a string, got ", described(*v));
     const auto& s = v->get_ref<const std::string&>();
     // A path or name with \u0000 would be cut short by every OS call that takes it.
     if (const auto nul = s.find('\0'); nul != std::string::npos)
@@ -186,7 +192,7 @@ JsonReader::Section JsonReader::Section::section(std::string_view key) {
   const Json* v = find(key);
   const std::string p = path(key);
   if (v && !v->is_null() && !v->is_object())
-    reader_->add_problem(p, "expected an object, got " + std::string(type_name(*v)) + " " + shown(*v));
+    reader_->add_problem(p, "expected an object, got " + described(*v));
   reader_->records_.push_back({p, (v && v->is_object()) ? v : nullptr, {}});
   Section s(reader_, reader_->records_.size() - 1);
   s.path_ = p;

@@ -53,6 +53,26 @@ TEST(ConfigErrors, WrongTypesNameThePathAndValue) {
   for (const auto& c : cases) expect_error(c);
 }
 
+// A null says so once ("got null", not "got null null", as every key's message read before).
+TEST(ConfigErrors, NullIsNamedOnce) {
+  const std::vector<Case> cases = {
+      {R"({"zoe": {"optimizer_threads": null}})", "zoe.optimizer_threads", {"expected an integer, got null"}},
+      {R"({"zoe": {"small_module_threshold": null}})", "zoe.small_module_threshold", {"expected an integer, got null"}},
+      {R"({"gradient_clipping": null})", "gradient_clipping", {"expected a number, got null"}},
+      {R"({"fp16": {"enabled": null}})", "fp16.enabled", {"expected true or false, got null"}},
+      {R"({"zero_optimization": {"offload_optimizer": {"nvme_path": null}}})",
+       "zero_optimization.offload_optimizer.nvme_path", {"expected a string, got null"}},
+  };
+  for (const auto& c : cases) {
+    expect_error(c);
+    try {
+      Config::from_json(c.json);
+    } catch (const zoe::ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).find("null null"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ConfigErrors, OutOfRangeValuesNameThePathAndValue) {
   const std::vector<Case> cases = {
       {R"({"train_micro_batch_size_per_gpu": 0})", "train_micro_batch_size_per_gpu", {">= 1", "got 0"}},
@@ -78,6 +98,7 @@ TEST(ConfigErrors, OutOfRangeValuesNameThePathAndValue) {
       {R"({"zero_optimization": {"stage3_prefetch_bucket_size": -1}})", "zero_optimization.stage3_prefetch_bucket_size", {"got -1"}},
       {R"({"zero_optimization": {"stage3_param_persistence_threshold": -1}})",
        "zero_optimization.stage3_param_persistence_threshold", {"got -1"}},
+      {R"({"zoe": {"small_module_threshold": -1}})", "zoe.small_module_threshold", {">= 0", "got -1"}},
       {R"({"zero_optimization": {"stage3_max_live_parameters": -1}})", "zero_optimization.stage3_max_live_parameters", {"got -1"}},
       {R"({"zero_optimization": {"stage3_max_reuse_distance": -1}})", "zero_optimization.stage3_max_reuse_distance", {"got -1"}},
       {R"({"zero_optimization": {"offload_optimizer": {"device": "gpu"}}})", "zero_optimization.offload_optimizer.device",
