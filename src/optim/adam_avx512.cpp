@@ -310,54 +310,44 @@ __m512 load_src16(const void* src, std::size_t i) {
   }
 }
 
-// KernelTable::chunk_sums in blocks of 8 whole chunks, as add_grad_t's sums: lane j of the fp64
-// accumulator sums chunk j, one element of each chunk per add, in index order (one 64-byte
-// line of each chunk per iteration, squared, transposed in two 8x8 halves), so each lane's sum
-// is the scalar loop's. The rest of the range goes to the scalar loop.
+// Adds to `acc` the squares of 8 chunks' next 16 elements (v[j]: chunk j's), lane j taking
+// chunk j's in index order: widened to fp64, squared (exactly), transposed in two 8x8 halves.
+// One step of every chunk-ordered sum here (add_grad_t's and chunk_sums_t's), so each lane's sum
+// is the scalar loop's.
+__m512d add_squares_by_chunk(const __m512 v[8], __m512d acc) {
+  __m512d lo[8], hi[8], c[8];
+  for (int j = 0; j < 8; ++j) {
+    const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(v[j]));
+    const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v[j], 1));
+    lo[j] = _mm512_mul_pd(dl, dl);
+    hi[j] = _mm512_mul_pd(dh, dh);
+  }
+  transpose8x8(lo, c);
+  for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+  transpose8x8(hi, c);
+  for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+  return acc;
+}
+
+// KernelTable::chunk_sums: blocks of 16 whole chunks (two accumulators: two independent chains
+// of adds, where one alone is bound by the add's latency), then of 8, each lane a chunk's sum
+// in index order (add_squares_by_chunk). The rest of the range goes to the scalar loop.
 template <DType S>
 void chunk_sums_t(const void* x, std::size_t begin, std::size_t end, double* sums) {
   constexpr std::size_t C = kGradSumChunk;
   std::size_t b = begin;
-  // 16 chunks at a time: two accumulators, two independent chains of adds (one alone is
-  // bound by the add's latency).
-  for (; b + 16 * C <= end; b += 16 * C) {
-    __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
-    for (std::size_t k = 0; k < C; k += 16) {
-      for (int half = 0; half < 2; ++half) {
-        __m512d lo[8], hi[8], c[8];
-        for (int j = 0; j < 8; ++j) {
-          const __m512 v = load_src16<S>(x, b + (8 * half + j) * C + k);
-          const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-          const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
-          lo[j] = _mm512_mul_pd(dl, dl);
-          hi[j] = _mm512_mul_pd(dh, dh);
+  for (const std::size_t width : {std::size_t{16}, std::size_t{8}}) {
+    for (; b + width * C <= end; b += width * C) {
+      __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+      for (std::size_t k = 0; k < C; k += 16) {
+        for (std::size_t half = 0; half < width / 8; ++half) {
+          __m512 v[8];
+          for (std::size_t j = 0; j < 8; ++j) v[j] = load_src16<S>(x, b + (8 * half + j) * C + k);
+          acc[half] = add_squares_by_chunk(v, acc[half]);
         }
-        transpose8x8(lo, c);
-        for (int e = 0; e < 8; ++e) acc[half] = _mm512_add_pd(acc[half], c[e]);
-        transpose8x8(hi, c);
-        for (int e = 0; e < 8; ++e) acc[half] = _mm512_add_pd(acc[half], c[e]);
       }
+      for (std::size_t half = 0; half < width / 8; ++half) _mm512_storeu_pd(sums + (b - begin) / C + 8 * half, acc[half]);
     }
-    _mm512_storeu_pd(sums + (b - begin) / C, acc[0]);
-    _mm512_storeu_pd(sums + (b - begin) / C + 8, acc[1]);
-  }
-  for (; b + 8 * C <= end; b += 8 * C) {
-    __m512d acc = _mm512_setzero_pd();
-    for (std::size_t k = 0; k < C; k += 16) {
-      __m512d lo[8], hi[8], c[8];
-      for (int j = 0; j < 8; ++j) {
-        const __m512 v = load_src16<S>(x, b + j * C + k);
-        const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-        const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
-        lo[j] = _mm512_mul_pd(dl, dl);
-        hi[j] = _mm512_mul_pd(dh, dh);
-      }
-      transpose8x8(lo, c);
-      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
-      transpose8x8(hi, c);
-      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
-    }
-    _mm512_storeu_pd(sums + (b - begin) / C, acc);
   }
   if (b < end) chunk_sums_scalar(x, S, b, end, sums + (b - begin) / C);
 }
@@ -385,22 +375,15 @@ bool add_grad_t(const void* src, float* grad, std::size_t begin, std::size_t end
   for (; b + 8 * C <= end; b += 8 * C) {
     __m512d acc = _mm512_setzero_pd();
     for (std::size_t k = 0; k < C; k += 16) {
-      __m512d lo[8], hi[8], c[8];
+      __m512 x[8];
       for (int j = 0; j < 8; ++j) {
         const std::size_t i = b + j * C + k;
-        __m512 x = load_src16<S>(src, i);
-        if constexpr (!First) x = _mm512_add_ps(_mm512_loadu_ps(grad + i), x);
-        if constexpr (Stream) _mm512_stream_ps(grad + i, x);
-        else _mm512_storeu_ps(grad + i, x);
-        const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-        const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
-        lo[j] = _mm512_mul_pd(dl, dl);
-        hi[j] = _mm512_mul_pd(dh, dh);
+        x[j] = load_src16<S>(src, i);
+        if constexpr (!First) x[j] = _mm512_add_ps(_mm512_loadu_ps(grad + i), x[j]);
+        if constexpr (Stream) _mm512_stream_ps(grad + i, x[j]);
+        else _mm512_storeu_ps(grad + i, x[j]);
       }
-      transpose8x8(lo, c);
-      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
-      transpose8x8(hi, c);
-      for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
+      acc = add_squares_by_chunk(x, acc);
     }
     _mm512_storeu_pd(sums + (b - begin) / C, acc);
   }
