@@ -43,9 +43,15 @@ ZOE_HD double square_f64(float x) { return static_cast<double>(x) * static_cast<
 /// False for +-inf and NaN. Tested on the bits so fast-math cannot fold it.
 ZOE_HD bool is_finite_f32(float x) { return (f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
 
-/// sum_squares works in chunks of this many elements: each chunk's squares are summed in
-/// index order in fp64, then the chunk sums in chunk order. The host device uses exactly
-/// this order, so its result does not depend on thread count or stream.
+/// The host's sums of squares (host_ops::sum_squares, CpuAdam's sum_squares and add_grad) work
+/// in chunks of this many elements, and within a chunk in kSumSquaresLanes fp64 lanes: element
+/// i of the chunk (counted from its start) is squared and added to lane i % kSumSquaresLanes,
+/// each lane in index order from 0; the chunk's sum is lane 0 + lane 1 + ... + the last lane,
+/// left to right from 0; the total adds the chunk sums in chunk order from 0. One order for all
+/// of them, so a norm piece is the same bits whichever of them took it, for any thread count
+/// and ISA, and it vectorises with no add reordered (32 lanes: four 8-wide accumulators). The
+/// CUDA kernel sums in an order of its own (per-thread strides, a tree).
 inline constexpr std::size_t kSumSquaresChunk = 4096;
+inline constexpr std::size_t kSumSquaresLanes = 32;
 
 }  // namespace zoe::kernels

@@ -436,20 +436,10 @@ void HostDevice::sum_squares_batch(std::span<const TensorRegion> xs, DType dtype
   if (xs.empty()) return;
   host_queue(stream).enqueue([xs = std::vector<TensorRegion>(xs.begin(), xs.end()), dtype, out] {
     const std::size_t esz = dtype_size(dtype);
-    auto small = [&](std::size_t i) { return xs[i].n <= kernels::kSumSquaresChunk; };
-    for (std::size_t i = 0; i < xs.size();) {
-      if (i + 4 <= xs.size() && small(i) && small(i + 1) && small(i + 2) && small(i + 3)) {
-        // Four small tensors side by side (thousands of small modules' groups).
-        for (std::size_t j = i + 4; j < std::min(xs.size(), i + 8); ++j) host_ops::prefetch_read(xs[j].data, xs[j].n * esz);
-        const void* data[4] = {xs[i].data, xs[i + 1].data, xs[i + 2].data, xs[i + 3].data};
-        const std::size_t ns[4] = {xs[i].n, xs[i + 1].n, xs[i + 2].n, xs[i + 3].n};
-        host_ops::sum_squares_of_four(data, ns, dtype, out + i);
-        i += 4;
-        continue;
-      }
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      // (Many small regions, each in a block of its own: see host_ops::prefetch_read.)
       if (i + 1 < xs.size()) host_ops::prefetch_read(xs[i + 1].data, xs[i + 1].n * esz);
       out[i] = host_ops::sum_squares(xs[i].data, dtype, xs[i].n);
-      ++i;
     }
   });
 }

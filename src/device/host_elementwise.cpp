@@ -52,46 +52,22 @@ void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n) {
 }
 
 double sum_squares(const void* x, DType dtype, std::size_t n) {
-  constexpr std::size_t C = k::kSumSquaresChunk;
-  const auto* bytes = static_cast<const char*>(x);
-  const std::size_t esz = dtype_size(dtype);
+  constexpr std::size_t C = k::kSumSquaresChunk, L = k::kSumSquaresLanes;
   double total = 0.0;
-  std::size_t begin = 0;
-  // Four chunks at a time, summed side by side (sum_squares_of_four: one chain of dependent
-  // adds each, bound by the add's latency, not by memory) and added to the total in chunk order:
-  // the operations of one chunk after another.
-  for (; begin + 4 * C <= n; begin += 4 * C) {
-    const void* chunks[4] = {bytes + begin * esz, bytes + (begin + C) * esz, bytes + (begin + 2 * C) * esz,
-                             bytes + (begin + 3 * C) * esz};
-    const std::size_t ns[4] = {C, C, C, C};
-    double sums[4];
-    sum_squares_of_four(chunks, ns, dtype, sums);
-    for (double c : sums) total += c;
-  }
   with_dtype(dtype, [&](auto t) {
-    for (; begin < n; begin += C) {
-      std::size_t end = std::min(n, begin + C);
+    for (std::size_t c = 0; c < n; c += C) {
+      const std::size_t m = std::min(C, n - c);
+      double lanes[L] = {};
+      std::size_t i = 0;
+      for (; i + L <= m; i += L)
+        for (std::size_t l = 0; l < L; ++l) lanes[l] += k::square_f64(k::load_f32(x, t, c + i + l));
+      for (; i < m; ++i) lanes[i % L] += k::square_f64(k::load_f32(x, t, c + i));
       double chunk = 0.0;
-      for (std::size_t i = begin; i < end; ++i) chunk += k::square_f64(k::load_f32(x, t, i));
+      for (double v : lanes) chunk += v;
       total += chunk;
     }
   });
   return total;
-}
-
-void sum_squares_of_four(const void* const xs[4], const std::size_t ns[4], DType dtype, double out[4]) {
-  with_dtype(dtype, [&](auto t) {
-    double chunk[4] = {0.0, 0.0, 0.0, 0.0};
-    const std::size_t common = std::min({ns[0], ns[1], ns[2], ns[3]});
-    for (std::size_t i = 0; i < common; ++i)
-      for (std::size_t j = 0; j < 4; ++j) chunk[j] += k::square_f64(k::load_f32(xs[j], t, i));
-    for (std::size_t j = 0; j < 4; ++j) {
-      for (std::size_t i = common; i < ns[j]; ++i) chunk[j] += k::square_f64(k::load_f32(xs[j], t, i));
-      double total = 0.0;  // as sum_squares: one chunk added to the total
-      total += chunk[j];
-      out[j] = total;
-    }
-  });
 }
 
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,

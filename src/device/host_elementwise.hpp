@@ -15,12 +15,8 @@ void fill(void* dst, DType dtype, std::size_t n, float value);
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::size_t n);
 void scale(void* x, DType dtype, std::size_t n, float factor);
 void accumulate(const void* src, DType src_dtype, float* acc, std::size_t n);
-/// Sum of squares in fp64 in the fixed order of kernels::kSumSquaresChunk.
+/// Sum of squares in fp64 in the order kernels::kSumSquaresChunk documents (chunks of lanes).
 double sum_squares(const void* x, DType dtype, std::size_t n);
-/// out[j] = sum_squares(xs[j], dtype, ns[j]) for four tensors of at most
-/// kernels::kSumSquaresChunk elements each, summed side by side (the same bits; a batch of many
-/// small tensors is bound by the adds' latency, one chain each).
-void sum_squares_of_four(const void* const xs[4], const std::size_t ns[4], DType dtype, double out[4]);
 /// Device::adam_step's loop: kernels::adam_update per element, split over oneTBB threads
 /// (elementwise, so the split never changes a bit).
 void adam_step(const kernels::AdamCoeffs& c, float* master, float* exp_avg, float* exp_avg_sq, const void* grad,

@@ -199,7 +199,7 @@ class OptimizerStates {
   void discard_gradients(const std::vector<int>& ids);
   /// Sets sub-group `id`'s gradient to zero (a step in which no backward reached it).
   void zero_grad(int id);
-  /// Sum of squares (fp64, kernels::kSumSquaresChunk order) and finiteness of the gradient
+  /// Sum of squares (fp64, in kernels::kSumSquaresChunk's order) and finiteness of the gradient
   /// recorded by the last add_grad(..., last = true) or zero_grad.
   double grad_sum_squares(int id) const { return grad_sum_squares_[id]; }
   bool grad_finite(int id) const { return grad_finite_[id]; }

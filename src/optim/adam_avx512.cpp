@@ -267,38 +267,6 @@ void adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
 }
 
 
-// 8 rows of 8 doubles -> 8 columns: c[k] lane j = r[j] lane k.
-void transpose8x8(const __m512d r[8], __m512d c[8]) {
-  __m512d t[8], u[8];
-  for (int k = 0; k < 4; ++k) {
-    t[2 * k] = _mm512_unpacklo_pd(r[2 * k], r[2 * k + 1]);      // r0[0] r1[0] r0[2] r1[2] ...
-    t[2 * k + 1] = _mm512_unpackhi_pd(r[2 * k], r[2 * k + 1]);  // r0[1] r1[1] r0[3] r1[3] ...
-  }
-  for (int h = 0; h < 2; ++h) {  // rows 0-3, then 4-7
-    __m512d* tt = t + 4 * h;
-    __m512d* uu = u + 4 * h;
-    uu[0] = _mm512_shuffle_f64x2(tt[0], tt[2], 0x88);  // (r0 r1)[0], [4], (r2 r3)[0], [4]
-    uu[1] = _mm512_shuffle_f64x2(tt[1], tt[3], 0x88);  // [1], [5]
-    uu[2] = _mm512_shuffle_f64x2(tt[0], tt[2], 0xdd);  // [2], [6]
-    uu[3] = _mm512_shuffle_f64x2(tt[1], tt[3], 0xdd);  // [3], [7]
-  }
-  for (int k = 0; k < 4; ++k) {
-    c[k] = _mm512_shuffle_f64x2(u[k], u[4 + k], 0x88);
-    c[k + 4] = _mm512_shuffle_f64x2(u[k], u[4 + k], 0xdd);
-  }
-}
-
-template <DType S>
-__m256 load_src8(const void* src, std::size_t i) {
-  if constexpr (S == DType::f32) {
-    return _mm256_loadu_ps(static_cast<const float*>(src) + i);
-  } else {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(src) + i));
-    if constexpr (S == DType::bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    else return _mm256_cvtph_ps(h);
-  }
-}
-
 template <DType S>
 __m512 load_src16(const void* src, std::size_t i) {
   if constexpr (S == DType::f32) {
@@ -310,44 +278,40 @@ __m512 load_src16(const void* src, std::size_t i) {
   }
 }
 
-// Adds to `acc` the squares of 8 chunks' next 16 elements (v[j]: chunk j's), lane j taking
-// chunk j's in index order: widened to fp64, squared (exactly), transposed in two 8x8 halves.
-// One step of every chunk-ordered sum here (add_grad_t's and chunk_sums_t's), so each lane's sum
-// is the scalar loop's.
-__m512d add_squares_by_chunk(const __m512 v[8], __m512d acc) {
-  __m512d lo[8], hi[8], c[8];
-  for (int j = 0; j < 8; ++j) {
-    const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(v[j]));
-    const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v[j], 1));
-    lo[j] = _mm512_mul_pd(dl, dl);
-    hi[j] = _mm512_mul_pd(dh, dh);
+// The lanes of one chunk's sum (kernels::kSumSquaresChunk's order): element i of the chunk goes
+// to lane i % 32, acc[0] holding lanes 0-7, acc[1] 8-15, acc[2] 16-23, acc[3] 24-31, so 32
+// consecutive elements are one add into each accumulator (four independent chains).
+struct ChunkLanes {
+  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+  /// Adds the squares of the chunk's 16 elements from `half` * 16 of a 32-element step.
+  void add(__m512 x, int half) {
+    const __m512d dl = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    const __m512d dh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(x, 1));
+    acc[2 * half] = _mm512_add_pd(acc[2 * half], _mm512_mul_pd(dl, dl));
+    acc[2 * half + 1] = _mm512_add_pd(acc[2 * half + 1], _mm512_mul_pd(dh, dh));
   }
-  transpose8x8(lo, c);
-  for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
-  transpose8x8(hi, c);
-  for (int e = 0; e < 8; ++e) acc = _mm512_add_pd(acc, c[e]);
-  return acc;
-}
+  /// The chunk's sum: its lanes left to right (chunk_sum_of_lanes, the scalar path's).
+  double sum() const {
+    alignas(64) double lanes[32];
+    for (int k = 0; k < 4; ++k) _mm512_store_pd(lanes + 8 * k, acc[k]);
+    return chunk_sum_of_lanes(lanes);
+  }
+};
+static_assert(kernels::kSumSquaresLanes == 32);
 
-// KernelTable::chunk_sums: blocks of 16 whole chunks (two accumulators: two independent chains
-// of adds, where one alone is bound by the add's latency), then of 8, each lane a chunk's sum
-// in index order (add_squares_by_chunk). The rest of the range goes to the scalar loop.
+// KernelTable::chunk_sums: each whole chunk in 32 lanes (ChunkLanes), 32 elements a step; a
+// partial chunk at the end of the range goes to the scalar loop.
 template <DType S>
 void chunk_sums_t(const void* x, std::size_t begin, std::size_t end, double* sums) {
   constexpr std::size_t C = kGradSumChunk;
   std::size_t b = begin;
-  for (const std::size_t width : {std::size_t{16}, std::size_t{8}}) {
-    for (; b + width * C <= end; b += width * C) {
-      __m512d acc[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
-      for (std::size_t k = 0; k < C; k += 16) {
-        for (std::size_t half = 0; half < width / 8; ++half) {
-          __m512 v[8];
-          for (std::size_t j = 0; j < 8; ++j) v[j] = load_src16<S>(x, b + (8 * half + j) * C + k);
-          acc[half] = add_squares_by_chunk(v, acc[half]);
-        }
-      }
-      for (std::size_t half = 0; half < width / 8; ++half) _mm512_storeu_pd(sums + (b - begin) / C + 8 * half, acc[half]);
+  for (; b + C <= end; b += C) {
+    ChunkLanes lanes;
+    for (std::size_t k = 0; k < C; k += 32) {
+      lanes.add(load_src16<S>(x, b + k), 0);
+      lanes.add(load_src16<S>(x, b + k + 16), 1);
     }
+    sums[(b - begin) / C] = lanes.sum();
   }
   if (b < end) chunk_sums_scalar(x, S, b, end, sums + (b - begin) / C);
 }
@@ -360,32 +324,29 @@ void chunk_sums(const void* x, DType dtype, std::size_t begin, std::size_t end, 
   }
 }
 
-// Blocks of 8 whole chunks: lane j of the fp64 accumulator sums chunk j, one element of each
-// chunk per add, in index order (16 elements = one 64-byte line of each chunk loaded and stored,
-// squared, transposed in two 8x8 halves), so each lane's sum is the scalar loop's. Whole lines
-// per stream keep non-temporal stores write-combined (half lines over 8 streams ran 4x slower).
-// Finiteness needs no test per element: a square of a finite fp32 is finite in fp64 (< 2^256)
-// and a chunk sum of them too, while an inf or NaN element makes its chunk sum inf or NaN for
-// good (squares are >= 0, so no inf - inf); CpuAdam::add_grad checks the sums. The rest of the
-// range goes to the scalar loop.
+// Each whole chunk in 32 lanes (ChunkLanes, the order kernels::kSumSquaresChunk documents), 32
+// elements a step: loaded, added (fp32), stored (whole 64-byte lines, in order: non-temporal
+// stores stay write-combined), squared into the lanes. Finiteness needs no test per element: a
+// square of a finite fp32 is finite in fp64 (< 2^256) and a chunk sum of them too, while an inf
+// or NaN element makes its chunk sum inf or NaN for good (squares are >= 0, so no inf - inf);
+// CpuAdam::add_grad checks the sums. A partial chunk at the end goes to the scalar loop.
 template <DType S, bool First, bool Stream>
 bool add_grad_t(const void* src, float* grad, std::size_t begin, std::size_t end, double* sums) {
   constexpr std::size_t C = kGradSumChunk;
   std::size_t b = begin;
-  for (; b + 8 * C <= end; b += 8 * C) {
-    __m512d acc = _mm512_setzero_pd();
-    for (std::size_t k = 0; k < C; k += 16) {
-      __m512 x[8];
-      for (int j = 0; j < 8; ++j) {
-        const std::size_t i = b + j * C + k;
-        x[j] = load_src16<S>(src, i);
-        if constexpr (!First) x[j] = _mm512_add_ps(_mm512_loadu_ps(grad + i), x[j]);
-        if constexpr (Stream) _mm512_stream_ps(grad + i, x[j]);
-        else _mm512_storeu_ps(grad + i, x[j]);
+  for (; b + C <= end; b += C) {
+    ChunkLanes lanes;
+    for (std::size_t k = 0; k < C; k += 32) {
+      for (int half = 0; half < 2; ++half) {
+        const std::size_t i = b + k + 16 * static_cast<std::size_t>(half);
+        __m512 x = load_src16<S>(src, i);
+        if constexpr (!First) x = _mm512_add_ps(_mm512_loadu_ps(grad + i), x);
+        if constexpr (Stream) _mm512_stream_ps(grad + i, x);
+        else _mm512_storeu_ps(grad + i, x);
+        lanes.add(x, half);
       }
-      acc = add_squares_by_chunk(x, acc);
     }
-    _mm512_storeu_pd(sums + (b - begin) / C, acc);
+    sums[(b - begin) / C] = lanes.sum();
   }
   if constexpr (Stream) _mm_sfence();  // order the weakly-ordered stores before the task ends
   if (b == end) return true;

@@ -32,12 +32,14 @@ struct AdamArgs {
 struct KernelTable {
   void (*adam)(const AdamArgs& a, std::size_t begin, std::size_t end);
   /// CpuAdam::sum_squares over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
-  /// sums[k] = the sum of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk
-  /// of the range, as add_grad's sums and host_ops::sum_squares' chunks.
+  /// sums[k] = the sum of squares of the k-th kSumSquaresChunk-element chunk of the range in
+  /// the lane order kernels::kSumSquaresChunk documents, as add_grad's sums and
+  /// host_ops::sum_squares' chunks.
   void (*chunk_sums)(const void* x, DType dtype, std::size_t begin, std::size_t end, double* sums);
   /// CpuAdam::add_grad over [begin, end) (begin a multiple of kernels::kSumSquaresChunk):
   /// grad[i] = float(src[i]) (first) or grad[i] + float(src[i]) (fp32 add); sums[k] = the sum
-  /// of squares (fp64, index order) of the k-th kSumSquaresChunk-element chunk of the range.
+  /// of squares of the k-th kSumSquaresChunk-element chunk of the range (in the lane order
+  /// kernels::kSumSquaresChunk documents).
   /// Returns false if a written grad[i] is not finite; may return true then if that element's
   /// chunk sum is inf or NaN (the AVX-512 path: the caller checks the sums). stream:
   /// non-temporal stores of grad (grad 64-byte aligned; paths without a vector version ignore it).
@@ -71,6 +73,8 @@ inline constexpr std::size_t kGradSumChunk = kernels::kSumSquaresChunk;
 void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end);
 /// KernelTable::chunk_sums, scalar (also the tail of the vector paths).
 void chunk_sums_scalar(const void* x, DType dtype, std::size_t begin, std::size_t end, double* sums);
+/// A chunk's sum from its kernels::kSumSquaresLanes lanes: lane 0 + lane 1 + ..., left to right from 0.
+double chunk_sum_of_lanes(const double* lanes);
 /// KernelTable::add_grad, scalar (also the tail of the vector paths).
 bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool stream, std::size_t begin,
                      std::size_t end, double* sums);

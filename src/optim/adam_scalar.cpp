@@ -88,23 +88,25 @@ void adam_scalar_range(const AdamArgs& a, std::size_t begin, std::size_t end) {
 }
 
 namespace {
+// Adds square(x) of element i of a chunk (counted from its start) to its lane, as
+// kernels::kSumSquaresChunk documents.
+inline void add_to_lane(double* lanes, std::size_t i, float x) { lanes[i % kernels::kSumSquaresLanes] += kernels::square_f64(x); }
+
+// Lane 0 + lane 1 + ... + the last lane, left to right from 0: a chunk's sum.
+double chunk_sum(const double* lanes) {
+  double s = 0.0;
+  for (std::size_t l = 0; l < kernels::kSumSquaresLanes; ++l) s += lanes[l];
+  return s;
+}
+
 template <DType D>
 void chunk_sums_typed(const void* x, std::size_t begin, std::size_t end, double* sums) {
   constexpr std::size_t C = kernels::kSumSquaresChunk;
-  std::size_t c = begin;
-  // Four chunks side by side: four independent chains of dependent adds, each in index order
-  // (one chain alone is bound by the add's latency).
-  for (; c + 4 * C <= end; c += 4 * C) {
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-    for (std::size_t i = 0; i < C; ++i)
-      for (std::size_t k = 0; k < 4; ++k) s[k] += kernels::square_f64(load_as<D>(x, c + k * C + i));
-    for (std::size_t k = 0; k < 4; ++k) sums[(c - begin) / C + k] = s[k];
-  }
-  for (; c < end; c += C) {
-    const std::size_t ce = std::min(end, c + C);
-    double sum = 0.0;
-    for (std::size_t i = c; i < ce; ++i) sum += kernels::square_f64(load_as<D>(x, i));
-    sums[(c - begin) / C] = sum;
+  for (std::size_t c = begin; c < end; c += C) {
+    const std::size_t m = std::min(end - c, C);
+    double lanes[kernels::kSumSquaresLanes] = {};
+    for (std::size_t i = 0; i < m; ++i) add_to_lane(lanes, i, load_as<D>(x, c + i));
+    sums[(c - begin) / C] = chunk_sum(lanes);
   }
 }
 }  // namespace
@@ -117,20 +119,22 @@ void chunk_sums_scalar(const void* x, DType dtype, std::size_t begin, std::size_
   }
 }
 
+double chunk_sum_of_lanes(const double* lanes) { return chunk_sum(lanes); }
+
 bool add_grad_scalar(const void* src, DType src_dtype, float* grad, bool first, bool /*stream*/, std::size_t begin,
                      std::size_t end, double* sums) {
   bool finite = true;
   for (std::size_t c = begin; c < end; c += kernels::kSumSquaresChunk) {
     const std::size_t ce = std::min(end, c + kernels::kSumSquaresChunk);
-    double sum = 0.0;
+    double lanes[kernels::kSumSquaresLanes] = {};
     for (std::size_t i = c; i < ce; ++i) {
       const float x = load_as_float(src, src_dtype, i);
       const float g = first ? x : kernels::accumulate_value(grad[i], x);
       grad[i] = g;
-      sum += kernels::square_f64(g);
+      add_to_lane(lanes, i - c, g);
       finite = finite && kernels::is_finite_f32(g);
     }
-    sums[(c - begin) / kernels::kSumSquaresChunk] = sum;
+    sums[(c - begin) / kernels::kSumSquaresChunk] = chunk_sum(lanes);
   }
   return finite;
 }

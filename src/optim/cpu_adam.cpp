@@ -361,7 +361,7 @@ CpuAdam::GradStats CpuAdam::add_grad(const void* src, DType src_dtype, float* gr
   GradStats r;
   if (n == 0) return r;
   ZOE_CHECK_USAGE(src && grad, "CpuAdam::add_grad: null array (src or grad) for n = ", n);
-  constexpr std::size_t C = kernels::kSumSquaresChunk, kBlock = 8 * C;  // the AVX-512 path's 8 chunks
+  constexpr std::size_t C = kernels::kSumSquaresChunk, kBlock = 8 * C;  // a task: 8 chunks
   std::vector<double> sums((n + C - 1) / C);
   const auto add = impl_->kernels.add_grad;
   const std::size_t blocks = (n + kBlock - 1) / kBlock;

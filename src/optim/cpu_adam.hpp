@@ -220,16 +220,16 @@ class CpuAdam {
             void* exp_avg_sq, OptimizerStateDType state_dtype, const void* grad, DType grad_dtype, std::size_t n,
             void* out_half = nullptr, DType out_dtype = DType::bf16);
   /// Sum of float(x[i])^2 over n elements of dtype in fp64 (squares of floats are exact there),
-  /// in host_ops::sum_squares' order: each kernels::kSumSquaresChunk-element chunk summed in
-  /// index order, the chunk sums added in chunk order from 0. So the result is bitwise the same
-  /// for any thread count and ISA, and the same as the device's sum of the same values (a
-  /// gradient tier's norm piece equals the device optimizer's). NaN / inf propagate. Throws
-  /// zoe::UsageError for null x with n > 0.
+  /// in the order kernels::kSumSquaresChunk documents (32 fp64 lanes per 4,096-element chunk,
+  /// the chunk sums in chunk order), host_ops::sum_squares' and add_grad's too. So the result is
+  /// bitwise the same for any thread count and ISA, and the same as the host device's sum of
+  /// the same values (a gradient tier's norm piece equals the device optimizer's). NaN / inf
+  /// propagate. Throws zoe::UsageError for null x with n > 0.
   double sum_squares(const void* x, DType dtype, std::size_t n);
 
   /// What add_grad reports about the gradient it wrote.
   struct GradStats {
-    double sum_squares = 0.0;  // fp64, kernels::kSumSquaresChunk order (host_ops::sum_squares')
+    double sum_squares = 0.0;  // fp64, in kernels::kSumSquaresChunk's order (host_ops::sum_squares')
     bool finite = true;        // every element finite
   };
   /// The offload tier's gradient add (offload::OptimizerStates::add_grad's arithmetic) in one
@@ -238,7 +238,7 @@ class CpuAdam {
   /// the result its sum of squares and finiteness. Bitwise what host_ops::cast / accumulate then
   /// host_ops::sum_squares give, for any thread count and ISA (tested; one
   /// exception: an fp16 signalling NaN becomes a quiet NaN on the AVX-512 path, as in step). The
-  /// AVX-512 path sums 8 chunks at once, one chunk per fp64 lane, so the chunk order is kept.
+  /// AVX-512 path keeps a chunk's 32 lanes in four 8-wide accumulators, so the order is kept.
   /// grad's stores follow the store policy like step's (measured apart, class comment);
   /// non-temporal only where grad is 64-byte aligned. Throws zoe::UsageError for a null array with n > 0.
   GradStats add_grad(const void* src, DType src_dtype, float* grad, std::size_t n, bool first);

@@ -134,20 +134,22 @@ TEST_F(Elementwise, SumSquaresIsFp64AndDeterministic) {
   dev.deallocate(out);
 }
 
-// The documented order, written out here: each kernels::kSumSquaresChunk-element chunk summed
-// element by element from 0, the chunks' sums added to the total in order. sum_squares sums
-// four chunks side by side and sum_squares_batch four small tensors side by side: the same bits
-// for every length around the chunk multiples, every dtype, values of every magnitude, inf and
-// NaN included (compared as bytes).
-TEST_F(Elementwise, SumSquaresSideBySideKeepsTheChunkOrder) {
+// The documented order, written out here: each kernels::kSumSquaresChunk-element chunk in
+// kSumSquaresLanes fp64 lanes (element i of the chunk into lane i % lanes, in index order),
+// the lanes added left to right, the chunks' sums added to the total in order. sum_squares and
+// sum_squares_batch give the same bits for every length around the chunk and lane multiples,
+// every dtype, values of every magnitude, inf and NaN included (compared as bytes).
+TEST_F(Elementwise, SumSquaresKeepsTheDocumentedOrder) {
   auto reference = [](const void* x, DType t, std::size_t n) {
     double total = 0.0;
     for (std::size_t begin = 0; begin < n; begin += k::kSumSquaresChunk) {
-      double chunk = 0.0;
+      double lanes[k::kSumSquaresLanes] = {};
       for (std::size_t i = begin; i < std::min(n, begin + k::kSumSquaresChunk); ++i) {
         const double v = k::load_f32(x, t, i);
-        chunk += v * v;
+        lanes[(i - begin) % k::kSumSquaresLanes] += v * v;
       }
+      double chunk = 0.0;
+      for (double l : lanes) chunk += l;
       total += chunk;
     }
     return total;
@@ -167,7 +169,7 @@ TEST_F(Elementwise, SumSquaresSideBySideKeepsTheChunkOrder) {
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     std::vector<std::vector<float>> f32s;
     std::vector<std::vector<std::uint16_t>> halves;
-    std::vector<std::size_t> sizes = {0, 1, 7, C - 1, C, C + 1, 4 * C - 1, 4 * C, 4 * C + 1, 9 * C + 17, 100003};
+    std::vector<std::size_t> sizes = {0, 1, 7, 31, 32, 33, C - 1, C, C + 1, 4 * C - 1, 4 * C, 4 * C + 1, 9 * C + 17, 100003};
     for (int i = 0; i < 40; ++i) sizes.push_back(std::uniform_int_distribution<std::size_t>(0, C + 300)(gen));
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       f32s.push_back(values(sizes[i], i % 7 == 3));

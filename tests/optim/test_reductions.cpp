@@ -19,14 +19,17 @@
 namespace zoe::optim::test {
 namespace {
 
-// The documented order (host_ops::sum_squares' and the device's): per chunk of
-// kernels::kSumSquaresChunk elements, in index order from 0; chunk sums added in chunk order.
+// The documented order (kernels::kSumSquaresChunk's: host_ops::sum_squares' and the host
+// device's), written out: per chunk of kSumSquaresChunk elements, element j of the chunk into
+// fp64 lane j % kSumSquaresLanes; the lanes added left to right; the chunk sums in chunk order.
 double ref_sum_squares_documented_order(const std::vector<float>& x) {
-  constexpr std::size_t C = kernels::kSumSquaresChunk;
+  constexpr std::size_t C = kernels::kSumSquaresChunk, L = kernels::kSumSquaresLanes;
   double total = 0.0;
   for (std::size_t c = 0; c < x.size(); c += C) {
+    double lanes[L] = {};
+    for (std::size_t j = c; j < x.size() && j < c + C; ++j) lanes[(j - c) % L] += double(x[j]) * double(x[j]);
     double chunk = 0.0;
-    for (std::size_t j = c; j < x.size() && j < c + C; ++j) chunk += double(x[j]) * double(x[j]);
+    for (double l : lanes) chunk += l;
     total += chunk;
   }
   return total;
@@ -39,8 +42,9 @@ long double ref_sum_squares_exactish(const std::vector<float>& x) {
 }
 
 // The sizes include 14,240 (a sub-group whose bf16 gradient sums rounded differently on the
-// tier and on the device while CpuAdam summed in 32 lanes), and values over 40 binades, so the
-// fp64 sums round and any other order shows (over [-3, 3] alone bf16 squares add exactly).
+// tier and on the device while CpuAdam summed 32 lanes over 16,384 elements and the device each
+// 4,096 in index order), and values over 40 binades, so the fp64 sums round and any other order
+// shows (over [-3, 3] alone bf16 squares add exactly).
 TEST(SumSquares, EveryIsaEveryDtypeMatchesDocumentedOrderBitwise) {
   // oneTBB caps its workers at the core count; lift the cap so 8 threads really run.
   const tbb::global_control allow(tbb::global_control::max_allowed_parallelism, 8);
