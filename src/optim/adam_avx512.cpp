@@ -266,18 +266,6 @@ void adam(const AdamArgs& a, std::size_t begin, std::size_t end) {
   }
 }
 
-
-template <DType S>
-__m512 load_src16(const void* src, std::size_t i) {
-  if constexpr (S == DType::f32) {
-    return _mm512_loadu_ps(static_cast<const float*>(src) + i);
-  } else {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(src) + i));
-    if constexpr (S == DType::bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    else return _mm512_cvtph_ps(h);
-  }
-}
-
 // The lanes of one chunk's sum (kernels::kSumSquaresChunk's order): element i of the chunk goes
 // to lane i % 32, acc[0] holding lanes 0-7, acc[1] 8-15, acc[2] 16-23, acc[3] 24-31, so 32
 // consecutive elements are one add into each accumulator (four independent chains).
@@ -308,8 +296,8 @@ void chunk_sums_t(const void* x, std::size_t begin, std::size_t end, double* sum
   for (; b + C <= end; b += C) {
     ChunkLanes lanes;
     for (std::size_t k = 0; k < C; k += 32) {
-      lanes.add(load_src16<S>(x, b + k), 0);
-      lanes.add(load_src16<S>(x, b + k + 16), 1);
+      lanes.add(load_grad16<S>(x, b + k), 0);
+      lanes.add(load_grad16<S>(x, b + k + 16), 1);
     }
     sums[(b - begin) / C] = lanes.sum();
   }
@@ -339,7 +327,7 @@ bool add_grad_t(const void* src, float* grad, std::size_t begin, std::size_t end
     for (std::size_t k = 0; k < C; k += 32) {
       for (int half = 0; half < 2; ++half) {
         const std::size_t i = b + k + 16 * static_cast<std::size_t>(half);
-        __m512 x = load_src16<S>(src, i);
+        __m512 x = load_grad16<S>(src, i);
         if constexpr (!First) x = _mm512_add_ps(_mm512_loadu_ps(grad + i), x);
         if constexpr (Stream) _mm512_stream_ps(grad + i, x);
         else _mm512_storeu_ps(grad + i, x);
