@@ -2,7 +2,8 @@
 //  stage 0: grad_full persistent; all-reduced after the last micro-batch's backward.
 //  stage 1: grad_full persistent; reduce-scattered into grad_shard after the last one.
 //  stages 2-3: grad_full lives for one micro-batch; reduce-scattered once every module using
-//    the group finished its backward (on the side stream, overlapping the rest of backward)
+//    the group finished its backward, or the round ended without some (complete_round; on
+//    the side stream, overlapping the rest of backward)
 //    and accumulated into the persistent grad_shard. A persistent group (stage 3, below the
 //    persistence threshold: its parameters stay gathered) keeps its grad_full too, zeroed
 //    again at the next prepare: with thousands of small modules an allocation and a free per

@@ -48,7 +48,8 @@ struct SubGroup {
   float* master() const { return static_cast<float*>(device_states.data()); }
 };
 
-/// The parameters one module owns (the first module that lists them), as one flat buffer.
+/// The parameters one module owns (the first module that lists them), or a run of small
+/// modules shares (zoe.small_module_threshold, Model::build_groups), as one flat buffer.
 struct Group {
   // (Field order: what the per-module calls read and change first, then the layout, then
   // what registration and the step read. A pass over thousands of small groups reads each
@@ -75,7 +76,9 @@ struct Group {
   //                 group's kept one holds the last round's values, unread); stages 0-1:
   //                 grad_full holds the earlier micro-batches' sum (zero at a step's start).
   //   accumulating  a user's backward began (prepare): the trainer writes into grad_full.
-  //   queued        every user finished (finish_backward): waiting in the bucket.
+  //   queued        every user finished (finish_backward), or the round ended without some
+  //                 (complete_round: one of them began the next round, or step()): waiting in
+  //                 the bucket.
   //   reduced       its reduction is on the side stream (flush_bucket): the result goes into
   //                 grad_shard and the offloaded sub-groups' gradients (the tier); stages 2-3
   //                 released grad_full (persistent groups keep it). The next micro-batch's

@@ -1,7 +1,7 @@
 // Model: the registry of one rank's engine: the parameters the trainer registered (by name),
 // the optimizer parameter groups, the modules, and the flat-buffer groups the modules'
 // parameters are partitioned into at build (each module owns the parameters it lists first;
-// its frozen ones form a second group). The groups' buffers and states are filled in by the
+// its frozen ones form a second group; consecutive small modules share one). The groups' buffers and states are filled in by the
 // parts that own each concern (Gatherer, GradReducer, Updater); Model owns the containers.
 // Not thread-safe: the thread that drives the Engine uses it.
 #pragma once
