@@ -6,6 +6,7 @@
 
 #include "src/common/check.hpp"
 #include "src/common/host_memory.hpp"
+#include "src/config/group_sharing.hpp"
 #include "src/config/stage_policy.hpp"
 
 namespace zoe::estimate {
@@ -60,10 +61,9 @@ RankEstimate estimate_rank(const ModelShape& model, int world_size, const Config
   const std::int64_t psi = model.parameters;
   const std::int64_t nd = world_size;
   // The largest group: the largest module's, or one small modules share (under
-  // min(zoe.small_module_threshold, stage3_param_persistence_threshold) elements, no
-  // zoe.debug_poison), which may be larger than any of its modules.
-  const std::int64_t share_below = config.zoe.debug_poison ? 0
-                                   : std::min(config.zoe.small_module_threshold, z.stage3_param_persistence_threshold);
+  // small_module_share_below elements, the engine's rule), which may be larger than any of
+  // its modules.
+  const std::int64_t share_below = small_module_share_below(config);
   const std::int64_t largest_group =
       model.largest_layer > 0 ? std::max(model.largest_layer, std::min(share_below - 1, psi)) : 0;
   const std::int64_t B = static_cast<std::int64_t>(dtype_size(config.compute_dtype()));

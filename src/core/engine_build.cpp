@@ -3,6 +3,7 @@
 // size (device sub-groups, the offload tiers, device buffers), opens the tiers and writes the
 // initial values (initialize.cpp).
 #include "src/common/log.hpp"
+#include "src/config/group_sharing.hpp"
 #include "src/core/engine_impl.hpp"
 
 namespace zoe {
@@ -35,12 +36,9 @@ void core::EngineImpl::finalize() {
   try {
     const auto& zc = cx.config.zero_optimization;
     const StagePolicy& policy = cx.policy;
-    // Small modules share groups (zoe.small_module_threshold), except under zoe.debug_poison:
-    // a module's gradient view is freed (poisoned) only when its whole group is reduced, so
-    // each module keeps a group of its own there and a stale view reads NaN at its end_*.
-    const std::int64_t share_below =
-        cx.config.zoe.debug_poison ? 0 : std::min(cx.config.zoe.small_module_threshold, zc.stage3_param_persistence_threshold);
-    model.build_groups(policy, cx.rank, cx.world, zc.stage3_param_persistence_threshold, share_below);
+    // Which small modules share a group: one rule with the estimate's (group_sharing.hpp).
+    model.build_groups(policy, cx.rank, cx.world, zc.stage3_param_persistence_threshold,
+                       small_module_share_below(cx.config));
     model.build_views(cx.dtype);
     // Every state's home, sizes only: the offload tiers must know all their tensors before
     // they open (finalize), and the values are written after, chunk by chunk.
